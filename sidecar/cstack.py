@@ -1,0 +1,532 @@
+"""`.cstack/CURRENT.md`: a forgiving parser (text -> CurrentState, never raises) and writers.
+
+The writers change only the Status / Task sections and keep every other byte of the file; they
+replace the file atomically (temp file in the same directory + fsync + os.replace).
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import re
+import secrets
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+__all__ = [
+    "MAX_CURRENT_BYTES",
+    "STATUSES",
+    "CurrentState",
+    "Status",
+    "parse_current",
+    "read_current",
+    "write_goal",
+    "write_status",
+]
+
+Status = Literal["idle", "working", "blocked", "done", "killed", "unknown"]
+STATUSES: frozenset[str] = frozenset({"idle", "working", "blocked", "done", "killed", "unknown"})
+# What a writer may set; `unknown` is only ever a reading.
+_WRITABLE = STATUSES - {"unknown"}
+
+# An agent's notes file is a few KiB; anything bigger is a runaway writer. Reading stays bounded
+# so /status can never be made slow or memory-hungry by the file.
+MAX_CURRENT_BYTES = 1024 * 1024
+
+SEED_TEMPLATE = """\
+# Current State
+
+## Status
+{status}
+
+## Task
+{task}
+
+## Progress
+
+## Blockers
+(none)
+
+## Next Steps
+"""
+
+
+@dataclass(frozen=True)
+class CurrentState:
+    status: str  # one of the Status values
+    task: str | None
+    progress_total: int
+    progress_completed: int
+    blockers: tuple[str, ...]
+    next_steps: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# Line and section scanning (shared by the parser and the writers, so they agree on structure)
+
+# A level-2 ATX heading: up to three spaces, exactly `##`, then whitespace or end of line.
+# `(.*)` is greedy with no trailing pattern, so a long line is matched in linear time.
+_HEADING = re.compile(r" {0,3}##(?:[ \t]+(.*))?")
+# Task lines the writer escapes with a leading backslash. It is "a heading, after any number of
+# leading backslashes", so the set is closed under adding a backslash: unescaping exactly the
+# lines that start with `\` and are in the set is the inverse of escaping (see _escape_task).
+_NEEDS_ESCAPE = re.compile(r"\\* {0,3}##(?:[ \t]|$)")
+_CHECKBOX = re.compile(r"\s*(?:[-*+]|\d{1,9}[.)])[ \t]+\[([ xX])\]")
+_LIST_ITEM = re.compile(r"\s*(?:[-*+]|\d{1,9}[.)])(?:[ \t]+(.*))?")
+_RULE = re.compile(r"\s*([-*_=])(?:\s*\1){2,}\s*")
+_COMMENT = re.compile(r"\s*<!--.*-->\s*")
+_WORD = re.compile(r"[a-z]+")
+_NONE_MARKERS = frozenset({"none", "n/a", "na", "nothing", "no blockers", "-"})
+_TITLES = {"status": "Status", "task": "Task"}
+_ALIASES = {
+    "current task": "task",
+    "goal": "task",
+    "current status": "status",
+    "state": "status",
+    "blocker": "blockers",
+    "next step": "next steps",
+    "next": "next steps",
+}
+
+
+def _split_keepends(text: str) -> list[str]:
+    """Split on `\\n` only (not str.splitlines' dozen separators), keeping each line's ending."""
+    lines = text.split("\n")
+    out = [line + "\n" for line in lines[:-1]]
+    if lines[-1]:
+        out.append(lines[-1])
+    return out
+
+
+def _content(line: str) -> str:
+    """A line without its ending; every trailing CR goes too, so CRLF and LF files read alike."""
+    return line.rstrip("\n").rstrip("\r")
+
+
+def _section_key(title: str) -> str:
+    name = re.sub(r"[ \t]+#+$", "", title.strip())  # optional closing hashes (`## Task ##`)
+    name = name.strip().strip("*_`").strip().rstrip(":").strip()
+    name = " ".join(name.lower().split())
+    return _ALIASES.get(name, name)
+
+
+@dataclass(frozen=True)
+class _Section:
+    key: str
+    title: str
+    head: int  # index of the heading line
+    start: int  # body is lines[start:end]
+    end: int
+
+
+def _scan(contents: list[str]) -> list[_Section]:
+    heads: list[tuple[int, str]] = []
+    for i, line in enumerate(contents):
+        m = _HEADING.fullmatch(line)
+        if m:
+            heads.append((i, (m.group(1) or "").strip()))
+    sections = []
+    for n, (i, title) in enumerate(heads):
+        end = heads[n + 1][0] if n + 1 < len(heads) else len(contents)
+        sections.append(_Section(_section_key(title), title, i, i + 1, end))
+    return sections
+
+
+def _first_sections(sections: list[_Section], warnings: list[str] | None) -> dict[str, _Section]:
+    """The first section of each name wins (that is the one a reader's eye finds first too)."""
+    first: dict[str, _Section] = {}
+    for sec in sections:
+        if sec.key in first:
+            if warnings is not None:
+                warnings.append(
+                    f"duplicate '## {sec.title}' section at line {sec.head + 1} ignored"
+                    f" (the one at line {first[sec.key].head + 1} is used)"
+                )
+        else:
+            first[sec.key] = sec
+    return first
+
+
+def _strip_bom(text: str) -> tuple[str, str]:
+    if text.startswith("\ufeff"):
+        return "\ufeff", text[1:]
+    return "", text
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing
+
+
+def _short(value: str, limit: int = 80) -> str:
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
+def _parse_status(body: list[str], warnings: list[str]) -> str:
+    raw = next((line.strip() for line in body if line.strip()), "")
+    if not raw:
+        warnings.append("'## Status' section is empty")
+        return "unknown"
+    m = _LIST_ITEM.fullmatch(raw)
+    value = (m.group(1) or "") if m else raw
+    # `**working**`, `_done_`, `` `idle` ``, `Working.` and `blocked (waiting on X)` all count.
+    cleaned = value.strip().strip("*_`").strip().lower()
+    word = _WORD.match(cleaned)
+    if word and word.group() in STATUSES:
+        rest = cleaned[word.end() :]
+        if not rest or not (rest[0].isalnum() or rest[0] == "_"):
+            return word.group()
+    warnings.append(f"unrecognised status {_short(raw)!r} (expected one of {_known()})")
+    return "unknown"
+
+
+def _known() -> str:
+    return ", ".join(sorted(_WRITABLE))
+
+
+def _is_noise(line: str) -> bool:
+    return bool(_RULE.fullmatch(line) or _COMMENT.fullmatch(line))
+
+
+def _parse_items(body: list[str]) -> tuple[str, ...]:
+    """List items (`-`, `*`, `+`, `1.`), or plain lines; indented plain lines continue an item."""
+    items: list[str] = []
+    for line in body:
+        if not line.strip() or _is_noise(line):
+            continue
+        m = _LIST_ITEM.fullmatch(line)
+        if m:
+            items.append((m.group(1) or "").strip())
+        elif items and line[:1] in (" ", "\t"):
+            items[-1] = f"{items[-1]} {line.strip()}".strip()
+        else:
+            items.append(line.strip())
+    out = []
+    for item in items:
+        marker = item.strip("()*_`. ").lower()
+        if item and marker not in _NONE_MARKERS:
+            out.append(item)
+    return tuple(out)
+
+
+def _unescape_task(line: str) -> str:
+    if line.startswith("\\") and _NEEDS_ESCAPE.match(line):
+        return line[1:]
+    return line
+
+
+def _escape_task(line: str) -> str:
+    """Prefix a backslash to a line that would read as a heading (or as an escaped one).
+
+    `## Foo` in a goal is stored as `\\## Foo`, `\\## Foo` as `\\\\## Foo`, and so on; the parser
+    removes exactly one backslash from such lines, so the task text round-trips unchanged and can
+    never open a new section. Markdown renders `\\#` as a literal `#`, so the file still reads well.
+    """
+    return "\\" + line if _NEEDS_ESCAPE.match(line) else line
+
+
+def parse_current(text: str) -> CurrentState:
+    """Parse CURRENT.md text. Pure and total: bad input gives `unknown` fields plus warnings."""
+    warnings: list[str] = []
+    _, text = _strip_bom(text)
+    contents = [_content(line) for line in _split_keepends(text)]
+    if not any(line.strip() for line in contents):
+        warnings.append("CURRENT.md is empty")
+    sections = _first_sections(_scan(contents), warnings)
+
+    def body(key: str) -> list[str] | None:
+        sec = sections.get(key)
+        return None if sec is None else contents[sec.start : sec.end]
+
+    status_body = body("status")
+    if status_body is None:
+        status = "unknown"
+        if warnings[:1] != ["CURRENT.md is empty"]:
+            warnings.append("no '## Status' section")
+    else:
+        status = _parse_status(status_body, warnings)
+
+    task_body = body("task")
+    task = None
+    if task_body is not None:
+        task = "\n".join(_unescape_task(line) for line in task_body).strip() or None
+
+    total = completed = 0
+    for line in body("progress") or []:
+        m = _CHECKBOX.match(line)
+        if m:
+            total += 1
+            completed += m.group(1) != " "
+
+    return CurrentState(
+        status=status,
+        task=task,
+        progress_total=total,
+        progress_completed=completed,
+        blockers=_parse_items(body("blockers") or []),
+        next_steps=_parse_items(body("next steps") or []),
+        warnings=tuple(warnings),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def _read_bounded(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = os.read(fd, min(65536, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def read_current(path: Path) -> CurrentState:
+    """Read and parse CURRENT.md; never raises. Problems become warnings (and status `unknown`)."""
+    warnings: list[str] = []
+
+    def unknown(msg: str) -> CurrentState:
+        return CurrentState("unknown", None, 0, 0, (), (), (*warnings, msg))
+
+    try:
+        # O_NONBLOCK: opening a FIFO someone put there must not hang the API.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return unknown(f"{path} not found")
+    except OSError as exc:
+        return unknown(f"cannot read {path}: {exc.strerror or exc}")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            return unknown(f"{path} is {kind}")
+        data = _read_bounded(fd, MAX_CURRENT_BYTES + 1)
+    except OSError as exc:
+        return unknown(f"cannot read {path}: {exc.strerror or exc}")
+    finally:
+        os.close(fd)
+
+    truncated = len(data) > MAX_CURRENT_BYTES
+    if truncated:
+        data = data[:MAX_CURRENT_BYTES]
+        warnings.append(f"{path} is larger than {MAX_CURRENT_BYTES} bytes; read only the start")
+    if not data:
+        return unknown(f"{path} is empty")
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        # Some Windows editors save "Unicode" as UTF-16; it is text, not binary.
+        text = data.decode("utf-16", errors="replace")
+        warnings.append(f"{path} is UTF-16; UTF-8 is expected")
+    elif b"\x00" in data:
+        return unknown(f"{path} looks binary (contains NUL bytes); ignored")
+    else:
+        # final=False when truncated: a multi-byte character cut at the limit is dropped quietly
+        # instead of being reported as invalid UTF-8.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+        try:
+            text = decoder.decode(data, final=not truncated)
+        except UnicodeDecodeError as exc:
+            text = data.decode("utf-8", errors="replace")
+            warnings.append(f"{path} is not valid UTF-8 (byte {exc.start}); decoded with U+FFFD")
+    state = parse_current(text)
+    return CurrentState(
+        status=state.status,
+        task=state.task,
+        progress_total=state.progress_total,
+        progress_completed=state.progress_completed,
+        blockers=state.blockers,
+        next_steps=state.next_steps,
+        warnings=(*warnings, *state.warnings),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def _goal_lines(goal: str) -> list[str]:
+    """The goal as stored: LF newlines, outer whitespace stripped, heading-like lines escaped."""
+    if "\x00" in goal:
+        msg = "goal contains a NUL character"
+        raise ValueError(msg)
+    # Lone surrogates (undecodable bytes smuggled in through os.environ) cannot be UTF-8 encoded.
+    goal = re.sub("[\ud800-\udfff]", "\ufffd", goal)
+    text = "\n".join(line.rstrip("\r") for line in goal.split("\n")).strip()
+    return [_escape_task(line) for line in text.split("\n")] if text else []
+
+
+def _refill(chunk: list[str], new: list[str], eol: str) -> list[str]:
+    """A section (heading line + body, with endings) whose content lines are replaced by `new`.
+
+    Blank lines around the content are kept, so the spacing between sections does not change.
+    """
+    head, body = chunk[0], chunk[1:]
+    filled = [i for i, line in enumerate(body) if _content(line).strip()]
+    new_lines = [line + eol for line in new]
+    if filled:
+        first, last = filled[0], filled[-1]
+        if new_lines and not body[last].endswith("\n"):  # keep "no newline at end of file"
+            new_lines[-1] = new[-1]
+        return [head, *body[:first], *new_lines, *body[last + 1 :]]
+    if not new:
+        return chunk
+    if not head.endswith("\n"):  # the heading was the file's last line
+        head += eol
+    return [head, *new_lines, *body]
+
+
+def _insert(lines: list[str], at: int, block: list[str], eol: str) -> None:
+    """Insert whole sections (lines without endings, ending in a blank line) before line `at`."""
+    new = [line + eol for line in block]
+    if at == len(lines):
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += eol
+        if lines and _content(lines[-1]).strip():
+            new.insert(0, eol)
+        new.pop()  # no blank line at the very end of the file
+    elif at > 0 and _content(lines[at - 1]).strip():
+        new.insert(0, eol)
+    lines[at:at] = new
+
+
+def _edit_sections(text: str, replace: dict[str, list[str]]) -> str:
+    """Replace the contents of the given sections (by key), adding missing ones; keep the rest."""
+    bom, text = _strip_bom(text)
+    lines = _split_keepends(text)
+    eol = "\r\n" if lines and lines[0].endswith("\r\n") else "\n"
+
+    # Existing sections first, bottom-up so the earlier indices stay valid.
+    sections = _first_sections(_scan([_content(line) for line in lines]), None)
+    for sec in sorted(sections.values(), key=lambda sec: sec.head, reverse=True):
+        if sec.key in replace:
+            lines[sec.head : sec.end] = _refill(lines[sec.head : sec.end], replace[sec.key], eol)
+
+    missing = [key for key in replace if key not in sections]
+    if missing:
+        sections = _first_sections(_scan([_content(line) for line in lines]), None)
+        block: list[str] = []
+        for key in missing:
+            block += [f"## {_TITLES.get(key, key.title())}", *replace[key], ""]
+        # A missing Task goes right after Status; anything else before the first section.
+        if missing == ["task"] and "status" in sections:
+            at = sections["status"].end
+        elif sections:
+            at = min(sec.head for sec in sections.values())
+        else:
+            at = len(lines)
+        _insert(lines, at, block, eol)
+    return bom + "".join(lines)
+
+
+def _identity(st: os.stat_result | None) -> tuple[int, int, int, int] | None:
+    return None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _atomic_write(target: Path, data: bytes, like: os.stat_result | None) -> None:
+    tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp"
+    # O_EXCL + a random name: never follow or clobber something planted at the temp path.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        try:
+            if like is not None:
+                os.fchmod(fd, stat.S_IMODE(like.st_mode))
+                if os.geteuid() == 0:
+                    # The sidecar may run as root while the CLI's user owns the file: keep it so.
+                    os.fchown(fd, like.st_uid, like.st_gid)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    # The rename is durable only once the directory entry is; some filesystems refuse, fine.
+    with contextlib.suppress(OSError):
+        dfd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def _rewrite(path: Path, edit: Callable[[str | None], str], *, create: bool) -> bool:
+    """Read-modify-write with an optimistic check against a concurrent writer (the agent).
+
+    The agent edits CURRENT.md with no lock we could share, so the file's identity (inode, size,
+    mtime) is compared just before the rename; if it changed, the edit is redone on the new text.
+    """
+    # Replacing a symlink would cut it; write through to the file it points at instead.
+    target = path.resolve() if path.is_symlink() else path
+    attempts = 3
+    for attempt in range(1, attempts + 1):
+        before = _stat_or_none(target)
+        try:
+            raw: bytes | None = target.read_bytes()
+        except FileNotFoundError:
+            raw = None
+        if raw is None and not create:
+            return False
+        # surrogateescape: bytes that are not UTF-8 are carried through unchanged.
+        old = None if raw is None else raw.decode("utf-8", errors="surrogateescape")
+        data = edit(old).encode("utf-8", errors="surrogateescape")
+        if raw is None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        now = _stat_or_none(target)
+        unchanged = _identity(before) == _identity(now)
+        if unchanged or attempt == attempts:  # last try: our edit wins over a busy writer
+            _atomic_write(target, data, now)
+            break
+    return True
+
+
+def _stat_or_none(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+def write_goal(path: Path, goal: str) -> None:
+    """Set Task = goal and Status = working, creating the file (and its directory) if missing.
+
+    Every other section of an existing file is kept byte for byte. The goal is stored verbatim
+    except: CRLF becomes LF, surrounding whitespace is stripped, and a line that would read as a
+    `##` heading gets a leading backslash (removed again by parse_current). Raises OSError when
+    the file cannot be written (read-only workspace) and ValueError for a goal with NUL.
+    """
+    task = _goal_lines(goal)
+
+    def edit(old: str | None) -> str:
+        if old is None or not _strip_bom(old)[1].strip():
+            return SEED_TEMPLATE.format(status="working", task="\n".join(task))
+        return _edit_sections(old, {"status": ["working"], "task": task})
+
+    _rewrite(path, edit, create=True)
+
+
+def write_status(path: Path, status: str) -> bool:
+    """Set Status in an existing file, keeping everything else; False if the file is missing.
+
+    Raises ValueError for a status that is not idle/working/blocked/done/killed, OSError when
+    the file cannot be rewritten.
+    """
+    if status not in _WRITABLE:
+        msg = f"cannot write status {status!r}; expected one of {_known()}"
+        raise ValueError(msg)
+
+    def edit(old: str | None) -> str:
+        assert old is not None  # create=False: a missing file returns before editing
+        return _edit_sections(old, {"status": [status]})
+
+    return _rewrite(path, edit, create=False)
