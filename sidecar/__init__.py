@@ -1,3 +1,3 @@
-"""sleeve-sidecar: PID-1 supervisor for AI coding CLIs (tmux + ttyd + HTTP API) and the host launcher."""
+"""sleeve-sidecar: PID-1 supervisor for AI coding CLIs (tmux, ttyd, HTTP API) and a launcher."""
 
 __version__ = "0.1.0"

@@ -1,0 +1,259 @@
+"""The HTTP API: `create_app()` wires routes, auth and JSON errors around a running Supervisor.
+
+This is the one place where errors become HTTP statuses. Request paths never fork a process:
+/status reads the supervisor's in-memory state plus two `stat` calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any, Literal
+
+from aiohttp import web
+
+from sidecar.api_messages import add_message_routes
+from sidecar.events import utc_now
+from sidecar.openapi import openapi_spec
+from sidecar.supervisor import ProcState, ResleeveBusy, Supervisor, UnknownCLI
+from sidecar.terminal import add_terminal_routes
+
+log = logging.getLogger(__name__)
+
+SUPERVISOR = web.AppKey("supervisor", Supervisor)
+MAX_BODY = 256 * 1024  # bytes; larger request bodies answer 413
+HEARTBEAT_EVERY = 15.0  # seconds between heartbeat lines on /events
+COOKIE = "sidecar_token"
+Role = Literal["admin", "viewer"]
+PUBLIC = frozenset({"/health"})
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error(status: int, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers or None)
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+# ---- middlewares ---------------------------------------------------------------------------
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error the framework raises (404, 405, 413, ...) answers as `{"error": ...}`."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "WWW-Authenticate")}
+        message = (
+            exc.reason if exc.text is None or exc.text.startswith(f"{exc.status}:") else exc.text
+        )
+        if exc.status == 413:
+            message = f"request body too large (limit {MAX_BODY} bytes)"
+        return error(exc.status, message, **headers)
+
+
+def _token_role(request: web.Request, tokens: dict[str, Role]) -> tuple[Role | None, str | None]:
+    """Which role the request's token grants, and the token itself (None: no valid token)."""
+    candidates: list[str] = []
+    auth = request.headers.get("Authorization")
+    if auth is not None:
+        scheme, _, value = auth.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            candidates.append(value.strip())
+    if "token" in request.query:
+        candidates.append(request.query["token"])
+    if COOKIE in request.cookies:
+        candidates.append(request.cookies[COOKIE])
+    for candidate in candidates:
+        given = candidate.encode("utf-8", "surrogateescape")
+        # Compare against every configured token, in constant time, whatever matches.
+        matched: Role | None = None
+        for token, role in tokens.items():
+            if hmac.compare_digest(given, token.encode("utf-8")) and matched is None:
+                matched = role
+        if matched is not None:
+            return matched, candidate
+    return None, None
+
+
+def make_auth(
+    token: str | None, view_token: str | None
+) -> Callable[..., Awaitable[web.StreamResponse]]:
+    tokens: dict[str, Role] = {}
+    if token:
+        tokens[token] = "admin"
+    if view_token:
+        tokens[view_token] = "viewer"
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not tokens or request.path in PUBLIC:
+            request["role"] = "admin" if not tokens else "public"
+            return await handler(request)
+        role, used = _token_role(request, tokens)
+        if role is None:
+            given = (
+                "Authorization" in request.headers
+                or "token" in request.query
+                or COOKIE in request.cookies
+            )
+            message = (
+                "invalid token"
+                if given
+                else "authentication required: Authorization: Bearer <token>"
+            )
+            return error(401, message, **{"WWW-Authenticate": 'Bearer realm="sidecar"'})
+        if role == "viewer" and request.method not in ("GET", "HEAD"):
+            return error(403, "the view token is read-only")
+        request["role"] = role
+        response = await handler(request)
+        if "token" in request.query and used is not None and not response.prepared:
+            # A browser passes ?token= once; the cookie carries it from then on.
+            response.set_cookie(COOKIE, used, httponly=True, samesite="Strict", path="/")
+        return response
+
+    return auth
+
+
+# ---- routes ----------------------------------------------------------------------------------
+
+
+async def health(request: web.Request) -> web.Response:
+    sup = request.app[SUPERVISOR]
+    uptime = int(time.monotonic() - sup.started)
+    return web.json_response({"status": "healthy" if sup.healthy else "degraded", "uptime": uptime})
+
+
+def _last_activity(sup: Supervisor) -> float | None:
+    times = [sup.current.mtime]
+    if sup.pane is not None:
+        # The kernel stamps a tty's mtime when it is written (to within 8 s): the CLI's
+        # last output, without asking tmux.
+        with contextlib.suppress(OSError):
+            times.append(os.stat(sup.pane.tty).st_mtime)
+    known = [t for t in times if t is not None]
+    return max(known) if known else None
+
+
+def status_body(sup: Supervisor) -> dict[str, Any]:
+    state = sup.current.get()
+    running = sup.cli.state is ProcState.RUNNING
+    warnings = [*sup.warnings, *state.warnings]
+    for name, proc in (("CLI", sup.cli), ("ttyd", sup.ttyd)):
+        if proc.state is ProcState.FATAL and proc.reason:
+            warnings.append(f"{name}: {proc.reason}")
+    return {
+        "sleeve_id": sup.config.sleeve_name,
+        "status": state.status,
+        "current_task": state.task,
+        "progress": {"total": state.progress_total, "completed": state.progress_completed},
+        "blockers": list(state.blockers),
+        "next_steps": list(state.next_steps),
+        "cli": sup.cli_name,
+        "cli_pid": sup.cli.pid if running else None,
+        "cli_running": running,
+        "cli_state": sup.cli.state.value,
+        "cli_exit_code": sup.cli.exit_code,
+        "resleeving": sup.resleeving,
+        "ttyd_state": sup.ttyd.state.value,
+        "last_activity": _iso(_last_activity(sup)),
+        "health": "healthy" if sup.healthy else "degraded",
+        "repo": sup.config.repo,
+        "warnings": warnings,
+    }
+
+
+async def status(request: web.Request) -> web.Response:
+    return web.json_response(status_body(request.app[SUPERVISOR]))
+
+
+async def resleeve(request: web.Request) -> web.Response:
+    sup = request.app[SUPERVISOR]
+    name: str | None = None
+    if request.body_exists:
+        raw = await request.read()
+        if raw.strip():
+            try:
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                return error(400, 'body must be JSON, e.g. {"cli": "shell"}')
+            if not isinstance(body, dict):
+                return error(400, "body must be a JSON object")
+            unknown = set(body) - {"cli"}
+            if unknown:
+                return error(400, f"unknown fields: {', '.join(sorted(unknown))}")
+            value = body.get("cli")
+            if value is not None and not isinstance(value, str):
+                return error(400, "cli must be a string")
+            name = value
+    try:
+        chosen, _ = sup.begin_resleeve(name)
+    except UnknownCLI as exc:
+        return error(400, str(exc))
+    except ResleeveBusy as exc:
+        return error(409, str(exc))
+    return web.json_response({"status": "resleeving", "cli": chosen}, status=202)
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    sup = request.app[SUPERVISOR]
+    sub = sup.bus.subscribe()
+    response = web.StreamResponse(
+        headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"}
+    )
+    try:
+        await response.prepare(request)
+        while True:
+            try:
+                event = await asyncio.wait_for(sub.get(), HEARTBEAT_EVERY)
+            except TimeoutError:
+                event = {"type": "heartbeat", "time": utc_now()}
+            if event is None:
+                break  # dropped for not reading
+            await response.write(json.dumps(event).encode() + b"\n")
+    finally:
+        sup.bus.unsubscribe(sub)
+    return response
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_spec(cli_names=sorted(request.app[SUPERVISOR].registry)))
+
+
+async def dashboard(request: web.Request) -> web.Response:
+    page = resources.files("sidecar").joinpath("static/dashboard.html").read_bytes()
+    return web.Response(
+        body=page, content_type="text/html", charset="utf-8", headers={"Cache-Control": "no-store"}
+    )
+
+
+def create_app(sup: Supervisor) -> web.Application:
+    app = web.Application(
+        client_max_size=MAX_BODY,
+        middlewares=[json_errors, make_auth(sup.config.token, sup.config.view_token)],
+    )
+    app[SUPERVISOR] = sup
+    app.router.add_get("/health", health)
+    app.router.add_get("/status", status)
+    app.router.add_post("/resleeve", resleeve)
+    app.router.add_get("/events", events)
+    app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/", dashboard)
+    add_message_routes(app, sup.config.workspace)
+    add_terminal_routes(app, sup)
+    return app

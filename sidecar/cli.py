@@ -1,0 +1,136 @@
+"""`sidecar status|outbox|inbox|send|resleeve|events|attach`: debugging from `docker exec`.
+
+They talk to the local API (address and token from the same environment the sidecar reads);
+human output by default, `--json` for machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from sidecar.client import ClientError, SidecarClient
+
+TYPES = ("task", "question", "response", "milestone", "directive", "blocked")
+
+
+def _print_status(s: dict[str, Any]) -> None:
+    progress = s.get("progress") or {}
+    pid = s.get("cli_pid")
+    print(f"sleeve    {s.get('sleeve_id')}  ({s.get('health')})")
+    print(f"cli       {s.get('cli')}  {s.get('cli_state', '')}{f'  pid {pid}' if pid else ''}")
+    print(f"status    {s.get('status')}")
+    print(f"task      {s.get('current_task') or '-'}")
+    print(f"progress  {progress.get('completed', 0)}/{progress.get('total', 0)}")
+    for blocker in s.get("blockers") or []:
+        print(f"blocker   {blocker}")
+    print(f"activity  {s.get('last_activity') or '-'}")
+    for warning in s.get("warnings") or []:
+        print(f"warning   {warning}")
+
+
+def _print_messages(body: dict[str, Any]) -> None:
+    messages = body.get("messages") or []
+    if not messages:
+        print("(no messages)")
+    for m in messages:
+        head = (
+            f"[{m.get('timestamp') or '?'}] {m.get('id')}  {m.get('from')} -> {m.get('to') or '*'}"
+        )
+        head += f"  {m.get('type')}"
+        if m.get("thread"):
+            head += f"  #{m['thread']}"
+        print(head)
+        for line in str(m.get("content", "")).splitlines() or [""]:
+            print(f"    {line}")
+    for warning in body.get("warnings") or []:
+        print(f"warning: {warning}", file=sys.stderr)
+
+
+def _attach(env: dict[str, str]) -> int:
+    tmux = shutil.which("tmux")
+    if tmux is None:
+        print("sidecar attach: tmux is not installed", file=sys.stderr)
+        return 1
+    socket = Path(env.get("SIDECAR_STATE_DIR") or "/run/sidecar") / "tmux.sock"
+    if not socket.exists():
+        print(
+            f"sidecar attach: no tmux socket at {socket}; is the sidecar running?", file=sys.stderr
+        )
+        return 1
+    os.execv(tmux, [tmux, "-S", str(socket), "attach-session", "-t", "main"])  # noqa: S606 - fixed argv
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="sidecar", description="Sleeve sidecar: `sidecar run` (the default) is PID 1."
+    )
+    p.add_argument("--url", help="API base URL (default: from SIDECAR_HOST/SIDECAR_PORT)")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("status", "show the sleeve's status"),
+        ("outbox", "list messages from this sleeve"),
+        ("inbox", "list messages to this sleeve"),
+        ("events", "print the event stream (NDJSON) until interrupted"),
+    ):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("--json", action="store_true", help="print JSON")
+    sp = sub.add_parser("send", help="put a message into this sleeve's inbox")
+    sp.add_argument("content", help="message body (markdown); '-' reads standard input")
+    sp.add_argument("--from", dest="sender", default="operator")
+    sp.add_argument("--type", default="directive", choices=TYPES)
+    sp.add_argument("--to")
+    sp.add_argument("--thread")
+    sp.add_argument("--json", action="store_true")
+    sp = sub.add_parser("resleeve", help="restart the CLI in place, or swap it with --cli")
+    sp.add_argument("--cli", help="CLI to run next (default: the current one)")
+    sp.add_argument("--json", action="store_true")
+    sub.add_parser("attach", help="attach this terminal to the tmux session")
+    sub.add_parser("run", help="run the supervisor (the container entrypoint)")
+    return p
+
+
+def client_main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    env = dict(os.environ)
+    if args.command == "attach":
+        return _attach(env)
+    client = SidecarClient.from_env(env)
+    if args.url:
+        client = SidecarClient(args.url, client.token)
+    try:
+        if args.command == "events":
+            for event in client.events():
+                print(json.dumps(event), flush=True)
+            return 0
+        result: dict[str, Any]
+        if args.command == "status":
+            result = client.status()
+        elif args.command in ("outbox", "inbox"):
+            result = client.outbox() if args.command == "outbox" else client.inbox()
+        elif args.command == "send":
+            content = sys.stdin.read() if args.content == "-" else args.content
+            result = client.send(args.sender, args.type, content, args.to, args.thread)
+        else:
+            result = client.resleeve(args.cli)
+    except ClientError as exc:
+        print(f"sidecar {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif args.command == "status":
+        _print_status(result)
+    elif args.command in ("outbox", "inbox"):
+        _print_messages(result)
+    elif args.command == "send":
+        print(f"sent {result.get('id')}")
+    else:
+        print(f"resleeving to {result.get('cli')}")
+    return 0

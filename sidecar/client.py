@@ -1,0 +1,110 @@
+"""A small synchronous client for the sidecar API, for `docker exec` debugging and for an envoy
+written in Python. Standard library only, so it imports fast and anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+
+class ClientError(Exception):
+    """The API answered with an error or could not be reached; `status` is 0 for the latter."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class SidecarClient:
+    def __init__(self, base_url: str, token: str | None = None, timeout: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SidecarClient:
+        """The local sidecar, as configured by the same variables the sidecar reads."""
+        env = os.environ if env is None else env
+        host = env.get("SIDECAR_HOST") or "127.0.0.1"
+        if host in ("0.0.0.0", "::"):  # noqa: S104 - a wildcard bind is reached via loopback
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        port = env.get("SIDECAR_PORT") or "8080"
+        return cls(f"http://{host}:{port}", env.get("SIDECAR_TOKEN") or None)
+
+    def _request(
+        self, method: str, path: str, body: Any = None, timeout: float | None = None
+    ) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base_url + path, data=data, method=method)  # noqa: S310 - http(s) URL we built
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        return urllib.request.urlopen(req, timeout=timeout or self.timeout)  # noqa: S310
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            with self._request(method, path, body) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            try:
+                message = json.loads(exc.read()).get("error", exc.reason)
+            except (ValueError, AttributeError):
+                message = exc.reason
+            raise ClientError(f"{method} {path}: {exc.code} {message}", exc.code) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ClientError(f"cannot reach the sidecar at {self.base_url}: {reason}") from None
+
+    def health(self) -> dict[str, Any]:
+        return dict(self.call("GET", "/health"))
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.call("GET", "/status"))
+
+    def outbox(self) -> dict[str, Any]:
+        return dict(self.call("GET", "/outbox"))
+
+    def inbox(self) -> dict[str, Any]:
+        return dict(self.call("GET", "/inbox"))
+
+    def ack(self, ids: list[str]) -> dict[str, Any]:
+        return dict(self.call("POST", "/outbox/ack", {"ids": ids}))
+
+    def send(
+        self,
+        sender: str,
+        type_: str,
+        content: str,
+        to: str | None = None,
+        thread: str | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"from": sender, "type": type_, "content": content}
+        if to:
+            body["to"] = to
+        if thread:
+            body["thread"] = thread
+        return dict(self.call("POST", "/inbox", body))
+
+    def resleeve(self, cli: str | None = None) -> dict[str, Any]:
+        return dict(self.call("POST", "/resleeve", {"cli": cli} if cli else {}))
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        """The NDJSON event stream, one dict per event, until the server closes it."""
+        try:
+            resp = self._request("GET", "/events", timeout=3600.0)
+        except urllib.error.HTTPError as exc:
+            raise ClientError(f"GET /events: {exc.code} {exc.reason}", exc.code) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise ClientError(f"cannot reach the sidecar at {self.base_url}: {exc}") from None
+        with resp:
+            for line in resp:
+                if line.strip():
+                    yield json.loads(line)

@@ -1,0 +1,141 @@
+"""The sidecar's configuration, parsed once from the environment into a frozen dataclass.
+
+Nothing else in the package reads ``os.environ``: a bad or missing value raises ``ConfigError``
+naming the variable, and ``main`` turns that into one stderr line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+
+class ConfigError(Exception):
+    """A configuration value is missing or malformed; the message names the variable."""
+
+
+class RestartPolicy(Enum):
+    NO = "no"
+    ON_FAILURE = "on-failure"
+    ALWAYS = "always"
+
+
+@dataclass(frozen=True)
+class Config:
+    sleeve_name: str
+    cli: str
+    goal: str | None = None
+    repo: str | None = None
+    port: int = 8080
+    host: str = "0.0.0.0"  # noqa: S104 - the container's API is meant to be published
+    ttyd_port: int = 7681
+    workspace: Path = Path("/workspace")
+    state_dir: Path = Path("/run/sidecar")
+    token: str | None = None
+    view_token: str | None = None
+    cli_config: Path | None = None
+    restart: RestartPolicy = RestartPolicy.NO
+    stop_grace: float = 5.0
+    # The environment the CLI inherits (PATH, HOME, API keys, ...), captured once here.
+    child_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def tmux_socket(self) -> Path:
+        return self.state_dir / "tmux.sock"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Config:
+        def text(name: str, *, required: bool = False) -> str | None:
+            value = env.get(name)
+            if value is None or value.strip() == "":
+                if required:
+                    msg = f"{name} is required and must not be empty"
+                    raise ConfigError(msg)
+                return None
+            if "\x00" in value:
+                msg = f"{name} must not contain NUL bytes"
+                raise ConfigError(msg)
+            return value
+
+        def port(name: str, default: int) -> int:
+            raw = text(name)
+            if raw is None:
+                return default
+            try:
+                value = int(raw.strip(), 10)
+            except ValueError:
+                msg = f"{name} must be an integer port number, got {raw!r}"
+                raise ConfigError(msg) from None
+            if not 1 <= value <= 65535:
+                msg = f"{name} must be between 1 and 65535, got {value}"
+                raise ConfigError(msg)
+            return value
+
+        name = text("SLEEVE_NAME", required=True)
+        cli = text("SLEEVE_CLI", required=True)
+        assert name is not None
+        assert cli is not None
+        if len(name) > 128 or any(not (c.isprintable() and not c.isspace()) for c in name):
+            msg = "SLEEVE_NAME must be at most 128 printable characters without spaces"
+            raise ConfigError(msg)
+
+        host = text("SIDECAR_HOST") or "0.0.0.0"  # noqa: S104 - documented default
+        if host != "localhost":
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                msg = f"SIDECAR_HOST must be an IP address or 'localhost', got {host!r}"
+                raise ConfigError(msg) from None
+
+        restart_raw = (text("SIDECAR_RESTART") or "no").strip().lower()
+        try:
+            restart = RestartPolicy(restart_raw)
+        except ValueError:
+            msg = f"SIDECAR_RESTART must be one of no, on-failure, always; got {restart_raw!r}"
+            raise ConfigError(msg) from None
+
+        grace_raw = text("SIDECAR_STOP_GRACE")
+        grace = 5.0
+        if grace_raw is not None:
+            try:
+                grace = float(grace_raw)
+            except ValueError:
+                msg = f"SIDECAR_STOP_GRACE must be a number of seconds, got {grace_raw!r}"
+                raise ConfigError(msg) from None
+            if not math.isfinite(grace) or not 0 <= grace <= 3600:
+                msg = f"SIDECAR_STOP_GRACE must be between 0 and 3600 seconds, got {grace_raw!r}"
+                raise ConfigError(msg)
+
+        cli_config = text("SIDECAR_CLI_CONFIG")
+        port_value = port("SIDECAR_PORT", 8080)
+        ttyd_port = port("TTYD_PORT", 7681)
+        if port_value == ttyd_port:
+            msg = f"TTYD_PORT must differ from SIDECAR_PORT (both are {port_value})"
+            raise ConfigError(msg)
+        token = text("SIDECAR_TOKEN")
+        view_token = text("SIDECAR_VIEW_TOKEN")
+        if token is not None and token == view_token:
+            msg = "SIDECAR_VIEW_TOKEN must differ from SIDECAR_TOKEN"
+            raise ConfigError(msg)
+
+        return cls(
+            sleeve_name=name,
+            cli=cli.strip(),
+            goal=text("SLEEVE_GOAL"),
+            repo=text("SLEEVE_REPO"),
+            port=port_value,
+            host=host,
+            ttyd_port=ttyd_port,
+            workspace=Path(text("SIDECAR_WORKSPACE") or "/workspace").absolute(),
+            state_dir=Path(text("SIDECAR_STATE_DIR") or "/run/sidecar").absolute(),
+            token=token,
+            view_token=view_token,
+            cli_config=Path(cli_config) if cli_config else None,
+            restart=restart,
+            stop_grace=grace,
+            child_env=dict(env),
+        )

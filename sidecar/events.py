@@ -1,0 +1,66 @@
+"""In-process event bus behind `GET /events`: every subscriber gets every event, in order.
+
+Queues are bounded: a subscriber that stops reading is dropped (its stream ends) instead of
+growing memory without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+EVENT_TYPES = ("progress-update", "completion", "cli-exit", "resleeve", "error")
+
+
+def utc_now() -> str:
+    """RFC 3339 UTC timestamp with a Z, the format of every time in the API."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Subscription:
+    def __init__(self, maxsize: int) -> None:
+        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize)
+        self.dropped = False
+
+    async def get(self) -> dict[str, Any] | None:
+        """The next event, or None once this subscriber has been dropped."""
+        if self.dropped:
+            return None
+        return await self.queue.get()
+
+
+class EventBus:
+    def __init__(self, maxsize: int = 1024) -> None:
+        self._maxsize = maxsize
+        self._subs: set[Subscription] = set()
+
+    def subscribe(self) -> Subscription:
+        sub = Subscription(self._maxsize)
+        self._subs.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self._subs.discard(sub)
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subs)
+
+    def publish(self, type_: str, **fields: Any) -> dict[str, Any]:
+        event: dict[str, Any] = {"type": type_, "time": utc_now(), **fields}
+        for sub in list(self._subs):
+            try:
+                sub.queue.put_nowait(event)
+            except asyncio.QueueFull:
+                # A reader this far behind is not reading: drop it and wake its handler.
+                log.warning("dropping an /events subscriber that stopped reading")
+                self._subs.discard(sub)
+                sub.dropped = True
+                while not sub.queue.empty():
+                    sub.queue.get_nowait()
+                sub.queue.put_nowait(None)
+        return event

@@ -1,0 +1,488 @@
+"""Owns the processes: the tmux session with the AI CLI in it, and ttyd attached to it.
+
+Start and stop order, the restart policy with backoff, self-healing when tmux dies, and the
+soft resleeve (stop the CLI's whole tree, start the next CLI in the same pane). Process exits
+are noticed through pidfds on the event loop, never by polling tmux.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from sidecar import cstack
+from sidecar.clis import CLIDef, claude_has_history
+from sidecar.config import Config, RestartPolicy
+from sidecar.events import EventBus
+from sidecar.tmux import SESSION, PaneInfo, Tmux, TmuxError, recreate_socket
+from sidecar.ttyd import TtydNotFound, find_ttyd, ttyd_argv, wait_port
+from sidecar.watch import CurrentWatcher
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START, BACKOFF_CAP = 1.0, 30.0
+# A CLI that stayed up this long is healthy again: its next failure starts the backoff anew.
+BACKOFF_RESET_AFTER = 10.0
+TICK = 1.0  # the only periodic work: one stat of CURRENT.md and of the tmux socket
+SECRET_VARS = ("SIDECAR_TOKEN", "SIDECAR_VIEW_TOKEN")
+
+
+class ProcState(Enum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    RUNNING = "running"
+    BACKOFF = "backoff"
+    STOPPING = "stopping"
+    EXITED = "exited"
+    FATAL = "fatal"
+
+
+class ResleeveBusy(Exception):
+    """A resleeve is already in progress."""
+
+
+class UnknownCLI(Exception):
+    """The requested CLI is not in the registry."""
+
+
+@dataclass(frozen=True)
+class ProcStatus:
+    state: ProcState = ProcState.STOPPED
+    pid: int | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    started_at: float | None = None  # time.monotonic()
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def wait_exited(pids: list[int], timeout: float) -> set[int]:
+    """Wait (on pidfds, no polling) until every pid has exited; return those still alive."""
+    loop = asyncio.get_running_loop()
+    waiters: dict[int, asyncio.Future[None]] = {}
+    fds: list[int] = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue  # already gone and reaped
+        fds.append(fd)
+        fut: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, _resolve, fut)
+        waiters[pid] = fut
+    try:
+        if waiters:
+            await asyncio.wait(waiters.values(), timeout=timeout)
+        return {pid for pid, fut in waiters.items() if not fut.done()}
+    finally:
+        for fd in fds:
+            loop.remove_reader(fd)
+            os.close(fd)
+
+
+def _collect_tree(root: int) -> list[psutil.Process]:
+    """The CLI's process tree: descendants of the pane process, plus anything still in its
+    session (a background job orphaned earlier has left the tree but not the session)."""
+    procs: dict[int, psutil.Process] = {}
+    try:
+        top = psutil.Process(root)
+        procs[root] = top
+        for child in top.children(recursive=True):
+            procs[child.pid] = child
+    except psutil.NoSuchProcess:
+        pass
+    for pid in psutil.pids():
+        if pid in procs or pid == os.getpid():
+            continue
+        try:
+            if os.getsid(pid) == root:
+                procs[pid] = psutil.Process(pid)
+        except (OSError, psutil.Error):
+            continue
+    return list(procs.values())
+
+
+def _signal_all(procs: list[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        # psutil checks the create time first, so a recycled pid is never signalled.
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            proc.send_signal(sig)
+
+
+class Supervisor:
+    def __init__(self, config: Config, registry: Mapping[str, CLIDef], bus: EventBus) -> None:
+        self.config = config
+        self.registry = dict(registry)
+        self.bus = bus
+        self.cli_name = config.cli
+        self.cli = ProcStatus()
+        self.ttyd = ProcStatus()
+        self.started = time.monotonic()
+        self.warnings: list[str] = []
+        self.current = CurrentWatcher(config.workspace / ".cstack" / "CURRENT.md", bus)
+        self.tmux = Tmux(config.tmux_socket, config.state_dir / "tmux.conf")
+        self.pane: PaneInfo | None = None
+        self.resleeving = False
+        self._stopping = False
+        self._gen = 0  # bumped on every CLI launch; stale exit notices compare against it
+        self._backoff_n = 0
+        self._cli_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._backoff_task: asyncio.Task[None] | None = None
+        self._pidfds: dict[str, int] = {}
+        self._ttyd_proc: asyncio.subprocess.Process | None = None
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task %s failed", task.get_name(), exc_info=task.exception())
+            self.bus.publish("error", message=f"internal task {task.get_name()} failed")
+
+    def _watch_pid(self, key: str, pid: int, callback: Callable[[], object]) -> None:
+        """Call `callback()` on the loop when `pid` exits (pidfd readable)."""
+        loop = asyncio.get_running_loop()
+        self._unwatch(key)
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            loop.call_soon(callback)
+            return
+        self._pidfds[key] = fd
+
+        def fire() -> None:
+            self._unwatch(key)
+            callback()
+
+        loop.add_reader(fd, fire)
+
+    def _unwatch(self, key: str) -> None:
+        fd = self._pidfds.pop(key, None)
+        if fd is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
+    def _cli_env(self, cli: CLIDef) -> dict[str, str]:
+        return dict(cli.env)
+
+    def _argv_for(self, cli: CLIDef, *, resume: bool) -> tuple[str, ...]:
+        env = self.config.child_env
+        history = claude_has_history(
+            self.config.workspace,
+            Path(env.get("HOME", "/root")),
+            Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else None,
+        )
+        return cli.argv(resume=resume, has_history=history)
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        cfg = self.config
+        for var in SECRET_VARS:
+            # Children (tmux, the CLI, ttyd) must not inherit the API's tokens.
+            os.environ.pop(var, None)
+        cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        cfg.state_dir.chmod(0o700)
+        try:
+            cfg.workspace.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self.warnings.append(f"workspace {cfg.workspace} cannot be created: {exc.strerror}")
+        if cfg.workspace.is_dir() and not os.access(cfg.workspace, os.W_OK):
+            self.warnings.append(f"workspace {cfg.workspace} is read-only")
+        if cfg.goal:
+            try:
+                await asyncio.to_thread(cstack.write_goal, self.current.path, cfg.goal)
+            except OSError as exc:
+                self.warnings.append(f"SLEEVE_GOAL not written to CURRENT.md: {exc.strerror}")
+        self.current.get()
+        async with self._cli_lock:
+            await self._launch_cli(resume=True, fresh_server=True)
+        self._spawn(self._run_ttyd(), "ttyd")
+        self._spawn(self._tick(), "tick")
+
+    async def _launch_cli(self, *, resume: bool, fresh_server: bool) -> None:
+        """Start the current CLI in the pane (caller holds `_cli_lock`)."""
+        cli = self.registry[self.cli_name]
+        argv = self._argv_for(cli, resume=resume)
+        env = self._cli_env(cli)
+        path = {**self.config.child_env, **env}.get("PATH", os.defpath)
+        fatal = None
+        if shutil.which(argv[0], path=path) is None:
+            fatal = f"{argv[0]!r} not found on PATH ({path}); the {cli.name} CLI is not installed"
+            # The session must exist for the terminal; its pane says what is wrong.
+            argv, env = ("printf", "%s\\n", f"sidecar: {fatal}"), {}
+        self._gen += 1
+        gen = self._gen
+        self.cli = ProcStatus(ProcState.STARTING)
+        try:
+            if fresh_server:
+                pane = await asyncio.to_thread(self.tmux.start, argv, self.config.workspace, env)
+            else:
+                pane = await asyncio.to_thread(self.tmux.respawn, argv, self.config.workspace, env)
+        except (TmuxError, OSError) as exc:
+            self.cli = ProcStatus(ProcState.FATAL, reason=f"tmux failed: {exc}")
+            log.error("cannot start the CLI in tmux: %s", exc)
+            self.bus.publish("error", message=self.cli.reason)
+            return
+        self.pane = pane
+        if fresh_server:
+            self._watch_pid(
+                "tmux",
+                pane.server_pid,
+                lambda: self._spawn(self._on_tmux_exit(pane.server_pid), "heal"),
+            )
+        if fatal is not None:
+            # FATAL: the placeholder pane exits at once; nothing restarts it.
+            self.cli = ProcStatus(ProcState.FATAL, reason=fatal)
+            log.error("CLI %s cannot start: %s", cli.name, fatal)
+            self.bus.publish("error", message=fatal, cli=cli.name)
+            return
+        # STARTING -> RUNNING: the pane holds the CLI's own pid (env exec'd it).
+        self.cli = ProcStatus(ProcState.RUNNING, pid=pane.pane_pid, started_at=time.monotonic())
+        log.info("CLI %s running as pid %d: %s", cli.name, pane.pane_pid, list(argv))
+        self._watch_pid(
+            "cli", pane.pane_pid, lambda: self._spawn(self._on_cli_exit(gen), "cli-exit")
+        )
+
+    async def _on_cli_exit(self, gen: int) -> None:
+        if gen != self._gen or self._stopping or self.cli.state is not ProcState.RUNNING:
+            return  # a resleeve, a heal or shutdown stopped it on purpose
+        code: int | None = None
+        try:
+            info = await asyncio.to_thread(self.tmux.pane_info)
+            code = info.dead_status
+        except (TmuxError, OSError):
+            pass  # tmux itself is gone; its own watcher heals it
+        if gen != self._gen:
+            return
+        ran = time.monotonic() - (self.cli.started_at or time.monotonic())
+        # RUNNING -> EXITED: the CLI ended by itself.
+        self.cli = replace(self.cli, state=ProcState.EXITED, exit_code=code)
+        log.warning("CLI %s exited with %s after %.1fs", self.cli_name, code, ran)
+        self.bus.publish("cli-exit", cli=self.cli_name, exit_code=code, pid=self.cli.pid)
+        policy = self.config.restart
+        if policy is RestartPolicy.ALWAYS or (policy is RestartPolicy.ON_FAILURE and code != 0):
+            if ran >= BACKOFF_RESET_AFTER:
+                self._backoff_n = 0
+            delay = min(BACKOFF_START * 2**self._backoff_n, BACKOFF_CAP)
+            self._backoff_n += 1
+            # EXITED -> BACKOFF: wait, then start it again with its resume argv.
+            self.cli = replace(
+                self.cli, state=ProcState.BACKOFF, reason=f"restarting in {delay:g}s"
+            )
+            self._backoff_task = self._spawn(self._restart_after(delay, gen), "backoff")
+
+    async def _restart_after(self, delay: float, gen: int) -> None:
+        await asyncio.sleep(delay)
+        async with self._cli_lock:
+            if gen == self._gen and not self._stopping:
+                await self._launch_cli(resume=True, fresh_server=False)
+
+    async def _on_tmux_exit(self, server_pid: int) -> None:
+        if self._stopping:
+            return
+        async with self._cli_lock:
+            if self._stopping or self.pane is None or self.pane.server_pid != server_pid:
+                return
+            log.error("tmux server %d died; recreating the session", server_pid)
+            self.bus.publish("error", message="tmux server died; session recreated")
+            # Its pane's CLI got SIGHUP, but one that ignores it lives on as an orphan.
+            await self._stop_tree(self.pane.pane_pid)
+            self._cancel_backoff()
+            await self._launch_cli(resume=True, fresh_server=True)
+
+    def _cancel_backoff(self) -> None:
+        if self._backoff_task is not None:
+            self._backoff_task.cancel()
+            self._backoff_task = None
+
+    async def _stop_tree(self, root: int) -> None:
+        """SIGTERM (and SIGHUP) to the whole CLI tree, SIGKILL what is left after the grace."""
+        procs = await asyncio.to_thread(_collect_tree, root)
+        if not procs:
+            return
+        _signal_all(procs, signal.SIGTERM)
+        # SIGHUP as a closing terminal would send it: an interactive shell ignores SIGTERM.
+        _signal_all(procs, signal.SIGHUP)
+        _signal_all(procs, signal.SIGCONT)  # a stopped process cannot act on either
+        alive = await wait_exited([p.pid for p in procs], self.config.stop_grace)
+        if alive:
+            log.warning(
+                "SIGKILL to %d processes that outlived %.1fs", len(alive), self.config.stop_grace
+            )
+            _signal_all([p for p in procs if p.pid in alive], signal.SIGKILL)
+            await wait_exited(list(alive), 5.0)
+
+    # ---- resleeve ------------------------------------------------------------------------
+
+    def begin_resleeve(self, cli_name: str | None) -> tuple[str, asyncio.Task[None]]:
+        """Validate and start a resleeve; raises UnknownCLI or ResleeveBusy synchronously so the
+        caller can answer 400/409 before anything happens."""
+        name = cli_name or self.cli_name
+        if name not in self.registry:
+            msg = f"unknown CLI {name!r}; known: {', '.join(sorted(self.registry))}"
+            raise UnknownCLI(msg)
+        if self.resleeving or self._stopping:
+            msg = "a resleeve is already in progress" if self.resleeving else "shutting down"
+            raise ResleeveBusy(msg)
+        self.resleeving = True
+        return name, self._spawn(self._resleeve(name), "resleeve")
+
+    async def resleeve(self, cli_name: str | None = None) -> None:
+        _, task = self.begin_resleeve(cli_name)
+        await task
+
+    async def _resleeve(self, name: str) -> None:
+        try:
+            async with self._cli_lock:
+                previous = self.cli_name
+                self.bus.publish("resleeve", phase="started", previous=previous, cli=name)
+                self._cancel_backoff()
+                # RUNNING/EXITED/BACKOFF -> STOPPING: exits from here on are ours.
+                self.cli = replace(self.cli, state=ProcState.STOPPING)
+                self._unwatch("cli")
+                if self.pane is not None:
+                    await self._stop_tree(self.pane.pane_pid)
+                self.cli_name = name
+                self._backoff_n = 0
+                await self._launch_cli(resume=True, fresh_server=self.pane is None)
+                self.bus.publish(
+                    "resleeve",
+                    phase="done",
+                    previous=previous,
+                    cli=name,
+                    pid=self.cli.pid,
+                    state=self.cli.state.value,
+                )
+        finally:
+            self.resleeving = False
+
+    # ---- ttyd ----------------------------------------------------------------------------
+
+    async def _run_ttyd(self) -> None:
+        failures = 0
+        while not self._stopping:
+            try:
+                binary = await asyncio.to_thread(
+                    find_ttyd, self.config.state_dir, self.config.child_env.get("PATH")
+                )
+            except TtydNotFound as exc:
+                self.ttyd = ProcStatus(ProcState.FATAL, reason=str(exc))
+                log.error("%s", exc)
+                self.bus.publish("error", message=str(exc))
+                return
+            argv = ttyd_argv(
+                binary,
+                port=self.config.ttyd_port,
+                tmux_socket=self.config.tmux_socket,
+                session=SESSION,
+            )
+            self.ttyd = ProcStatus(ProcState.STARTING)
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            self._ttyd_proc = proc
+            self._spawn(self._forward_output(proc), "ttyd-log")
+            started = time.monotonic()
+            ready = await wait_port("127.0.0.1", self.config.ttyd_port, started + 5)
+            if ready and proc.returncode is None:
+                # STARTING -> RUNNING: ttyd accepts connections.
+                self.ttyd = ProcStatus(ProcState.RUNNING, pid=proc.pid, started_at=started)
+                log.info("ttyd running as pid %d on 127.0.0.1:%d", proc.pid, self.config.ttyd_port)
+            code = await proc.wait()
+            if self._stopping:
+                break
+            failures = 0 if time.monotonic() - started >= BACKOFF_RESET_AFTER else failures + 1
+            delay = min(BACKOFF_START * 2 ** max(failures - 1, 0), BACKOFF_CAP) if failures else 0.1
+            # RUNNING -> BACKOFF: ttyd died; start it again after the delay.
+            self.ttyd = ProcStatus(
+                ProcState.BACKOFF, exit_code=code, reason=f"exited {code}; restart in {delay:g}s"
+            )
+            log.warning("ttyd exited with %s; restarting in %gs", code, delay)
+            self.bus.publish("error", message=f"ttyd exited with {code}; restarting")
+            await asyncio.sleep(delay)
+
+    async def _forward_output(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line:
+                log.info("ttyd: %s", line)
+
+    # ---- periodic ------------------------------------------------------------------------
+
+    async def _tick(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(TICK)
+            self.current.get()  # CURRENT.md edits become events within a second
+            pane = self.pane
+            if pane is not None and not self.config.tmux_socket.exists():
+                log.warning(
+                    "tmux socket %s vanished; asking tmux to recreate it", self.config.tmux_socket
+                )
+                recreate_socket(pane.server_pid)
+
+    # ---- shutdown ------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """CLI tree (within the grace), then ttyd, then tmux; CURRENT.md says `killed`."""
+        if self._stopping:
+            return
+        self._stopping = True
+        log.info("shutting down")
+        self._cancel_backoff()
+        self._unwatch("cli")
+        self._unwatch("tmux")
+        if self.pane is not None:
+            # -> STOPPING -> STOPPED
+            self.cli = replace(self.cli, state=ProcState.STOPPING)
+            await self._stop_tree(self.pane.pane_pid)
+        proc = self._ttyd_proc
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 2.0)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        self.ttyd = replace(self.ttyd, state=ProcState.STOPPED)
+        await asyncio.to_thread(self.tmux.kill_server)
+        self.cli = replace(self.cli, state=ProcState.STOPPED)
+        try:
+            await asyncio.to_thread(cstack.write_status, self.current.path, "killed")
+        except OSError as exc:
+            log.warning("could not mark CURRENT.md killed: %s", exc)
+        for task in list(self._tasks):
+            if task is not asyncio.current_task():
+                task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        log.info("stopped")
+
+    @property
+    def healthy(self) -> bool:
+        return self.cli.state is ProcState.RUNNING

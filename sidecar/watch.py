@@ -1,0 +1,55 @@
+"""Keeps the parsed `.cstack/CURRENT.md` current and turns its changes into events.
+
+A change is noticed by `stat` alone (inode, size, mtime): the file is parsed again only when
+one of those moved, whether the caller is `/status` or the once-a-second tick.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sidecar.cstack import CurrentState, read_current
+from sidecar.events import EventBus
+
+StatKey = tuple[int, int, int] | None
+
+
+def _progress_fields(state: CurrentState) -> dict[str, object]:
+    return {
+        "status": state.status,
+        "task": state.task,
+        "progress": {"total": state.progress_total, "completed": state.progress_completed},
+    }
+
+
+class CurrentWatcher:
+    def __init__(self, path: Path, bus: EventBus) -> None:
+        self.path = path
+        self._bus = bus
+        self._key: StatKey = None
+        self._state: CurrentState | None = None
+        self.mtime: float | None = None
+
+    def _stat(self) -> tuple[StatKey, float | None]:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None, None
+        return (st.st_ino, st.st_size, st.st_mtime_ns), st.st_mtime
+
+    def get(self) -> CurrentState:
+        """The parsed file, re-read only if it changed since the last call."""
+        key, mtime = self._stat()
+        if self._state is not None and key == self._key:
+            return self._state
+        state = read_current(self.path)
+        previous = self._state
+        self._state, self._key, self.mtime = state, key, mtime
+        if previous is not None:
+            before, after = _progress_fields(previous), _progress_fields(state)
+            if before != after:
+                self._bus.publish("progress-update", **after)
+                if state.status == "done" and previous.status != "done":
+                    self._bus.publish("completion", task=state.task)
+        return state
