@@ -1,0 +1,175 @@
+"""A small stand-in for the Anthropic API on 127.0.0.1, so the real Claude Code CLI runs offline.
+
+It answers `HEAD /api/hello` (the CLI's connectivity probe) and `POST /v1/messages` - streamed
+as server-sent events in the Messages API shape when the request asks for `stream`, plain JSON
+otherwise - and records every request so a test can see what the CLI sent. This is the one fake
+in the end-to-end tests: the network seam, because no real API is reachable from these machines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+REPLY_TEXT = "Hello from the sleeve test stub."
+
+
+@dataclass(frozen=True)
+class Recorded:
+    method: str
+    path: str
+    body: Any
+    time: float = field(default_factory=time.monotonic)
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+class AnthropicStub:
+    """Runs an aiohttp app on its own event loop in a thread; `url` is set once it listens."""
+
+    def __init__(self, reply: str = REPLY_TEXT) -> None:
+        self.reply = reply
+        self.url = ""
+        self._requests: list[Recorded] = []
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    # --- recording ---------------------------------------------------------------------------
+    @property
+    def requests(self) -> list[Recorded]:
+        with self._lock:
+            return list(self._requests)
+
+    def messages_posts(self) -> list[Recorded]:
+        return [r for r in self.requests if r.method == "POST" and r.path == "/v1/messages"]
+
+    def prompts_seen(self) -> list[str]:
+        """Text of every user message the CLI sent, in order."""
+        texts: list[str] = []
+        for rec in self.messages_posts():
+            for msg in (rec.body or {}).get("messages", []):
+                content = msg.get("content")
+                if isinstance(content, str):
+                    texts.append(content)
+                elif isinstance(content, list):
+                    texts.extend(c.get("text", "") for c in content if isinstance(c, dict))
+        return texts
+
+    # --- handlers ----------------------------------------------------------------------------
+    async def _record(self, request: web.Request) -> Any:
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode(errors="replace")
+        with self._lock:
+            self._requests.append(Recorded(request.method, request.path, body))
+        return body
+
+    async def _hello(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.Response(status=200)
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        body = await self._record(request) or {}
+        model = body.get("model", "claude-stub")
+        message = {
+            "id": f"msg_stub{len(self._requests):04d}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 12, "output_tokens": 1},
+        }
+        if not body.get("stream"):
+            message["content"] = [{"type": "text", "text": self.reply}]
+            message["stop_reason"] = "end_turn"
+            return web.json_response(message)
+        text_block = {"type": "text", "text": ""}
+        events: list[tuple[str, dict[str, Any]]] = [
+            ("message_start", {"message": message}),
+            ("content_block_start", {"index": 0, "content_block": text_block}),
+            ("ping", {}),
+            (
+                "content_block_delta",
+                {"index": 0, "delta": {"type": "text_delta", "text": self.reply}},
+            ),
+            ("content_block_stop", {"index": 0}),
+            (
+                "message_delta",
+                {
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {"output_tokens": 9},
+                },
+            ),
+            ("message_stop", {}),
+        ]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for name, data in events:
+            await resp.write(_sse(name, {"type": name, **data}))
+        await resp.write_eof()
+        return resp
+
+    async def _other(self, request: web.Request) -> web.Response:
+        # Telemetry, feature flags, token counting...: recorded and refused, which the CLI
+        # tolerates offline.
+        await self._record(request)
+        return web.json_response({"error": {"type": "not_found", "message": "stub"}}, status=404)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    async def _start(self) -> str:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("HEAD", "/api/hello", self._hello)
+        app.router.add_route("GET", "/api/hello", self._hello)
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_route("*", "/{tail:.*}", self._other)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}"
+
+    def start(self) -> AnthropicStub:
+        self._thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    def __enter__(self) -> AnthropicStub:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+TEST_API_KEY = "sk-ant-api03-TESTKEY-abcdefghij0123456789"
+
+
+def claude_json(workspace: str, api_key: str = TEST_API_KEY) -> dict[str, Any]:
+    """`~/.claude.json` that takes the real CLI past onboarding, key approval and trust prompts."""
+    return {
+        "hasCompletedOnboarding": True,
+        "theme": "dark",
+        "customApiKeyResponses": {"approved": [api_key[-20:]], "rejected": []},
+        "projects": {workspace: {"hasTrustDialogAccepted": True}},
+    }
