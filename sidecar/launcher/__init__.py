@@ -1,0 +1,4 @@
+"""`sleeve`, the host launcher: slots, instances, runs under docker or bubblewrap, state.
+
+Imports neither aiohttp nor libtmux; see `sidecar.launcher.cli` for the commands.
+"""

@@ -1,0 +1,432 @@
+"""`sleeve`: the host launcher's command line; one small function per subcommand.
+
+Stopping is `sleeve stop N` (SIGTERM via the bwrap waiter, or `docker stop`; the run becomes
+`stopped`); `sleeve rm N --force` stops a running slot before removing it. Exit 1 = refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sidecar.launcher import engine, instances, launch, runtimes
+from sidecar.launcher.fsutil import LauncherError, locked, private_dir
+from sidecar.launcher.slots import Project, SlotState, prepare_home_files
+from sidecar.launcher.state import RUNNING, Run, StateStore, process_alive, running_slots
+from sidecar.launcher.waiter import waiter_argv
+
+logger = logging.getLogger(__name__)
+
+ICONS = {SlotState.AUTHENTICATED: "✔️ ", SlotState.UNAUTHENTICATED: "🔒", SlotState.DEAD: "💀"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The environment, read once."""
+
+    home: Path
+    env: Mapping[str, str]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        home = Path(env.get("SLEEVE_HOME") or "~/.sleeve").expanduser()
+        return cls(Path(os.path.abspath(home)), dict(env))
+
+
+def _project(args: argparse.Namespace, settings: Settings) -> Project:
+    path = instances.project_path(args.project)
+    return Project(instances.canonical_root(path), settings.home)
+
+
+def _print_json(data: object) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+# -- slots -----------------------------------------------------------------------------
+
+
+def cmd_create(args: argparse.Namespace, settings: Settings) -> int:
+    project = _project(args, settings)
+    private_dir(settings.home)
+    instances.ensure_instance(settings.home, project.root)
+    slot = project.create()
+    if args.json:
+        _print_json({"index": slot.index, "id": slot.id, "folder": str(slot.path)})
+    else:
+        print(f"created slot {slot.index} ({slot.id}) in {slot.path}")
+    return 0
+
+
+def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
+    project = _project(args, settings)
+    slots = project.slots(prune=True)
+    runs = (
+        launch.observe(settings.home, docker=launch.docker_in_use(settings.home)) if slots else []
+    )
+    busy = running_slots(runs, project.key)
+    rows = [
+        {
+            "index": s.index,
+            "id": s.id,
+            "state": s.state.value,
+            "running": s.index in busy,
+            "runtime": busy[s.index].runtime if s.index in busy else None,
+            "port": busy[s.index].port if s.index in busy else None,
+            "folder": str(s.path),
+        }
+        for s in slots
+    ]
+    if args.json:
+        _print_json({"project": str(project.root), "dir": str(project.dir), "slots": rows})
+        return 0
+    if not slots:
+        print(f"no slots for {project.root} yet; `sleeve create` adds one")
+        return 0
+    print(f"slots for {project.root}:")
+    print(f"  {'slot':>4}  {'id':8}  {'state':18}  {'running':16}  folder")
+    for s, row in zip(slots, rows, strict=True):
+        running = f"● {row['runtime']} :{row['port']}" if row["running"] else ""
+        state = f"{ICONS[s.state]} {s.state.value}"
+        print(f"  {s.index:>4}  {s.id:8}  {state:18}  {running:16}  {s.path}")
+    return 0
+
+
+def _active_run(settings: Settings, project: Project, index: int) -> Run | None:
+    runs = launch.observe(settings.home, docker=launch.docker_in_use(settings.home))
+    return running_slots(runs, project.key).get(index)
+
+
+def cmd_rm(args: argparse.Namespace, settings: Settings) -> int:
+    project = _project(args, settings)
+    project.get(args.slot)  # an unknown index fails before anything is stopped
+    run = _active_run(settings, project, args.slot)
+    if run is not None:
+        if not args.force:
+            msg = (
+                f"slot {args.slot} is running ({run.runtime}); "
+                f"`sleeve stop {args.slot}` first, or `sleeve rm {args.slot} --force`"
+            )
+            raise LauncherError(msg)
+        launch.stop(settings.home, run)
+    slot = project.remove(args.slot)
+    print(f"removed slot {slot.index} ({slot.id})")
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
+    project = _project(args, settings)
+    run = _active_run(settings, project, args.slot)
+    if run is None:
+        msg = f"slot {args.slot} is not running"
+        raise LauncherError(msg)
+    launch.stop(settings.home, run, grace=args.grace)
+    print(f"stopped slot {args.slot} ({run.runtime})")
+    return 0
+
+
+# -- run -------------------------------------------------------------------------------
+
+
+def _choose_runtime(wanted: str | None, dry_run: bool) -> str:
+    if wanted == "bwrap" or (wanted == "docker" and dry_run):
+        return wanted
+    problem = engine.engine_problem()
+    if wanted == "docker":
+        if problem:
+            raise LauncherError(problem)
+        return "docker"
+    if problem is None:
+        return "docker"
+    logger.warning("%s; using the bwrap runtime", problem.split(";")[0])
+    return "bwrap"
+
+
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    project = _project(args, settings)
+    workspace = instances.project_path(args.project)
+    cli = "shell" if args.shell else args.cli
+    runtime = _choose_runtime(args.runtime, args.dry_run)
+    if runtime == "bwrap" and not args.dry_run and shutil.which("bwrap") is None:
+        msg = "runtime bwrap: bwrap is not installed (apt-get install bubblewrap)"
+        raise LauncherError(msg)
+    home = settings.home
+    if not args.dry_run:
+        private_dir(home)
+        project.ensure()
+        instances.ensure_instance(home, project.root)
+    # One global lock from slot choice to the record: two runs never pick the same slot.
+    lock = contextlib.nullcontext() if args.dry_run else locked(private_dir(home) / "run.lock")
+    with lock:
+        runs = launch.observe(home, docker=runtime == "docker" or launch.docker_in_use(home))
+        slot = launch.pick_slot(project, runs, args.slot, create=not args.dry_run)
+        if not args.dry_run:
+            prepare_home_files(slot)
+        port = launch.check_port(args.port) if args.port else launch.free_port()
+        ttyd_port = launch.free_port()
+        plan = runtimes.RunPlan(
+            name=project.container_name(slot.id),
+            project_key=project.key,
+            home_label=launch.home_label(home),
+            slot_index=slot.index,
+            slot_id=slot.id,
+            workspace=workspace,
+            slot_dir=slot.path,
+            instance_dir=instances.instance_dir(home, project.root),
+            cli=cli,
+            goal=args.goal,
+            port=port,
+            ttyd_port=ttyd_port,
+            image=args.image,
+            network_host=args.network == "host",
+            passthrough=runtimes.passthrough_env(settings.env),
+        )
+        run_id = launch.new_run_id()
+        run = Run(run_id, project.key, slot.index, slot.id, runtime, cli, port=port)
+        run.log = str(home / "logs" / f"{project.key}-{slot.index}-{run_id}.log")
+        if runtime == "bwrap":
+            python = runtimes.HostPython.current()
+            env = runtimes.bwrap_env(plan, python)
+            argv = waiter_argv(sys.executable, run, home, runtimes.bwrap_argv(plan, python))
+            names = list(env)
+        else:
+            argv = runtimes.docker_argv(plan)
+            env = {**settings.env}
+            names = [b.split("=", 1)[0] for a, b in itertools.pairwise(argv) if a == "--env"]
+        if args.dry_run:
+            print(shlex.join(argv))
+            print(runtimes.audit(argv, runtimes.home_mounts(plan), names), file=sys.stderr)
+            return 0
+        if runtime == "bwrap":
+            run.pid, run.pid_start = launch.spawn_detached(argv, env, Path(run.log))
+        else:
+            run.container, run.log = plan.name, None
+            engine.remove_stopped(plan.name)
+            engine.run(argv, env)
+        StateStore(home).upsert(run)
+    try:
+        url = launch.wait_healthy(run, args.wait)
+    except LauncherError:
+        _tail(run.log)
+        if process_alive(run.pid or 0, run.pid_start) or run.runtime == "docker":
+            launch.stop(home, run, grace=5)
+        raise
+    StateStore(home).mark(run.id, status=RUNNING)
+    print(f"slot {slot.index} ({slot.id}) runs {cli} under {runtime}: {url}")
+    return 0
+
+
+def _tail(log: str | None, lines: int = 20) -> None:
+    if log and os.path.exists(log):
+        with open(log, errors="replace") as fh:
+            tail = fh.readlines()[-lines:]
+        sys.stderr.write("".join(f"  | {line}" for line in tail))
+
+
+# -- listings --------------------------------------------------------------------------
+
+
+def cmd_ps(args: argparse.Namespace, settings: Settings) -> int:
+    runs = launch.observe(
+        settings.home, docker=shutil.which("docker") is not None, adopt_bwrap=True
+    )
+    if args.project is not None:
+        key = _project(args, settings).key
+        runs = [r for r in runs if r.project == key]
+    if args.json:
+        _print_json([dataclasses.asdict(r) for r in runs])
+        return 0
+    if not runs:
+        print("no sleeves recorded")
+        return 0
+    row = "{:24}  {:>4}  {:7}  {:18}  {:>5}  {:>8}  {}"
+    print(row.format("run", "slot", "runtime", "status", "port", "started", "project"))
+    for r in runs:
+        started = instances.age(r.started_at)
+        print(row.format(r.id, r.slot, r.runtime, r.status, r.port or "", started, r.project))
+    return 0
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "K", "M", "G"):
+        if size < 1024 or unit == "G":
+            return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
+        size /= 1024
+    return f"{n}B"
+
+
+def cmd_instances(args: argparse.Namespace, settings: Settings) -> int:
+    found = instances.list_instances(settings.home)
+    if args.json:
+        _print_json(
+            [
+                {
+                    "sha16": i.sha,
+                    "root": None if i.root is None else str(i.root),
+                    "exists": i.root_exists,
+                    "size": i.size,
+                    "last_used": i.last_used,
+                }
+                for i in found
+            ]
+        )
+        return 0
+    if not found:
+        print("no instances")
+        return 0
+    print(f"{'sha16':16}  {'exists':6}  {'size':>7}  {'last used':10}  root")
+    for i in found:
+        exists = "?" if i.root is None else ("yes" if i.root_exists else "no")
+        root = "(no readable project-root)" if i.root is None else str(i.root)
+        print(
+            f"{i.sha:16}  {exists:6}  {_size(i.size):>7}  {instances.age(i.last_used):10}  {root}"
+        )
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
+    verb = "would remove" if args.dry_run else "removed"
+    for root in instances.gc(settings.home, dry_run=args.dry_run):
+        print(f"{verb} {root}", file=sys.stderr)
+    return 0
+
+
+# -- build -----------------------------------------------------------------------------
+
+
+def _repo_root() -> Path:
+    import sidecar
+
+    return Path(sidecar.__file__).resolve().parent.parent
+
+
+def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
+    context = Path(args.context).resolve() if args.context else _repo_root()
+    dockerfile = Path(args.file).resolve() if args.file else context / "image" / "Dockerfile"
+    if not dockerfile.is_file():
+        msg = f"no Dockerfile at {dockerfile} (use --context or --file)"
+        raise LauncherError(msg)
+    build_args = dict(_key_value(a) for a in args.build_arg)
+    checksum = engine.inputs_checksum(context, dockerfile, build_args)
+    engine.require_engine()
+    existing = engine.image_checksum(args.image)
+    if not engine.needs_build(checksum, existing, force=args.force):
+        print(f"{args.image} is up to date (inputs {checksum[:12]}); --force rebuilds")
+        return 0
+    argv = engine.build_argv(args.image, context, dockerfile, checksum, build_args)
+    logger.info("building %s: %s", args.image, shlex.join(argv))
+    return subprocess.run(argv, check=False).returncode
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        msg = f"--build-arg wants KEY=VALUE, got {text!r}"
+        raise LauncherError(msg)
+    return key, value
+
+
+# -- wiring ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sleeve",
+        description="Host launcher for sleeves: slots, instances, runs (docker or bwrap).",
+        epilog="State lives in $SLEEVE_HOME (default ~/.sleeve). `sleeve stop N` stops a run.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(
+        name: str,
+        func: Callable[[argparse.Namespace, Settings], int],
+        text: str,
+        *,
+        listing: bool = False,
+        project_default: str | None = ".",
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument(
+            "--project",
+            default=project_default,
+            metavar="PATH",
+            help="project directory (default: the current directory)",
+        )
+        if listing:
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=func)
+        return p
+
+    add("create", cmd_create, "create a slot (reuses the first dead one)", listing=True)
+    add("slots", cmd_slots, "prune the counter, then list the project's slots", listing=True)
+    p = add("rm", cmd_rm, "remove slot N's directory")
+    p.add_argument("slot", type=int, metavar="N")
+    p.add_argument("--force", action="store_true", help="stop it first if it is running")
+    p = add("stop", cmd_stop, "stop the sleeve running in slot N")
+    p.add_argument("slot", type=int, metavar="N")
+    p.add_argument("--grace", type=float, default=15.0, help="seconds before SIGKILL (bwrap)")
+    p = add("run", cmd_run, "start a sleeve in the first free slot")
+    p.add_argument("--slot", type=int, metavar="N")
+    p.add_argument("--cli", default="claude-code", help="CLI to run (default claude-code)")
+    p.add_argument("--shell", action="store_true", help="run the `shell` CLI instead")
+    p.add_argument("--goal", metavar="TEXT")
+    p.add_argument(
+        "--runtime",
+        choices=["docker", "bwrap"],
+        help="default: docker when an engine answers, else bwrap",
+    )
+    p.add_argument("--image", default="sleeve:latest")
+    p.add_argument("--port", type=int, help="API port on 127.0.0.1 (default: a free one)")
+    p.add_argument(
+        "--network",
+        choices=["bridge", "host"],
+        default="bridge",
+        help="docker network (default bridge, API published on 127.0.0.1)",
+    )
+    p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for /health")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the exact argv (stdout) and a mount/env audit (stderr)",
+    )
+    add("ps", cmd_ps, "recorded runs, reconciled with reality", listing=True, project_default=None)
+    add("instances", cmd_instances, "per-project history dirs", listing=True)
+    p = add("gc", cmd_gc, "remove instances whose project root is gone")
+    p.add_argument("--dry-run", action="store_true", help="only print what would go")
+    p = add("build", cmd_build, "build image/Dockerfile unless its inputs are unchanged")
+    p.add_argument("--image", default="sleeve:latest")
+    p.add_argument("--context", metavar="DIR", help="build context (default: the repo root)")
+    p.add_argument("--file", metavar="DOCKERFILE", help="default: CONTEXT/image/Dockerfile")
+    p.add_argument("--build-arg", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--force", action="store_true", help="build even if up to date")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        # Lifecycle lines (INFO) repeat what the commands print; -v shows them and the mechanics.
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="sleeve: %(message)s",
+        stream=sys.stderr,
+    )
+    settings = Settings.from_env(os.environ if env is None else env)
+    try:
+        result: int = args.func(args, settings)
+    except LauncherError as exc:
+        print(f"sleeve: {exc}", file=sys.stderr)
+        return 1
+    return result

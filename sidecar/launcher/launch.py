@@ -1,0 +1,188 @@
+"""Starting, watching and stopping sleeves: slot choice, ports, spawn, /health, stop.
+
+The argv comes from `runtimes` and is executed as built; state changes go through `state`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import psutil
+
+from sidecar.launcher import engine
+from sidecar.launcher.fsutil import FILE_MODE, LauncherError, private_dir
+from sidecar.launcher.slots import Project, Slot, SlotState
+from sidecar.launcher.state import (
+    STOPPED,
+    Run,
+    StateStore,
+    process_alive,
+    reconcile,
+    running_slots,
+)
+from sidecar.launcher.waiter import find_waiters
+
+logger = logging.getLogger(__name__)
+
+POLL_INTERVAL = 0.1
+
+
+def home_label(home: Path) -> str:
+    """Docker label value that tells this `$SLEEVE_HOME`'s containers from others."""
+    return hashlib.sha256(os.fsencode(str(home.resolve()))).hexdigest()[:12]
+
+
+def observe(home: Path, *, docker: bool, adopt_bwrap: bool = False) -> list[Run]:
+    """Recorded runs reconciled with reality, written back: at most one `docker ps`."""
+    containers = engine.list_containers(home_label(home)) if docker else None
+    orphans = find_waiters(home) if adopt_bwrap else []
+    store = StateStore(home)
+    if not store.path.exists() and not containers and not orphans:
+        return []  # nothing recorded, nothing found: a listing creates no files
+    with store.transaction() as runs:
+        reconcile(runs, containers, orphans=orphans)
+        return list(runs)
+
+
+def docker_in_use(home: Path) -> bool:
+    """Ask docker only if it could know something: a client exists and we have used it."""
+    if shutil.which("docker") is None:
+        return False
+    return any(r.runtime == "docker" for r in StateStore(home).read()) or bool(
+        os.environ.get("DOCKER_HOST")
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port(port: int) -> int:
+    """`port` if nothing listens on 127.0.0.1:port, else a LauncherError that says so."""
+    if not 1 <= port <= 65535:
+        msg = f"--port {port} is not a TCP port (1..65535)"
+        raise LauncherError(msg)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            msg = (
+                f"port {port} on 127.0.0.1 is already in use ({exc.strerror}); pick another --port"
+            )
+            raise LauncherError(msg) from exc
+    return port
+
+
+def pick_slot(project: Project, runs: list[Run], wanted: int | None, *, create: bool) -> Slot:
+    """`--slot N`, else the first existing slot not running; slot 1 is made if none exist."""
+    busy = running_slots(runs, project.key)
+    if wanted is not None:
+        slot = project.get(wanted)
+        if slot.state is SlotState.DEAD:
+            msg = f"slot {wanted} is dead (its directory is gone); `sleeve create` recreates it"
+            raise LauncherError(msg)
+        if wanted in busy:
+            runtime = busy[wanted].runtime
+            msg = f"slot {wanted} is already running ({runtime}); `sleeve stop {wanted}` stops it"
+            raise LauncherError(msg)
+        return slot
+    alive = [s for s in project.slots(prune=create) if s.state is not SlotState.DEAD]
+    if not alive:
+        if not create:  # --dry-run: show what slot 1 would be, create nothing
+            return Slot(1, project.slot_path(1).name, project.slot_path(1), SlotState.DEAD)
+        return project.create()
+    for slot in alive:
+        if slot.index not in busy:
+            return slot
+    msg = f"all {len(alive)} slots are running; `sleeve create` adds one"
+    raise LauncherError(msg)
+
+
+def spawn_detached(argv: list[str], env: Mapping[str, str], log: Path) -> tuple[int, float | None]:
+    """Start `argv` in a new session, output to a 0600 `log`; returns its pid and start time."""
+    private_dir(log.parent)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
+    try:
+        # posix_spawn, not Popen: the child outlives us, and no Popen object is left to warn.
+        pid = os.posix_spawn(
+            argv[0],
+            argv,
+            dict(env),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, fd, 1),
+                (os.POSIX_SPAWN_DUP2, fd, 2),
+            ],
+            setsid=True,
+        )
+    finally:
+        os.close(fd)
+    try:
+        return pid, psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return pid, None  # already gone: the waiter's own record says how it ended
+
+
+def wait_healthy(run: Run, deadline_s: float) -> str:
+    """Poll the sleeve's /health until it answers 200, its process dies, or the deadline."""
+    import urllib.error
+    import urllib.request
+
+    url = f"http://127.0.0.1:{run.port}/"
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if (
+            run.runtime == "bwrap"
+            and run.pid is not None
+            and not process_alive(run.pid, run.pid_start)
+        ):
+            msg = f"the sleeve exited during start-up; see {run.log}"
+            raise LauncherError(msg)
+        try:
+            with urllib.request.urlopen(url + "health", timeout=2) as resp:  # noqa: S310 - fixed http://127.0.0.1 URL
+                if resp.status == 200 and "status" in json.loads(resp.read()):
+                    return url
+        except (OSError, ValueError) as exc:  # not up yet: refused, reset, or half an answer
+            logger.debug("health: %s", exc)
+        time.sleep(POLL_INTERVAL)
+    msg = f"the sleeve did not answer {url}health within {deadline_s:g} s"
+    if run.log:
+        msg += f"; see {run.log}"
+    raise LauncherError(msg)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def stop(home: Path, run: Run, grace: float = 15.0) -> None:
+    """Stop one active run and wait for it; a bwrap run gets SIGTERM via its waiter first."""
+    store = StateStore(home)
+    store.mark(run.id, stop_requested=True)
+    if run.runtime == "docker":
+        engine.stop(run.container or "", grace=int(grace))
+        return
+    if run.pid is None or not process_alive(run.pid, run.pid_start):
+        return
+    os.kill(run.pid, signal.SIGTERM)  # the waiter forwards it to the sandbox's PID 1
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not process_alive(run.pid, run.pid_start):
+            return
+        time.sleep(POLL_INTERVAL)
+    logger.warning("run %s did not stop within %g s; killing it", run.id, grace)
+    # Killing the waiter kills the sandbox too (bwrap --die-with-parent).
+    os.kill(run.pid, signal.SIGKILL)
+    store.mark(run.id, status=STOPPED)

@@ -1,0 +1,235 @@
+"""`$SLEEVE_HOME/state.json`: the record of every run, and its reconciliation with reality.
+
+Every write is a read-modify-write under an flock on `state.lock`, written atomically. A
+corrupt file is set aside (`state.json.corrupt-<time>`) and rebuilt from what is running.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from sidecar.launcher.engine import Container
+from sidecar.launcher.fsutil import atomic_write, locked, private_dir
+
+logger = logging.getLogger(__name__)
+
+# Run statuses. Active ones may change on reconciliation; the rest are final.
+STARTING = "starting"
+RUNNING = "running"
+COMPLETED = "completed"
+STOPPED = "stopped"
+VANISHED = "failed (vanished)"
+ACTIVE = frozenset({STARTING, RUNNING})
+# psutil's create_time is derived from boot time + start ticks; equal processes agree to far
+# better than this, a reused pid practically never does.
+START_TIME_TOLERANCE = 0.05
+
+
+def failed(code: int) -> str:
+    return f"failed (code {code})"
+
+
+def final_status(code: int, *, stop_requested: bool) -> str:
+    """What an exit code means for a run: a stop we asked for is `stopped`, not a failure."""
+    if stop_requested:
+        return STOPPED
+    return COMPLETED if code == 0 else failed(code)
+
+
+@dataclass
+class Run:
+    id: str
+    project: str  # `<slug>_<crc0>`
+    slot: int
+    slot_id: str
+    runtime: str  # "docker" or "bwrap"
+    cli: str
+    port: int | None = None
+    container: str | None = None  # docker
+    pid: int | None = None  # bwrap: the waiter that owns the bwrap process
+    pid_start: float | None = None  # psutil create_time of `pid`, to detect pid reuse
+    started_at: float = field(default_factory=time.time)
+    status: str = STARTING
+    exit_code: int | None = None
+    stop_requested: bool = False
+    adopted: bool = False
+    log: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Run:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class StateStore:
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.path = home / "state.json"
+        self.lock_path = home / "state.lock"
+
+    @contextmanager
+    def transaction(self) -> Iterator[list[Run]]:
+        """Yield the runs under the lock; whatever the block leaves in the list is written."""
+        private_dir(self.home)
+        with locked(self.lock_path):
+            runs = self._load()
+            before = [dataclasses.asdict(r) for r in runs]
+            yield runs
+            after = [dataclasses.asdict(r) for r in runs]
+            if after != before or not self.path.exists():
+                atomic_write(self.path, json.dumps({"version": 1, "runs": after}, indent=1) + "\n")
+
+    def read(self) -> list[Run]:
+        """The recorded runs, without reconciling (shared lock: no half-written reads)."""
+        if not self.path.exists():
+            return []
+        with self.transaction() as runs:
+            return list(runs)
+
+    def _load(self) -> list[Run]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return []
+        try:
+            data = json.loads(text)
+            return [Run.from_dict(item) for item in data["runs"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            aside = self.path.with_name(f"state.json.corrupt-{int(time.time())}")
+            os.replace(self.path, aside)
+            logger.warning(
+                "%s was unreadable (%s); kept it as %s and rebuilt it from what runs",
+                self.path,
+                exc,
+                aside.name,
+            )
+            return []
+
+    def upsert(self, run: Run) -> None:
+        """Record `run`, merging with a record of the same id (a fast waiter may be first)."""
+        with self.transaction() as runs:
+            for i, old in enumerate(runs):
+                if old.id == run.id:
+                    if not old.active:  # the waiter already wrote the outcome: keep it
+                        run.status, run.exit_code = old.status, old.exit_code
+                    runs[i] = run
+                    return
+            runs.append(run)
+
+    def finish(self, run_id: str, code: int, template: Run, *, stop_requested: bool) -> None:
+        """Record the exit `code` of run `run_id` (the bwrap waiter calls this)."""
+        with self.transaction() as runs:
+            run = next((r for r in runs if r.id == run_id), None)
+            if run is None:
+                run = template
+                runs.append(run)
+            run.exit_code = code
+            run.stop_requested = run.stop_requested or stop_requested
+            run.status = final_status(code, stop_requested=run.stop_requested)
+
+    def mark(self, run_id: str, **changes: Any) -> None:
+        with self.transaction() as runs:
+            for run in runs:
+                if run.id == run_id:
+                    for key, value in changes.items():
+                        setattr(run, key, value)
+
+
+def process_alive(pid: int, start: float | None) -> bool:
+    """True if `pid` runs and is the same process (start time) we recorded."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        created = proc.create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    return start is None or abs(created - start) < START_TIME_TOLERANCE
+
+
+def reconcile(
+    runs: list[Run],
+    containers: Sequence[Container] | None,
+    alive: Callable[[int, float | None], bool] = process_alive,
+    orphans: Sequence[Run] = (),
+) -> None:
+    """Bring `runs` in line with what is really there (in place).
+
+    `containers` is one labelled `docker ps -a` (None: docker cannot tell, leave docker runs
+    as recorded); `orphans` are bwrap runs found running without a record.
+    """
+    by_name = {c.name: c for c in containers} if containers is not None else None
+    seen: set[str] = set()
+    for run in runs:
+        if run.runtime == "docker" and run.container:
+            seen.add(run.container)
+        if not run.active:
+            continue
+        if run.runtime == "bwrap":
+            if run.pid is None or not alive(run.pid, run.pid_start):
+                # The waiter records the exit code before it exits; no code means it was killed.
+                run.status = VANISHED  # RUNNING -> failed (vanished)
+            else:
+                run.status = RUNNING
+        elif by_name is not None:
+            box = by_name.get(run.container or "")
+            if box is None:
+                run.status = VANISHED
+            elif box.state in ("running", "restarting", "paused"):
+                run.status = RUNNING
+            elif box.state == "created":
+                run.status = STARTING
+            else:  # exited or dead
+                run.exit_code = box.exit_code
+                if box.exit_code is None:
+                    run.status = VANISHED
+                else:
+                    run.status = final_status(box.exit_code, stop_requested=run.stop_requested)
+    if by_name is not None:
+        # The newest record of a container decides; older ones are history.
+        for box in by_name.values():
+            if box.name in seen or box.state not in ("running", "restarting", "paused"):
+                continue
+            runs.append(_adopt_container(box))
+    recorded = {(r.pid, r.pid_start) for r in runs if r.runtime == "bwrap"}
+    for orphan in orphans:
+        if (orphan.pid, orphan.pid_start) not in recorded:
+            runs.append(orphan)
+
+
+def _adopt_container(box: Container) -> Run:
+    labels = box.labels
+    port = labels.get("sleeve.port", "")
+    slot = labels.get("sleeve.slot", "")
+    return Run(
+        id=f"adopted-{box.name}",
+        project=labels.get("sleeve.project", "?"),
+        slot=int(slot) if slot.isdigit() else 0,
+        slot_id=labels.get("sleeve.slot-id", "?"),
+        runtime="docker",
+        cli=labels.get("sleeve.cli", "?"),
+        port=int(port) if port.isdigit() else None,
+        container=box.name,
+        status=RUNNING,
+        adopted=True,
+    )
+
+
+def running_slots(runs: Sequence[Run], project: str) -> dict[int, Run]:
+    """Slot index -> its active run, for one project."""
+    return {r.slot: r for r in runs if r.project == project and r.active}

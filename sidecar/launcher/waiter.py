@@ -1,0 +1,144 @@
+"""The parent of a detached bwrap sleeve: it forwards stop signals and records the exit code.
+
+`sleeve run --runtime bwrap` spawns `python -m sidecar.launcher.waiter ARGS -- bwrap ...` in a
+session of its own. bwrap's `--die-with-parent` ties the sandbox to this process, and its exit
+status lands in state.json, so `sleeve ps` can say `completed` / `failed (code N)` later; a
+waiter killed before it could write leaves `failed (vanished)`, which is then the truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import NoReturn
+
+import psutil
+
+from sidecar.launcher.state import RUNNING, Run, StateStore
+
+logger = logging.getLogger(__name__)
+
+MODULE = "sidecar.launcher.waiter"
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)  # so a stranger's cmdline in find_waiters is just skipped
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=MODULE)
+    parser.add_argument("--home", required=True)
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--project", required=True)
+    parser.add_argument("--slot", type=int, required=True)
+    parser.add_argument("--slot-id", required=True)
+    parser.add_argument("--cli", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--log", default=None)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    return parser
+
+
+def waiter_argv(python: str, run: Run, home: Path, command: Sequence[str]) -> list[str]:
+    """The argv `sleeve run` executes: this waiter, then the runtime's own argv after `--`."""
+    return [
+        python, "-m", MODULE,
+        "--home", str(home), "--run-id", run.id, "--project", run.project,
+        "--slot", str(run.slot), "--slot-id", run.slot_id, "--cli", run.cli,
+        "--port", str(run.port), "--log", str(run.log),
+        "--", *command,
+    ]  # fmt: skip
+
+
+def _template(args: argparse.Namespace) -> Run:
+    return Run(
+        id=args.run_id, project=args.project, slot=args.slot, slot_id=args.slot_id,
+        runtime="bwrap", cli=args.cli, port=args.port, log=args.log,
+    )  # fmt: skip
+
+
+def _forward_stop(bwrap: psutil.Process) -> None:
+    """SIGTERM the sandbox's PID 1 (bwrap's child): bwrap itself forwards no signals."""
+    try:
+        targets = bwrap.children() or [bwrap]  # still setting up: bwrap's death ends it too
+    except psutil.NoSuchProcess:
+        return
+    for proc in targets:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGTERM)
+            logger.info("forwarded SIGTERM to pid %d", proc.pid)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="sleeve-waiter: %(message)s", stream=sys.stderr)
+    args = build_parser().parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        logger.error("no command after --")
+        return 2
+    store = StateStore(Path(args.home))
+    stop_requests: list[int] = []
+
+    def on_stop(signum: int, _frame: FrameType | None) -> None:
+        stop_requests.append(signum)  # the loop below does the forwarding
+
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, on_stop)
+    # Handlers reset to default in the child on exec; only the mask would be inherited,
+    # which is why the signals are blocked only after the child exists.
+    child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    logger.info("started pid %d: %s", child.pid, command[0])
+    watched = {signal.SIGCHLD, *_STOP_SIGNALS}
+    signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    bwrap = psutil.Process(child.pid)
+    forwarded = 0
+    while child.poll() is None:
+        if len(stop_requests) > forwarded:
+            forwarded = len(stop_requests)
+            _forward_stop(bwrap)
+        info = signal.sigtimedwait(watched, 5.0)  # the timeout is only a safety net
+        if info is not None and info.si_signo != signal.SIGCHLD:
+            stop_requests.append(info.si_signo)
+    code = child.returncode
+    if code < 0:  # death by signal, reported the shell's way
+        code = 128 - code
+    logger.info("pid %d exited with %d", child.pid, code)
+    store.finish(args.run_id, code, _template(args), stop_requested=bool(stop_requests))
+    return 0
+
+
+def find_waiters(home: Path) -> list[Run]:
+    """Runs of this `$SLEEVE_HOME` whose waiter is alive, read from the process table."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "create_time"]):
+        cmdline = proc.info["cmdline"] or []
+        if MODULE not in cmdline[1:3]:
+            continue
+        try:
+            args, _ = build_parser().parse_known_args(cmdline[cmdline.index(MODULE) + 1 :])
+        except ValueError:  # a cmdline our parser rejects is not one of ours
+            continue
+        if Path(args.home) != home:
+            continue
+        run = _template(args)
+        run.pid, run.pid_start, run.status, run.adopted = (
+            proc.pid,
+            proc.info["create_time"],
+            RUNNING,
+            True,
+        )
+        found.append(run)
+    return found
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
