@@ -50,6 +50,12 @@ def _project(args: argparse.Namespace, settings: Settings) -> Project:
     return Project(instances.canonical_root(path), settings.home)
 
 
+def _observe(settings: Settings, *, docker: bool = False) -> list[Run]:
+    """Reconciled runs; docker is asked (once) only when it was asked for or could know."""
+    docker = docker or launch.docker_in_use(settings.home, settings.env)
+    return launch.observe(settings.home, docker=docker)
+
+
 def _print_json(data: object) -> None:
     print(json.dumps(data, indent=2, default=str))
 
@@ -72,9 +78,7 @@ def cmd_create(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
     project = _project(args, settings)
     slots = project.slots(prune=True)
-    runs = (
-        launch.observe(settings.home, docker=launch.docker_in_use(settings.home)) if slots else []
-    )
+    runs = _observe(settings) if slots else []
     busy = running_slots(runs, project.key)
     rows = [
         {
@@ -104,7 +108,7 @@ def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _active_run(settings: Settings, project: Project, index: int) -> Run | None:
-    runs = launch.observe(settings.home, docker=launch.docker_in_use(settings.home))
+    runs = _observe(settings)
     return running_slots(runs, project.key).get(index)
 
 
@@ -169,7 +173,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     # One global lock from slot choice to the record: two runs never pick the same slot.
     lock = contextlib.nullcontext() if args.dry_run else locked(private_dir(home) / "run.lock")
     with lock:
-        runs = launch.observe(home, docker=runtime == "docker" or launch.docker_in_use(home))
+        runs = _observe(settings, docker=runtime == "docker")
         slot = launch.pick_slot(project, runs, args.slot, create=not args.dry_run)
         if not args.dry_run:
             prepare_home_files(slot)

@@ -54,12 +54,13 @@ def observe(home: Path, *, docker: bool, adopt_bwrap: bool = False) -> list[Run]
         return list(runs)
 
 
-def docker_in_use(home: Path) -> bool:
-    """Ask docker only if it could know something: a client exists and we have used it."""
+def docker_in_use(home: Path, env: Mapping[str, str]) -> bool:
+    """Ask docker only if it could know something: a client exists and we have used it
+    (or DOCKER_HOST says an engine is meant to be there)."""
     if shutil.which("docker") is None:
         return False
-    return any(r.runtime == "docker" for r in StateStore(home).read()) or bool(
-        os.environ.get("DOCKER_HOST")
+    return bool(env.get("DOCKER_HOST")) or any(
+        r.runtime == "docker" for r in StateStore(home).read()
     )
 
 
