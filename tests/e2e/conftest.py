@@ -1,0 +1,278 @@
+"""Fixtures for the end-to-end tests: a private Docker engine, the image, the `sleeve` launcher.
+
+Expensive parts are session-scoped and cached on disk between runs (see `dockerenv`). The engine
+is stopped by its pid at the end, and every container it ran is removed first, even when a
+test fails. Without a usable engine the tests skip on a developer machine and FAIL when
+CI=true: CI must never go green by not running them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e import dockerenv
+from tests.e2e.anthropic_stub import TEST_API_KEY, AnthropicStub, claude_json
+
+IMAGE = "sleeve-e2e:latest"
+ARTIFACTS = dockerenv.REPO / "artifacts" / "e2e"
+SLEEVE = Path(sys.executable).parent / "sleeve"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("true", "1")
+
+
+@pytest.fixture(scope="session")
+def artifacts() -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def timings(artifacts: Path) -> Iterator[dict[str, float]]:
+    """Measured durations (seconds), written to artifacts/e2e/timings.json at the end."""
+    found: dict[str, float] = {}
+    start = time.monotonic()
+    yield found
+    found["session"] = round(time.monotonic() - start, 2)
+    (artifacts / "timings.json").write_text(json.dumps(found, indent=2) + "\n")
+
+
+@pytest.fixture(scope="session")
+def engine(timings: dict[str, float], artifacts: Path) -> Iterator[dockerenv.Engine]:
+    cache = dockerenv.cache_root()
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(dockerenv.file_lock(cache / "engine.lock"))
+            t0 = time.monotonic()
+            eng = dockerenv.start_engine(cache / "engine")
+            timings["engine_start"] = round(time.monotonic() - t0, 2)
+        except dockerenv.EngineUnavailableError as exc:
+            if _in_ci():
+                pytest.fail(f"CI=true but no Docker engine could be started: {exc}")
+            pytest.skip(f"no Docker engine: {exc}")
+        stack.callback(eng.stop)
+        stack.callback(_save_logs_and_remove_containers, eng, artifacts)
+        dockerenv.remove_all_containers(eng)
+        yield eng
+
+
+def _save_logs_and_remove_containers(eng: dockerenv.Engine, artifacts: Path) -> None:
+    """Keep each container's log as an artifact (the first thing to read when a test failed)."""
+    for name in eng.docker("ps", "-a", "--format", "{{.Names}}", check=False).stdout.split():
+        logs = eng.docker("logs", name, check=False)
+        (artifacts / f"container-{name}.log").write_text(logs.stdout + logs.stderr)
+    dockerenv.remove_all_containers(eng)
+
+
+@pytest.fixture(scope="session")
+def base_image(engine: dockerenv.Engine, timings: dict[str, float]) -> str:
+    t0 = time.monotonic()
+    how = dockerenv.ensure_base_image(engine)
+    timings[f"base_image_{how}"] = round(time.monotonic() - t0, 2)
+    return dockerenv.BASE_IMAGE
+
+
+def sleeve_env(engine: dockerenv.Engine, home: Path, stub_url: str = "") -> dict[str, str]:
+    """The environment a user would have: DOCKER_HOST set, an API key, their own SLEEVE_HOME."""
+    env = engine.env({"SLEEVE_HOME": str(home), "ANTHROPIC_API_KEY": TEST_API_KEY})
+    for key in list(env):  # nothing of the test runner's own sleeve settings leaks in
+        if key.startswith(("SLEEVE_", "SIDECAR_")) and key != "SLEEVE_HOME":
+            del env[key]
+    if stub_url:
+        env["ANTHROPIC_BASE_URL"] = stub_url
+    return env
+
+
+@pytest.fixture(scope="session")
+def image(
+    engine: dockerenv.Engine,
+    base_image: str,
+    timings: dict[str, float],
+    artifacts: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> str:
+    """`sleeve build` of image/Dockerfile, as a user runs it (warm: skipped by its checksum)."""
+    dockerenv.prepare_context()
+    env = sleeve_env(engine, tmp_path_factory.mktemp("build-home"))
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [str(SLEEVE), "build", "--image", IMAGE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    elapsed = round(time.monotonic() - t0, 2)
+    (artifacts / "sleeve-build.log").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, f"sleeve build failed:\n{proc.stdout[-3000:]}{proc.stderr}"
+    skipped = "up to date" in proc.stdout
+    timings["image_build_skipped" if skipped else "image_build"] = elapsed
+    size = engine.docker("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout
+    timings["image_size_mb"] = round(int(size) / 1e6, 1)
+    return IMAGE
+
+
+@pytest.fixture(scope="session")
+def stub() -> Iterator[AnthropicStub]:
+    with AnthropicStub() as s:
+        yield s
+
+
+# --- HTTP helpers (stdlib: the tests act like any client of the API) -----------------------
+
+
+def http(method: str, url: str, body: Any = None, timeout: float = 5.0) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        raw, status = exc.read(), exc.code
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def poll(predicate: Any, timeout: float, what: str, interval: float = 0.1) -> Any:
+    return dockerenv.wait_until(predicate, timeout, what, interval)
+
+
+def health_ok(port: int) -> dict[str, Any] | None:
+    try:
+        status, body = http("GET", f"http://127.0.0.1:{port}/health", timeout=1)
+    except OSError:
+        return None
+    return body if status == 200 else None
+
+
+# --- the launcher, driven like a user ------------------------------------------------------
+
+
+@dataclass
+class Sleeve:
+    """One running sleeve as `sleeve run` reported it."""
+
+    slot: int
+    port: int
+    container: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class Launcher:
+    """Runs the real `sleeve` console script for one project under its own SLEEVE_HOME."""
+
+    engine: dockerenv.Engine
+    home: Path
+    project: Path
+    env: dict[str, str]
+    started: list[str] = field(default_factory=list)
+
+    def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(SLEEVE), *args],
+            env=self.env,
+            cwd=self.project,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def create_slot(self, *, seed_claude: bool = True) -> Path:
+        """`sleeve create`; the slot's `.claude.json` gets past onboarding (REAL-PARTS.md)."""
+        proc = self("create", "--json")
+        assert proc.returncode == 0, proc.stderr
+        folder = Path(json.loads(proc.stdout)["folder"])
+        if seed_claude:
+            (folder / ".claude.json").write_text(json.dumps(claude_json("/workspace")))
+        return folder
+
+    def run(self, *args: str, cli: str = "claude-code", image: str = IMAGE) -> Sleeve:
+        proc = self(
+            "run", "--runtime", "docker", "--network", "host", "--image", image, "--cli", cli,
+            *args, timeout=90,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"sleeve run failed ({proc.returncode}): {proc.stderr}"
+        runs = [r for r in self.ps() if r.get("status") == "running"]
+        mine = max(runs, key=lambda r: r.get("started_at") or 0)
+        sleeve = Sleeve(slot=int(mine["slot"]), port=int(mine["port"]), container=mine["container"])
+        self.started.append(sleeve.container)
+        return sleeve
+
+    def ps(self) -> list[dict[str, Any]]:
+        proc = self("ps", "--json")
+        assert proc.returncode == 0, proc.stderr
+        return list(json.loads(proc.stdout))
+
+    def exec(
+        self, sleeve: Sleeve, *argv: str, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return self.engine.docker("exec", sleeve.container, *argv, check=check)
+
+
+@pytest.fixture
+def launcher(
+    engine: dockerenv.Engine, image: str, stub: AnthropicStub, tmp_path: Path
+) -> Iterator[Launcher]:
+    """A fresh git project and SLEEVE_HOME; the containers it started are removed afterwards."""
+    project = tmp_path / "project"
+    project.mkdir()
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    home = tmp_path / "sleeve-home"
+    lch = Launcher(engine, home, project, sleeve_env(engine, home, stub.url))
+    yield lch
+    for name in lch.started:
+        logs = engine.docker("logs", name, check=False)
+        (ARTIFACTS / f"container-{name}.log").write_text(logs.stdout + logs.stderr)
+        engine.docker("rm", "-f", name, check=False)
+
+
+def processes(lch: Launcher, sleeve: Sleeve) -> dict[int, tuple[int, str]]:
+    """pid -> (ppid, command) inside the container, read with procps' ps."""
+    out = lch.exec(sleeve, "ps", "-eo", "pid=,ppid=,args=").stdout
+    table: dict[int, tuple[int, str]] = {}
+    for line in out.splitlines():
+        pid, ppid, args = (
+            line.split(None, 2) if len(line.split(None, 2)) == 3 else (*line.split(), "")
+        )
+        table[int(pid)] = (int(ppid), args)
+    return table
+
+
+def descendants(table: dict[int, tuple[int, str]], root: int) -> set[int]:
+    found = {root}
+    grew = True
+    while grew:
+        new = {pid for pid, (ppid, _) in table.items() if ppid in found} - found
+        grew = bool(new)
+        found |= new
+    return found
+
+
+def which(name: str) -> str | None:
+    return shutil.which(name)

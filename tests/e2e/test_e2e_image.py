@@ -1,0 +1,201 @@
+"""The image itself, on a real (private) Docker engine: what it contains, how it starts, how it
+is rebuilt, and the build/run mistakes a user makes."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import dockerenv
+from tests.e2e.conftest import SLEEVE, health_ok, poll, sleeve_env
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _docker_run(
+    engine: dockerenv.Engine, image: str, name: str, *extra: str, cli: str = "shell"
+) -> int:
+    """`docker run -d --network host` of the image with the shell CLI; returns the API port."""
+    port = _free_port()
+    engine.docker(
+        "run", "--detach", "--name", name, "--network", "host",
+        "--env", f"SLEEVE_NAME={name}", "--env", f"SLEEVE_CLI={cli}",
+        "--env", "SIDECAR_HOST=127.0.0.1", "--env", f"SIDECAR_PORT={port}",
+        "--env", f"TTYD_PORT={_free_port()}",
+        *extra, image,
+    )  # fmt: skip
+    return port
+
+
+def _context_copy(dest: Path) -> Path:
+    """A copy of the build context (what .dockerignore lets through), to change freely."""
+    repo = dockerenv.REPO
+    for name in ("pyproject.toml", "README.md", ".dockerignore"):
+        shutil.copy2(repo / name, dest / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(repo / "sidecar", dest / "sidecar", ignore=ignore)
+    shutil.copytree(repo / "image", dest / "image", ignore=ignore)
+    return dest
+
+
+def _steps_run_again(build_output: str) -> list[str]:
+    """The classic builder's `Step N/M : RUN ...` lines that did not come from the cache."""
+    chunks = build_output.split("Step ")[1:]
+    return [
+        c.splitlines()[0]
+        for c in chunks
+        if " : RUN " in c.splitlines()[0] and "Using cache" not in c
+    ]
+
+
+def test_image_has_entrypoint_healthcheck_and_pinned_parts(
+    engine: dockerenv.Engine, image: str
+) -> None:
+    """The runtime contract of the image: sidecar as entrypoint, only 8080 exposed, SIGTERM,
+    a /health check with the seed's timings, and the pinned Claude Code and ttyd inside."""
+    fmt = (
+        "{{json .Config.Entrypoint}}|{{json .Config.ExposedPorts}}|{{.Config.StopSignal}}|"
+        "{{.Config.WorkingDir}}|{{json .Config.Healthcheck}}"
+    )
+    entry, ports, stop, workdir, health = (
+        engine.docker("image", "inspect", "--format", fmt, image).stdout.strip().split("|")
+    )
+    assert entry == '["sidecar"]'
+    assert ports == '{"8080/tcp":{}}'
+    assert stop == "SIGTERM"
+    assert workdir == "/workspace"
+    assert '"Interval":30000000000' in health and '"Timeout":10000000000' in health
+    assert '"StartPeriod":60000000000' in health and '"Retries":3' in health
+    labels = dockerenv.image_labels(engine, image)
+    assert labels["io.sleeve.claude-code.version"] == "2.1.330"
+    assert labels["io.sleeve.ttyd.version"] == "1.7.7"
+    assert labels.get("sleeve.inputs"), "sleeve build labels the image with its inputs checksum"
+    out = engine.docker(
+        "run", "--rm", "--network", "none", "--entrypoint", "sh", image, "-c",
+        "claude --version; ttyd --version; tmux -V; git --version; python3 --version",
+    ).stdout  # fmt: skip
+    assert "2.1.330 (Claude Code)" in out
+    assert "ttyd version 1.7.7" in out
+    assert "tmux 3.3a" in out and "git version" in out and "Python 3.11" in out
+
+
+def test_second_sleeve_build_is_skipped_by_the_checksum_label(
+    engine: dockerenv.Engine, image: str, tmp_path: Path, timings: dict[str, float]
+) -> None:
+    env = sleeve_env(engine, tmp_path / "home")
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [str(SLEEVE), "build", "--image", image],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    timings["image_build_unchanged"] = round(time.monotonic() - t0, 2)
+    assert proc.returncode == 0, proc.stderr
+    assert "up to date" in proc.stdout
+    assert timings["image_build_unchanged"] < 10
+
+
+def test_sidecar_only_change_rebuilds_without_reinstalling_node_or_the_cli(
+    engine: dockerenv.Engine, image: str, tmp_path: Path, timings: dict[str, float]
+) -> None:
+    """Layer order: a changed sidecar file re-runs only the last steps (target ≤30 s)."""
+    ctx = _context_copy(tmp_path)
+    env = sleeve_env(engine, tmp_path / "home")
+    tag = "sleeve-e2e-rebuild:latest"
+    first = subprocess.run(
+        [str(SLEEVE), "build", "--image", tag, "--context", str(ctx)],
+        env=env, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr
+    with (ctx / "sidecar" / "__init__.py").open("a") as fh:
+        fh.write("\n# a sidecar-only change\n")
+    t0 = time.monotonic()
+    second = subprocess.run(
+        [str(SLEEVE), "build", "--image", tag, "--context", str(ctx)],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    timings["image_rebuild_sidecar_change"] = elapsed = round(time.monotonic() - t0, 2)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr
+    reran = _steps_run_again(second.stdout)
+    assert reran, "the changed sidecar file must be picked up"
+    slow = [s for s in reran if any(w in s for w in ("apt-get", "npm install", "-r /tmp/req"))]
+    assert not slow, f"a sidecar-only change re-ran: {slow}"
+    assert elapsed <= 30, f"sidecar-only rebuild took {elapsed} s"
+    engine.docker("rmi", "-f", tag, check=False)
+
+
+def test_build_without_network_or_vendored_ttyd_fails_naming_what_to_set(
+    engine: dockerenv.Engine, base_image: str, tmp_path: Path
+) -> None:
+    """No image/vendor/ttyd.x86_64 and GitHub unreachable: the error says which file or ARG."""
+    ctx = _context_copy(tmp_path)
+    (ctx / "image" / "vendor" / "ttyd.x86_64").unlink(missing_ok=True)
+    env = sleeve_env(engine, tmp_path / "home")
+    proc = subprocess.run(
+        [str(SLEEVE), "build", "--image", "sleeve-e2e-nottyd:latest", "--context", str(ctx)],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "image/vendor/ttyd.x86_64" in out
+    assert "TTYD_URL" in out
+
+
+def test_cold_docker_run_answers_health_quickly_as_pid_1_and_turns_healthy(
+    engine: dockerenv.Engine, image: str, timings: dict[str, float]
+) -> None:
+    """Cold `docker run` → /health 200 (target ≤1.5 s); PID 1 is the sidecar; Docker's own
+    HEALTHCHECK (short interval for the test) reports `healthy`."""
+    t0 = time.monotonic()
+    port = _docker_run(
+        engine, image, "e2e-cold", "--health-interval", "1s", "--health-start-period", "30s"
+    )
+    poll(lambda: health_ok(port), 10, "/health 200", interval=0.02)
+    timings["cold_run_health"] = elapsed = round(time.monotonic() - t0, 2)
+    comm = engine.docker("exec", "e2e-cold", "cat", "/proc/1/cmdline").stdout.split("\0")
+    assert any(part.endswith("sidecar") for part in comm[:2]), comm
+    poll(
+        lambda: (
+            engine.docker(
+                "inspect", "--format", "{{.State.Health.Status}}", "e2e-cold"
+            ).stdout.strip()
+            == "healthy"
+        ),
+        20,
+        "docker health status healthy",
+        interval=0.2,
+    )
+    engine.docker("rm", "-f", "e2e-cold")
+    assert elapsed <= 1.5, f"cold docker run to /health 200 took {elapsed} s"
+
+
+def test_unknown_cli_keeps_container_running_with_health_degraded_and_says_why(
+    engine: dockerenv.Engine, image: str
+) -> None:
+    port = _docker_run(engine, image, "e2e-nocli", cli="no-such-cli")
+    try:
+        body = poll(lambda: health_ok(port), 15, "/health 200")
+        assert body["status"] == "degraded"
+        state = engine.docker(
+            "inspect", "--format", "{{.State.Status}}", "e2e-nocli"
+        ).stdout.strip()
+        assert state == "running"
+        logs = engine.docker("logs", "e2e-nocli")
+        assert "no-such-cli" in logs.stdout + logs.stderr
+    finally:
+        engine.docker("rm", "-f", "e2e-nocli", check=False)
