@@ -30,7 +30,7 @@ from sidecar.launcher.state import (
     reconcile,
     running_slots,
 )
-from sidecar.launcher.waiter import find_waiters
+from sidecar.launcher.waiter import WATCHED, find_waiters
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,8 @@ def pick_slot(project: Project, runs: list[Run], wanted: int | None, *, create: 
 
 
 def spawn_detached(argv: list[str], env: Mapping[str, str], log: Path) -> tuple[int, float | None]:
-    """Start `argv` in a new session, output to a 0600 `log`; returns its pid and start time."""
+    """Start the waiter `argv` in a new session, output to a 0600 `log`, its stop signals
+    blocked until it waits for them; returns its pid and start time."""
     private_dir(log.parent)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
     try:
@@ -127,6 +128,7 @@ def spawn_detached(argv: list[str], env: Mapping[str, str], log: Path) -> tuple[
                 (os.POSIX_SPAWN_DUP2, fd, 2),
             ],
             setsid=True,
+            setsigmask=WATCHED,
         )
     finally:
         os.close(fd)

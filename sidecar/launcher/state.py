@@ -103,7 +103,7 @@ class StateStore:
 
     def _load(self) -> list[Run]:
         try:
-            text = self.path.read_text()
+            text = self.path.read_bytes()
         except FileNotFoundError:
             return []
         try:

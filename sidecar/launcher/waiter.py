@@ -11,12 +11,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import NoReturn
 
 import psutil
@@ -26,7 +25,8 @@ from sidecar.launcher.state import RUNNING, Run, StateStore
 logger = logging.getLogger(__name__)
 
 MODULE = "sidecar.launcher.waiter"
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+WATCHED = STOP_SIGNALS | {signal.SIGCHLD}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,40 +79,43 @@ def _forward_stop(bwrap: psutil.Process) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # `sleeve run` spawns us with these signals already blocked (so a stop sent while Python
+    # starts up waits for us instead of killing us); block them here too for other callers.
+    signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
     logging.basicConfig(level=logging.INFO, format="sleeve-waiter: %(message)s", stream=sys.stderr)
     args = build_parser().parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         logger.error("no command after --")
         return 2
-    store = StateStore(Path(args.home))
-    stop_requests: list[int] = []
-
-    def on_stop(signum: int, _frame: FrameType | None) -> None:
-        stop_requests.append(signum)  # the loop below does the forwarding
-
-    for sig in _STOP_SIGNALS:
-        signal.signal(sig, on_stop)
-    # Handlers reset to default in the child on exec; only the mask would be inherited,
-    # which is why the signals are blocked only after the child exists.
-    child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
-    logger.info("started pid %d: %s", child.pid, command[0])
-    watched = {signal.SIGCHLD, *_STOP_SIGNALS}
-    signal.pthread_sigmask(signal.SIG_BLOCK, watched)
-    bwrap = psutil.Process(child.pid)
-    forwarded = 0
-    while child.poll() is None:
-        if len(stop_requests) > forwarded:
-            forwarded = len(stop_requests)
+    # The child must not inherit our blocked mask: the sidecar needs its SIGTERM.
+    pid = os.posix_spawnp(
+        command[0],
+        command,
+        os.environ,
+        file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0)],
+        setsigmask=(),
+    )
+    logger.info("started pid %d: %s", pid, command[0])
+    bwrap = psutil.Process(pid)
+    stops = forwarded = 0
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if stops > forwarded:
+            forwarded = stops
             _forward_stop(bwrap)
-        info = signal.sigtimedwait(watched, 5.0)  # the timeout is only a safety net
+            continue  # the child may have exited already; look before waiting again
+        info = signal.sigtimedwait(WATCHED, 5.0)  # the timeout is only a safety net
         if info is not None and info.si_signo != signal.SIGCHLD:
-            stop_requests.append(info.si_signo)
-    code = child.returncode
+            stops += 1
+    code = os.waitstatus_to_exitcode(status)
     if code < 0:  # death by signal, reported the shell's way
         code = 128 - code
-    logger.info("pid %d exited with %d", child.pid, code)
-    store.finish(args.run_id, code, _template(args), stop_requested=bool(stop_requests))
+    logger.info("pid %d exited with %d", pid, code)
+    store = StateStore(Path(args.home))
+    store.finish(args.run_id, code, _template(args), stop_requested=stops > 0)
     return 0
 
 

@@ -1,0 +1,203 @@
+"""state.json and reconciliation: real processes for liveness, the real waiter for exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sidecar.launcher.engine import parse_ps
+from sidecar.launcher.launch import spawn_detached
+from sidecar.launcher.state import (
+    COMPLETED,
+    RUNNING,
+    STOPPED,
+    VANISHED,
+    Run,
+    StateStore,
+    reconcile,
+)
+from sidecar.launcher.waiter import waiter_argv
+from tests.launcher.conftest import REPO, Result
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def bwrap_run(run_id: str, pid: int | None, start: float | None, **kw: object) -> Run:
+    run = Run(
+        run_id, "proj_00000000", 1, "deadbeef", "bwrap", "shell", port=1, pid=pid, pid_start=start
+    )
+    run.status = RUNNING
+    for key, value in kw.items():
+        setattr(run, key, value)
+    return run
+
+
+def test_a_live_recorded_process_stays_running(sleeper: subprocess.Popen[bytes]) -> None:
+    runs = [bwrap_run("a", sleeper.pid, psutil.Process(sleeper.pid).create_time())]
+    reconcile(runs, None)
+    assert runs[0].status == RUNNING
+
+
+def test_a_recorded_process_that_is_gone_becomes_failed_vanished() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    start = psutil.Process(proc.pid).create_time()
+    proc.wait()
+    runs = [bwrap_run("a", proc.pid, start)]
+    reconcile(runs, None)
+    assert runs[0].status == VANISHED
+
+
+def test_pid_reuse_is_detected_by_start_time(sleeper: subprocess.Popen[bytes]) -> None:
+    # The pid is alive, but it is not the process we recorded (it started at another time).
+    start = psutil.Process(sleeper.pid).create_time()
+    runs = [bwrap_run("a", sleeper.pid, start - 100.0)]
+    reconcile(runs, None)
+    assert runs[0].status == VANISHED
+
+
+def test_docker_runs_are_reconciled_from_one_ps_listing() -> None:
+    fmt = "{name}\t{state}\t{status}\tproj_1\t{slot}\tabcd0123\t{port}\tshell\n"
+    text = (
+        fmt.format(name="c-done", state="exited", status="Exited (0) 1 minute ago", slot=1, port=1)
+        + fmt.format(
+            name="c-bad", state="exited", status="Exited (137) 2 hours ago", slot=2, port=2
+        )
+        + fmt.format(name="c-up", state="running", status="Up 5 minutes", slot=3, port=3)
+        + fmt.format(name="c-stray", state="running", status="Up 1 second", slot=4, port=4444)
+    )
+    boxes = parse_ps(text)
+
+    def docker_run(name: str) -> Run:
+        return Run(name, "proj_1", 1, "x", "docker", "shell", container=name, status=RUNNING)
+
+    runs = [docker_run(n) for n in ("c-done", "c-bad", "c-up", "c-gone")]
+    reconcile(runs, boxes)
+    status = {r.container: r.status for r in runs}
+    assert status == {
+        "c-done": COMPLETED,
+        "c-bad": "failed (code 137)",
+        "c-up": RUNNING,
+        "c-gone": VANISHED,
+        "c-stray": RUNNING,
+    }
+    stray = next(r for r in runs if r.container == "c-stray")
+    assert stray.adopted and stray.slot == 4 and stray.port == 4444
+
+
+def test_docker_runs_stay_as_recorded_when_docker_cannot_tell() -> None:
+    runs = [Run("a", "p", 1, "x", "docker", "shell", container="c", status=RUNNING)]
+    reconcile(runs, None)
+    assert runs[0].status == RUNNING
+
+
+def test_state_file_is_private_and_written_atomically(home: Path) -> None:
+    store = StateStore(home)
+    store.upsert(bwrap_run("a", 1, 1.0))
+    assert oct(store.path.stat().st_mode & 0o777) == "0o600"
+    assert oct(home.stat().st_mode & 0o777) == "0o700"
+    assert json.loads(store.path.read_text())["runs"][0]["id"] == "a"
+    assert [p.name for p in home.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_parallel_writers_lose_no_record(home: Path) -> None:
+    code = (
+        "import sys; from pathlib import Path; from sidecar.launcher.state import Run, StateStore;"
+        "StateStore(Path(sys.argv[1])).upsert(Run(sys.argv[2], 'p', 1, 'x', 'bwrap', 'shell'))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(home), f"r{i}"], env=env)
+        for i in range(12)
+    ]
+    assert all(p.wait(timeout=30) == 0 for p in procs)
+    assert sorted(r.id for r in StateStore(home).read()) == sorted(f"r{i}" for i in range(12))
+
+
+@pytest.mark.parametrize("garbage", [b"", b'{"version": 1, "runs": [{"id"', b"\x00\xffnot json"])
+def test_corrupt_state_is_set_aside_and_rebuilt(
+    home: Path, sleeve: Callable[..., Result], garbage: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    home.mkdir(mode=0o700)
+    (home / "state.json").write_bytes(garbage)
+    res = sleeve("ps", "--json")
+    assert res.code == 0 and json.loads(res.out) == []
+    aside = [p for p in home.iterdir() if p.name.startswith("state.json.corrupt-")]
+    assert len(aside) == 1 and aside[0].read_bytes() == garbage
+    assert json.loads((home / "state.json").read_text())["runs"] == []
+    assert "kept it as" in caplog.text
+
+
+def start_waiter(home: Path, run_id: str, command: list[str]) -> tuple[int, float | None]:
+    run = Run(
+        run_id, "proj_1", 1, "abcd0123", "bwrap", "shell", port=9, log=str(home / f"{run_id}.log")
+    )
+    argv = waiter_argv(sys.executable, run, home, command)
+    return spawn_detached(argv, {**os.environ, "PYTHONPATH": str(REPO)}, home / f"{run_id}.log")
+
+
+@pytest.mark.parametrize(("code", "status"), [(0, COMPLETED), (3, "failed (code 3)")])
+def test_the_waiter_records_the_exit_code(home: Path, code: int, status: str) -> None:
+    home.mkdir(mode=0o700)
+    pid, _ = start_waiter(home, "w", [sys.executable, "-c", f"raise SystemExit({code})"])
+    wait_until(lambda: any(r.status != "starting" for r in StateStore(home).read()))
+    (run,) = StateStore(home).read()
+    assert (run.status, run.exit_code) == (status, code)
+    os.waitpid(pid, 0)
+
+
+def test_sigterm_to_the_waiter_is_forwarded_and_recorded_as_stopped(home: Path) -> None:
+    home.mkdir(mode=0o700)
+    ready = home / "ready"
+    child = (
+        "import pathlib, signal, sys, time; "
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
+        f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
+    )
+    # `sh -c` stands in for bwrap: the waiter signals its child's child, the sandbox's PID 1.
+    pid, _ = start_waiter(home, "w", ["sh", "-c", f'{sys.executable} -c "{child}"; exit $?'])
+    wait_until(ready.exists)
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: bool(StateStore(home).read()))
+    (run,) = StateStore(home).read()
+    assert (run.status, run.exit_code) == (STOPPED, 0)
+    os.waitpid(pid, 0)
+
+
+def test_ps_adopts_a_running_waiter_without_a_record(
+    home: Path, sleeve: Callable[..., Result]
+) -> None:
+    home.mkdir(mode=0o700)
+    pid, _ = start_waiter(home, "lost", [sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        wait_until(lambda: "sidecar.launcher.waiter" in " ".join(psutil.Process(pid).cmdline()))
+        runs = json.loads(sleeve("ps", "--json").out)
+        assert [(r["id"], r["status"], r["adopted"], r["pid"]) for r in runs] == [
+            ("lost", RUNNING, True, pid)
+        ]
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        os.waitpid(pid, 0)
+    runs = json.loads(sleeve("ps", "--json").out)
+    assert [r["status"] for r in runs] == [STOPPED]
