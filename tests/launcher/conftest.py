@@ -8,24 +8,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from sidecar.launcher.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
-SLEEVE = [sys.executable, "-c", "from sidecar.launcher.cli import main; raise SystemExit(main())"]
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
+from .helpers import REPO, SLEEVE, Result
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.launcher.instances import canonical_root, ensure_instance, instance_dir, sha16
-from tests.launcher.conftest import Result
+
+from .helpers import Result
 
 
 def git(*args: str | Path, cwd: Path) -> None:

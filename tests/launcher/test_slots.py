@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.launcher.slots import COUNTER_FILE, Project, cksum, slot_chain, slugify
-from tests.launcher.conftest import REPO, SLEEVE, Result
+
+from .helpers import REPO, SLEEVE, Result
 
 
 def real_cksum(data: bytes) -> int:

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,14 +25,8 @@ from sidecar.launcher.state import (
     reconcile,
 )
 from sidecar.launcher.waiter import waiter_argv
-from tests.launcher.conftest import REPO, Result
 
-
-def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
+from .helpers import REPO, Result, wait_until
 
 
 @pytest.fixture

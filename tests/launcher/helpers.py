@@ -1,0 +1,27 @@
+"""Helpers shared by the launcher tests (imported relatively, so no package layout is assumed)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SLEEVE = [sys.executable, "-c", "from sidecar.launcher.cli import main; raise SystemExit(main())"]
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll `cond` until it holds; fail the test at the deadline (no fixed sleeps)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what} not met within {timeout} s"
+        time.sleep(0.02)
