@@ -124,8 +124,9 @@ def _mount_flag(mount: Mount) -> str:
     if not mount.writable:
         fields.append("readonly")
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="").writerow(fields)
-    return buf.getvalue()
+    # The csv module quotes a field holding a newline only if the newline could end a row.
+    csv.writer(buf, lineterminator="\r\n").writerow(fields)
+    return buf.getvalue().removesuffix("\r\n")
 
 
 def docker_labels(plan: RunPlan) -> dict[str, str]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import itertools
 import sys
 import time
 from collections.abc import Callable
@@ -25,3 +28,12 @@ def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "con
     while not cond():
         assert time.monotonic() < deadline, f"{what} not met within {timeout} s"
         time.sleep(0.02)
+
+
+def mount_fields(argv: list[str]) -> list[dict[str, str]]:
+    found = []
+    for flag, value in itertools.pairwise(argv):
+        if flag == "--mount":
+            (row,) = csv.reader(io.StringIO(value, newline=""))
+            found.append(dict(f.split("=", 1) if "=" in f else (f, "") for f in row))
+    return found

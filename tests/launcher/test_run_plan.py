@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import itertools
 import json
 import os
@@ -16,7 +15,7 @@ import psutil
 from sidecar.launcher.slots import Project, slot_chain
 from sidecar.launcher.state import RUNNING, Run, StateStore
 
-from .helpers import Result
+from .helpers import Result, mount_fields
 
 SECRET = "sk-ant-api03-TESTKEY-abcdefghij0123456789"
 
@@ -27,15 +26,6 @@ def dry_run(sleeve: Callable[..., Result], project: Path, *args: str) -> tuple[l
     )
     assert res.code == 0, res.err
     return shlex.split(res.out), res.err
-
-
-def mount_fields(argv: list[str]) -> list[dict[str, str]]:
-    found = []
-    for flag, value in itertools.pairwise(argv):
-        if flag == "--mount":
-            (row,) = csv.reader([value])
-            found.append(dict(f.split("=", 1) if "=" in f else (f, "") for f in row))
-    return found
 
 
 def test_docker_argv_names_container_labels_and_publishes_on_loopback(
