@@ -106,12 +106,16 @@ def image(
     artifacts: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> str:
-    """`sleeve build` of image/Dockerfile, as a user runs it (warm: skipped by its checksum)."""
+    """`sleeve build` of image/Dockerfile, as a user runs it (warm: skipped by its checksum).
+
+    SLEEVE_E2E_CONTEXT builds another checkout instead (e.g. a clean `git worktree`).
+    """
     dockerenv.prepare_context()
     env = sleeve_env(engine, tmp_path_factory.mktemp("build-home"))
+    other = os.environ.get("SLEEVE_E2E_CONTEXT")
     t0 = time.monotonic()
     proc = subprocess.run(
-        [str(SLEEVE), "build", "--image", IMAGE],
+        [str(SLEEVE), "build", "--image", IMAGE, *(["--context", other] if other else [])],
         env=env,
         capture_output=True,
         text=True,

@@ -1,0 +1,300 @@
+"""The real end-to-end: `sleeve run --runtime docker` of the built image with the real Claude
+Code CLI (talking to the Anthropic API stub on 127.0.0.1), driven the way a user and an envoy
+drive it - the launcher, the HTTP API, the web terminal, `docker exec`, a browser.
+
+The Claude Code sleeve is shared by the tests of this module, in file order (starting it is the
+expensive part); each test leaves it running claude-code.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import dockerenv, pngcheck
+from tests.e2e.anthropic_stub import REPLY_TEXT, AnthropicStub
+from tests.e2e.conftest import (
+    Launcher,
+    Sleeve,
+    descendants,
+    health_ok,
+    http,
+    poll,
+    processes,
+    sleeve_env,
+)
+from tests.e2e.ttyclient import TerminalClient
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300)]
+
+PROMPT = "say hello to the sleeve e2e test"
+GOAL = "Prove the sleeve end to end"
+
+
+def _status(sleeve: Sleeve) -> dict:
+    code, body = http("GET", f"{sleeve.url}/status")
+    assert code == 200, body
+    return body
+
+
+def _cli_up(sleeve: Sleeve, cli: str, not_pid: int | None = None) -> dict | None:
+    try:
+        s = _status(sleeve)
+    except OSError:
+        return None
+    if s["cli"] == cli and s["cli_running"] and s["cli_pid"] and s["cli_pid"] != not_pid:
+        return s
+    return None
+
+
+def _new_launcher(engine: dockerenv.Engine, stub: AnthropicStub, base: Path) -> Launcher:
+    project = base / "project"
+    project.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    home = base / "sleeve-home"
+    return Launcher(engine, home, project, sleeve_env(engine, home, stub.url))
+
+
+@pytest.fixture(scope="module")
+def claude(
+    engine: dockerenv.Engine,
+    image: str,
+    stub: AnthropicStub,
+    tmp_path_factory: pytest.TempPathFactory,
+    timings: dict[str, float],
+) -> Iterator[tuple[Launcher, Sleeve]]:
+    lch = _new_launcher(engine, stub, tmp_path_factory.mktemp("claude"))
+    lch.create_slot()
+    t0 = time.monotonic()
+    sleeve = lch.run("--slot", "1", "--goal", GOAL, cli="claude-code")
+    timings["sleeve_run_claude_code"] = round(time.monotonic() - t0, 2)
+    yield lch, sleeve
+    for name in lch.started:
+        logs = engine.docker("logs", name, check=False)
+        (dockerenv.REPO / "artifacts" / "e2e" / f"container-{name}.log").write_text(
+            logs.stdout + logs.stderr
+        )
+        engine.docker("rm", "-f", name, check=False)
+
+
+def test_sleeve_run_claude_code_is_healthy_with_the_sidecar_as_pid_1(
+    claude: tuple[Launcher, Sleeve],
+) -> None:
+    lch, sleeve = claude
+    body = poll(lambda: health_ok(sleeve.port), 10, "/health 200")
+    assert set(body) >= {"status", "uptime"}
+    cmdline = lch.exec(sleeve, "cat", "/proc/1/cmdline").stdout.split("\0")
+    assert any(part.endswith("sidecar") for part in cmdline[:2]), cmdline
+    status = poll(lambda: _cli_up(sleeve, "claude-code"), 15, "claude-code running")
+    table = processes(lch, sleeve)
+    assert "claude" in table[status["cli_pid"]][1]
+    assert status["status"] == "working" and status["current_task"] == GOAL
+
+
+async def test_terminal_shows_the_claude_prompt_and_a_typed_prompt_reaches_the_api(
+    claude: tuple[Launcher, Sleeve], stub: AnthropicStub
+) -> None:
+    _, sleeve = claude
+    term = await TerminalClient.connect(f"ws://127.0.0.1:{sleeve.port}/terminal/ws")
+    try:
+        await term.wait_for("Claude Code", 30)
+        await term.wait_for("❯", 10)
+        mark = len(term.raw)
+        await term.type(PROMPT)
+        # Enter only once the text is drawn: text and CR in one read would look like a paste.
+        await term.wait_for(PROMPT, 10, since=mark)
+        await term.type("\r")
+        poll(lambda: any(PROMPT in p for p in stub.prompts_seen()), 30, "POST /v1/messages")
+        await term.wait_for(REPLY_TEXT, 30, since=mark)
+    finally:
+        await term.close()
+
+
+def test_resleeve_to_shell_and_back_replaces_the_whole_process_tree(
+    claude: tuple[Launcher, Sleeve],
+) -> None:
+    lch, sleeve = claude
+    for cli in ("shell", "claude-code"):
+        before = _status(sleeve)
+        old_tree = descendants(processes(lch, sleeve), before["cli_pid"])
+        code, body = http("POST", f"{sleeve.url}/resleeve", {"cli": cli})
+        assert code == 202 and body == {"status": "resleeving", "cli": cli}, body
+        after = poll(lambda c=cli, p=before["cli_pid"]: _cli_up(sleeve, c, p), 30, f"{cli} up")
+        table = processes(lch, sleeve)
+        assert not old_tree & set(table), f"left over from {before['cli']}: {old_tree & set(table)}"
+        new_cmd = table[after["cli_pid"]][1]
+        assert ("claude" in new_cmd) if cli == "claude-code" else ("bash" in new_cmd)
+
+
+def test_docker_exec_sidecar_status_and_outbox_work_and_a_written_message_is_acked(
+    claude: tuple[Launcher, Sleeve],
+) -> None:
+    lch, sleeve = claude
+    status = lch.exec(sleeve, "sidecar", "status")
+    assert "claude-code" in status.stdout
+    as_json = json.loads(lch.exec(sleeve, "sidecar", "status", "--json").stdout)
+    assert as_json["cli"] == "claude-code"
+    message = (
+        "---\nid: e2e-milestone-1\nfrom: sleeve\nto: envoy\nthread: e2e\ntype: milestone\n"
+        "time: '2026-01-01T00:00:00Z'\n---\nReached the **e2e** milestone.\n"
+    )
+    lch.engine.docker(
+        "exec", "-i", sleeve.container, "sh", "-c",
+        "mkdir -p /workspace/.needlecast && cat >> /workspace/.needlecast/outbox.md",
+        input=message.encode(),
+    )  # fmt: skip
+
+    def listed() -> dict | None:
+        code, body = http("GET", f"{sleeve.url}/outbox")
+        ids = [m["id"] for m in body["messages"]] if code == 200 else []
+        return body if "e2e-milestone-1" in ids else None
+
+    body = poll(listed, 10, "the message at /outbox")
+    msg = next(m for m in body["messages"] if m["id"] == "e2e-milestone-1")
+    assert msg["type"] == "milestone" and "e2e" in msg["content"]
+    assert "e2e-milestone-1" in lch.exec(sleeve, "sidecar", "outbox").stdout
+    code, body = http("POST", f"{sleeve.url}/outbox/ack", {"ids": ["e2e-milestone-1"]})
+    assert (code, body) == (200, {"removed": 1})
+    code, body = http("GET", f"{sleeve.url}/outbox")
+    assert "e2e-milestone-1" not in [m["id"] for m in body["messages"]]
+
+
+def test_dashboard_in_headless_chromium_shows_the_claude_code_terminal(
+    claude: tuple[Launcher, Sleeve], artifacts: Path, tmp_path: Path
+) -> None:
+    """The PNG is kept as artifacts/e2e/dashboard.png; the DOM is checked from --dump-dom."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "chromium is installed by scripts/setup --test"
+    _, sleeve = claude
+    poll(lambda: _cli_up(sleeve, "claude-code"), 15, "claude-code running")
+    common = [
+        chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+        "--no-first-run", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--window-size=1400,900", "--virtual-time-budget=8000",
+    ]  # fmt: skip
+    shot = artifacts / "dashboard.png"
+    shot.unlink(missing_ok=True)
+    subprocess.run(
+        [*common, f"--user-data-dir={tmp_path / 'a'}", f"--screenshot={shot}", f"{sleeve.url}/"],
+        capture_output=True, timeout=90, check=True,
+    )  # fmt: skip
+    dom = subprocess.run(
+        [*common, f"--user-data-dir={tmp_path / 'b'}", "--dump-dom", f"{sleeve.url}/"],
+        capture_output=True, text=True, timeout=90, check=True,
+    ).stdout  # fmt: skip
+    assert 'id="terminal"' in dom and 'src="terminal/"' in dom
+    assert ">claude-code<" in dom
+    assert GOAL in dom
+    _, _, rows = pngcheck.read_png(shot)
+    # Claude Code draws its logo in its orange (#d77757): only the real TUI puts it on screen.
+    assert pngcheck.count_near(rows, (215, 119, 87), tolerance=30) > 50, "no Claude Code UI"
+
+
+def test_hard_resleeve_keeps_cstack_and_the_cli_history(
+    claude: tuple[Launcher, Sleeve],
+) -> None:
+    """Remove the container, `sleeve run` the same slot: workspace state and the instance's
+    CLI history (bind mounts) are there, and Claude Code resumes (`--continue`)."""
+    lch, sleeve = claude
+    lch.engine.docker("rm", "-f", sleeve.container)
+    again = lch.run("--slot", "1", cli="claude-code")
+    assert again.container == sleeve.container
+    status = poll(lambda: _cli_up(again, "claude-code"), 20, "claude-code running again")
+    assert status["current_task"] == GOAL
+    assert (
+        lch.exec(again, "test", "-f", "/workspace/.cstack/CURRENT.md", check=False).returncode == 0
+    )
+    history = lch.exec(again, "cat", "/home/sleeve/.claude/history.jsonl").stdout
+    assert PROMPT in history
+    assert "--continue" in processes(lch, again)[status["cli_pid"]][1]
+
+
+# --- sleeves that end ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def shell_launcher(
+    engine: dockerenv.Engine, image: str, stub: AnthropicStub, tmp_path: Path
+) -> Iterator[Launcher]:
+    lch = _new_launcher(engine, stub, tmp_path)
+    yield lch
+    for name in lch.started:
+        engine.docker("rm", "-f", name, check=False)
+
+
+def test_docker_kill_and_docker_rm_show_as_failed_code_137_and_vanished_in_sleeve_ps(
+    shell_launcher: Launcher,
+) -> None:
+    lch = shell_launcher
+    killed = lch.run(cli="shell")
+    removed = lch.run(cli="shell")
+    assert killed.slot != removed.slot
+    lch.engine.docker("kill", killed.container)
+    lch.engine.docker("rm", "-f", removed.container)
+    by_slot = {r["slot"]: r["status"] for r in lch.ps()}
+    assert by_slot[killed.slot] == "failed (code 137)"
+    assert by_slot[removed.slot] == "failed (vanished)"
+    text = lch("ps").stdout
+    assert "failed (code 137)" in text and "failed (vanished)" in text
+
+
+def test_docker_stop_exits_0_within_the_grace_period_and_current_md_says_killed(
+    shell_launcher: Launcher,
+) -> None:
+    lch = shell_launcher
+    sleeve = lch.run("--goal", GOAL, cli="shell")
+    current = lch.project / ".cstack" / "CURRENT.md"
+    poll(current.exists, 10, "CURRENT.md written from SLEEVE_GOAL")
+    grace = 10
+    t0 = time.monotonic()
+    lch.engine.docker("stop", "--time", str(grace), sleeve.container, timeout=grace + 30)
+    elapsed = time.monotonic() - t0
+    code = lch.engine.docker("inspect", "--format", "{{.State.ExitCode}}", sleeve.container).stdout
+    assert int(code) == 0
+    assert elapsed < grace, f"docker stop took {elapsed:.1f} s: SIGTERM was not handled"
+    assert "killed" in current.read_text().lower()
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+
+def test_sleeve_run_on_a_used_port_fails_clearly_and_starts_nothing(
+    shell_launcher: Launcher,
+) -> None:
+    lch = shell_launcher
+    before = lch.engine.docker("ps", "-aq").stdout.split()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = lch(
+            "run", "--runtime", "docker", "--network", "host", "--image", "sleeve-e2e:latest",
+            "--cli", "shell", "--port", str(port),
+        )  # fmt: skip
+    assert proc.returncode != 0
+    assert str(port) in proc.stderr and "in use" in proc.stderr
+    assert lch.engine.docker("ps", "-aq").stdout.split() == before
+    assert not [r for r in lch.ps() if r["status"] in ("running", "starting")]
+
+
+def test_sleeve_run_with_the_slot_credentials_directory_missing_recreates_it(
+    shell_launcher: Launcher,
+) -> None:
+    """A deleted `<slot>/.claude/` on the host must not stop the run, nor become a root-owned
+    directory made by Docker: the launcher recreates it privately and the sleeve is healthy."""
+    lch = shell_launcher
+    folder = lch.create_slot()
+    shutil.rmtree(folder / ".claude")
+    sleeve = lch.run("--slot", "1", cli="shell")
+    assert health_ok(sleeve.port)
+    assert (folder / ".claude").is_dir()
+    assert (folder / ".claude").stat().st_mode & 0o077 == 0
+    slots = json.loads(lch("slots", "--json").stdout)["slots"]
+    assert slots[0]["state"] == "unauthenticated"
