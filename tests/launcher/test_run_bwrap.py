@@ -1,0 +1,93 @@
+"""`sleeve run --runtime bwrap`: a real sidecar as PID 1 in bubblewrap, seen by `ps`, stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shlex
+import shutil
+import signal
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sidecar.launcher.launch import free_port
+
+from .helpers import Result, wait_until
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+RUN_ID = re.compile(r"\d{14}-[0-9a-f]{6}")
+
+
+def health(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(url + "health", timeout=5) as resp:
+        assert resp.status == 200
+        return dict(json.loads(resp.read()))
+
+
+def refused(url: str) -> bool:
+    try:
+        health(url)
+    except OSError:
+        return True
+    return False
+
+
+def ns_pid(pid: int) -> str:
+    """The pid as the process's own PID namespace sees it (last field of NSpid)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return line.split()[-1]
+    raise AssertionError("no NSpid line")
+
+
+def test_bwrap_run_starts_a_sidecar_as_pid_1_that_ps_shows_and_stop_ends(
+    project: Path, sleeve_proc: Callable[..., Result]
+) -> None:
+    port = free_port()
+    args = ("run", "--project", str(project), "--runtime", "bwrap", "--shell", "--port", str(port))
+    dry = sleeve_proc(*args, "--dry-run")
+    assert dry.code == 0, dry.err
+    res = sleeve_proc(*args, "--wait", "40")
+    waiter: psutil.Process | None = None
+    try:
+        assert res.code == 0, res.err
+        url = f"http://127.0.0.1:{port}/"
+        assert url in res.out
+        assert health(url)["status"] in ("healthy", "degraded")
+
+        (run,) = json.loads(sleeve_proc("ps", "--json").out)
+        assert (run["runtime"], run["status"], run["slot"], run["port"]) == (
+            "bwrap",
+            "running",
+            1,
+            port,
+        )
+        waiter = psutil.Process(run["pid"])
+        # The very argv --dry-run printed is what runs (only the run id and log name differ).
+        ran = [RUN_ID.sub("ID", word) for word in waiter.cmdline()]
+        assert ran == [RUN_ID.sub("ID", word) for word in shlex.split(dry.out)]
+        (bwrap,) = waiter.children()
+        (init,) = bwrap.children()
+        assert bwrap.name() == "bwrap"
+        assert ns_pid(init.pid) == "1", "the sidecar is PID 1 in its namespace"
+        assert init.cmdline()[-3:] == ["-m", "sidecar", "run"]
+
+        slots = json.loads(sleeve_proc("slots", "--project", project, "--json").out)["slots"]
+        assert slots[0]["running"] and slots[0]["runtime"] == "bwrap"
+
+        stop = sleeve_proc("stop", "1", "--project", project)
+        assert stop.code == 0, stop.err
+        wait_until(lambda: not waiter.is_running() or waiter.status() == psutil.STATUS_ZOMBIE)
+        assert refused(url)
+        (run,) = json.loads(sleeve_proc("ps", "--json").out)
+        assert run["status"] == "stopped"
+    finally:
+        if waiter is not None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                waiter.send_signal(signal.SIGKILL)  # --die-with-parent takes the sandbox along
