@@ -177,15 +177,15 @@ def stop(home: Path, run: Run, grace: float = 15.0) -> None:
     if run.runtime == "docker":
         engine.stop(run.container or "", grace=int(grace))
         return
-    if run.pid is None or not process_alive(run.pid, run.pid_start):
-        return
-    os.kill(run.pid, signal.SIGTERM)  # the waiter forwards it to the sandbox's PID 1
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not process_alive(run.pid, run.pid_start):
-            return
-        time.sleep(POLL_INTERVAL)
-    logger.warning("run %s did not stop within %g s; killing it", run.id, grace)
-    # Killing the waiter kills the sandbox too (bwrap --die-with-parent).
-    os.kill(run.pid, signal.SIGKILL)
-    store.mark(run.id, status=STOPPED)
+    if run.pid is not None and process_alive(run.pid, run.pid_start):
+        os.kill(run.pid, signal.SIGTERM)  # the waiter forwards it to the sandbox's PID 1
+        deadline = time.monotonic() + grace
+        while process_alive(run.pid, run.pid_start) and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL)
+        if process_alive(run.pid, run.pid_start):
+            logger.warning("run %s did not stop within %g s; killing it", run.id, grace)
+            # Killing the waiter kills the sandbox too (bwrap --die-with-parent).
+            os.kill(run.pid, signal.SIGKILL)
+    # The waiter normally records `stopped` with the exit code; if it could not, we asked
+    # for the stop and the process is gone, so `stopped` is still the truth.
+    store.settle(run.id, STOPPED)

@@ -142,6 +142,13 @@ class StateStore:
             run.stop_requested = run.stop_requested or stop_requested
             run.status = final_status(code, stop_requested=run.stop_requested)
 
+    def settle(self, run_id: str, status: str) -> None:
+        """Give run `run_id` a final `status` unless it already has one."""
+        with self.transaction() as runs:
+            for run in runs:
+                if run.id == run_id and run.active:
+                    run.status = status
+
     def mark(self, run_id: str, **changes: Any) -> None:
         with self.transaction() as runs:
             for run in runs:

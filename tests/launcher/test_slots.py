@@ -6,14 +6,18 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sidecar.launcher.slots import COUNTER_FILE, Project, cksum, slot_chain, slugify
+from sidecar.launcher.state import RUNNING, Run, StateStore
 
 from .helpers import REPO, SLEEVE, Result
 
@@ -224,3 +228,29 @@ def test_slots_for_100_slots_takes_under_a_tenth_of_a_second(
     elapsed = time.perf_counter() - start
     assert len(json.loads(res.out)["slots"]) == 100
     assert elapsed < 0.1, elapsed
+
+
+def test_rm_refuses_a_running_slot_unless_forced_which_stops_it_first(
+    home: Path, project: Path, sleeve: Callable[..., Result]
+) -> None:
+    """The run's recorded process is a real child standing in for the bwrap waiter: `--force`
+    must SIGTERM it (verified by pid and start time) before the directory goes."""
+    sleeve("create", "--project", project)
+    proj = Project(project.resolve(), home)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = psutil.Process(child.pid).create_time()
+        run = Run("r1", proj.key, 1, proj.slot_path(1).name, "bwrap", "shell", pid=child.pid)
+        run.pid_start, run.status = start, RUNNING
+        StateStore(home).upsert(run)
+        res = sleeve("rm", "1", "--project", project)
+        assert res.code == 1 and "slot 1 is running" in res.err and "--force" in res.err
+        assert proj.slot_path(1).is_dir()
+        res = sleeve("rm", "1", "--project", project, "--force")
+        assert res.code == 0, res.err
+        assert child.wait(timeout=10) == -signal.SIGTERM
+        assert not proj.slot_path(1).exists()
+        assert [r.status for r in StateStore(home).read()] == ["stopped"]
+    finally:
+        child.kill()
+        child.wait()
