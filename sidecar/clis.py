@@ -62,8 +62,8 @@ def _argv(value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(a, str) for a in value):
         msg = f"{where} must be a non-empty list of strings (an argv, not a shell line)"
         raise ConfigError(msg)
-    if any("\x00" in a for a in value) or value[0] == "":
-        msg = f"{where} must not contain NUL bytes or an empty program name"
+    if any("\x00" in a for a in value) or value[0] == "" or "=" in value[0]:
+        msg = f"{where}: no NUL bytes, and a non-empty program name without '='"
         raise ConfigError(msg)
     return tuple(value)
 

@@ -135,7 +135,9 @@ class Supervisor:
         self.started = time.monotonic()
         self.warnings: list[str] = []
         self.current = CurrentWatcher(config.workspace / ".cstack" / "CURRENT.md", bus)
-        self.tmux = Tmux(config.tmux_socket, config.state_dir / "tmux.conf")
+        self.tmux = Tmux(
+            config.tmux_socket, config.state_dir / "tmux.conf", config.state_dir / "cli.status"
+        )
         self.pane: PaneInfo | None = None
         self.resleeving = False
         self._stopping = False
@@ -259,9 +261,10 @@ class Supervisor:
             log.error("CLI %s cannot start: %s", cli.name, fatal)
             self.bus.publish("error", message=fatal, cli=cli.name)
             return
-        # STARTING -> RUNNING: the pane holds the CLI's own pid (env exec'd it).
-        self.cli = ProcStatus(ProcState.RUNNING, pid=pane.pane_pid, started_at=time.monotonic())
-        log.info("CLI %s running as pid %d: %s", cli.name, pane.pane_pid, list(argv))
+        # STARTING -> RUNNING: the pane's waiter has started the CLI.
+        pid = await self._cli_pid(pane.pane_pid)
+        self.cli = ProcStatus(ProcState.RUNNING, pid=pid, started_at=time.monotonic())
+        log.info("CLI %s running as pid %s: %s", cli.name, pid, list(argv))
         self._watch_pid(
             "cli", pane.pane_pid, lambda: self._spawn(self._on_cli_exit(gen), "cli-exit")
         )
@@ -269,12 +272,7 @@ class Supervisor:
     async def _on_cli_exit(self, gen: int) -> None:
         if gen != self._gen or self._stopping or self.cli.state is not ProcState.RUNNING:
             return  # a resleeve, a heal or shutdown stopped it on purpose
-        code: int | None = None
-        try:
-            info = await asyncio.to_thread(self.tmux.pane_info)
-            code = info.dead_status
-        except (TmuxError, OSError):
-            pass  # tmux itself is gone; its own watcher heals it
+        code = await self._dead_status()
         if gen != self._gen:
             return
         ran = time.monotonic() - (self.cli.started_at or time.monotonic())
@@ -293,6 +291,36 @@ class Supervisor:
                 self.cli, state=ProcState.BACKOFF, reason=f"restarting in {delay:g}s"
             )
             self._backoff_task = self._spawn(self._restart_after(delay, gen), "backoff")
+
+    async def _cli_pid(self, waiter: int) -> int | None:
+        """The CLI's pid: the pane waiter's child (it forks at once; None if already gone)."""
+        deadline = time.monotonic() + 1.0
+        while True:
+            try:
+                children = psutil.Process(waiter).children()
+            except psutil.NoSuchProcess:
+                return None
+            if children or time.monotonic() > deadline:
+                return children[0].pid if children else None
+            await asyncio.sleep(0.005)
+
+    async def _dead_status(self) -> int | None:
+        """The CLI's exit code: its waiter wrote it before exiting. If the waiter itself was
+        killed, ask tmux (briefly: it records a status only when it has reaped the pane)."""
+        code = self.tmux.exit_status()
+        if code is not None:
+            return code
+        deadline = time.monotonic() + 0.5
+        while True:
+            try:
+                info = await asyncio.to_thread(self.tmux.pane_info)
+            except (TmuxError, OSError):
+                return None  # tmux itself is gone; its own watcher heals it
+            # tmux marks the pane dead when the pty closes, and records the status when it
+            # reaps the child: the two can come in either order.
+            if (info.dead and info.dead_status is not None) or time.monotonic() > deadline:
+                return info.dead_status
+            await asyncio.sleep(0.01)
 
     async def _restart_after(self, delay: float, gen: int) -> None:
         await asyncio.sleep(delay)

@@ -51,21 +51,28 @@ class PaneInfo:
     tty: str
 
 
-def pane_command(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
-    """The argv tmux runs in the pane.
+# The pane runs `sh` with this fixed script; the CLI's argv arrives as positional parameters
+# and "$@" hands it to exec unparsed, so no value is ever read as shell syntax. Why a waiter at
+# all: tmux 3.3a loses `pane_dead_status` now and then (seen here for 1 in 6 to 7 in 10 quick
+# exits), and only the parent can learn a process's exit status. `trap :` keeps the waiter
+# alive through a Ctrl-C meant for the CLI (a caught signal is reset to default across exec,
+# so the CLI still gets SIGINT normally; an ignored one would be inherited).
+WAITER_SCRIPT = 'f=$1; shift; trap : INT QUIT; "$@"; c=$?; printf "%s\\n" "$c" >"$f"; exit "$c"'
 
-    tmux runs a *single* argument through `sh -c`; `env` in front guarantees several
-    arguments, so the CLI's argv is exec'd as is and never parsed by a shell. `env` execs,
-    so the pane pid is the CLI's own pid. It also sets the CLI's extra variables for this
-    pane only (a later CLI in the same pane does not inherit them).
-    """
-    return ["env", *(f"{k}={v}" for k, v in env.items()), "--", *argv]
+
+def pane_command(argv: Sequence[str], env: Mapping[str, str], status_file: Path) -> list[str]:
+    """The argv tmux runs in the pane: the waiter, then `env` setting the CLI's own variables
+    for this pane only (a later CLI in the same pane does not inherit them)."""
+    # `env -- NAME=VALUE... PROGRAM ARGS`: the registry rejects a program name with "=".
+    env_argv = ["env", "--", *(f"{k}={v}" for k, v in env.items()), *argv]
+    return ["sh", "-c", WAITER_SCRIPT, "sidecar-cli", str(status_file), *env_argv]
 
 
 class Tmux:
-    def __init__(self, socket_path: Path, conf_path: Path) -> None:
+    def __init__(self, socket_path: Path, conf_path: Path, status_file: Path) -> None:
         self.socket_path = socket_path
         self.conf_path = conf_path
+        self.status_file = status_file
         self.server = libtmux.Server(socket_path=str(socket_path), config_file=str(conf_path))
 
     def _cmd(self, *args: str) -> list[str]:
@@ -78,6 +85,7 @@ class Tmux:
     def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> PaneInfo:
         """Start a fresh server with session `main` running `argv`; any old server is killed."""
         self.kill_server()
+        self.clear_status()
         self.conf_path.write_text(TMUX_CONF, encoding="utf-8")
         # The server's global environment is the sidecar's own (secrets were removed from it
         # at start); each CLI's extra variables come in through `pane_command`.
@@ -92,7 +100,7 @@ class Tmux:
             str(HEIGHT),
             "-c",
             str(cwd),
-            *pane_command(argv, env),
+            *pane_command(argv, env, self.status_file),
             # Attached web clients must never resize the window the CLI draws in. (tmux 3.3a
             # crashes when window-size/default-size come from the config file before the first
             # session exists, so they are set right after it, in the same command list.)
@@ -111,23 +119,52 @@ class Tmux:
 
     def respawn(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> PaneInfo:
         """Run `argv` in the (dead) pane; `-k` kills whatever still runs there."""
+        self.clear_status()
         self._cmd(
-            "respawn-pane", "-k", "-t", f"{SESSION}:0.0", "-c", str(cwd), *pane_command(argv, env)
+            "respawn-pane",
+            "-k",
+            "-t",
+            f"{SESSION}:0.0",
+            "-c",
+            str(cwd),
+            *pane_command(argv, env, self.status_file),
         )
         # Old output stays visible above, like a terminal; the scrollback limit bounds it.
         return self.pane_info()
 
+    def clear_status(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.status_file.unlink()
+
+    def exit_status(self) -> int | None:
+        """The CLI's exit code as its waiter recorded it (None: not exited, or killed)."""
+        try:
+            return int(self.status_file.read_text(encoding="ascii").strip())
+        except (OSError, ValueError):
+            return None
+
     def pane_info(self) -> PaneInfo:
-        fmt = "#{pane_pid}\t#{pane_dead}\t#{pane_dead_status}\t#{pid}\t#{pane_tty}"
+        fields = (
+            "pane_pid",
+            "pane_dead",
+            "pane_dead_status",
+            "pane_dead_signal",
+            "pid",
+            "pane_tty",
+        )
+        fmt = "\t".join(f"#{{{name}}}" for name in fields)
         out = self._cmd("display-message", "-p", "-t", f"{SESSION}:0.0", fmt)
         if not out:
             msg = "tmux display-message printed nothing"
             raise TmuxError(msg)
-        pane_pid, dead, status, server_pid, tty = out[0].split("\t")
+        pane_pid, dead, status, dead_signal, server_pid, tty = out[0].split("\t")
+        code = int(status) if status.strip() else None
+        if code is None and dead_signal.strip():
+            code = 128 + int(dead_signal)  # death by signal N, as a shell reports it
         return PaneInfo(
             pane_pid=int(pane_pid),
             dead=dead == "1",
-            dead_status=int(status) if status.strip() else None,
+            dead_status=code,
             server_pid=int(server_pid),
             tty=tty,
         )
@@ -138,6 +175,9 @@ class Tmux:
                 self.server.kill()
         except (tmux_exc.LibTmuxException, OSError) as exc:
             log.debug("kill-server: %s", exc)
+        # A killed server leaves its socket file behind.
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
 
 
 def recreate_socket(server_pid: int) -> None:

@@ -1,0 +1,213 @@
+"""Test harness: a real sidecar process on free loopback ports, and small helpers to wait on it.
+
+Nothing here sleeps to synchronise: every wait polls a condition against a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CLIS = Path(__file__).resolve().parent / "clis"
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(
+    predicate: Callable[[], T | None],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    what: str = "condition",
+) -> T:
+    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = predicate()
+        except (OSError, ValueError, psutil.Error) as exc:
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        if time.monotonic() > deadline:
+            msg = f"timed out after {timeout}s waiting for {what}; last: {last!r}"
+            raise AssertionError(msg)
+        time.sleep(interval)  # sleep-ok: the polling interval of a deadline wait
+
+
+def http(
+    method: str,
+    url: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    raw: bytes | None = None,
+) -> tuple[int, Any]:
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    if data is not None and "Content-Type" not in (headers or {}):
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            payload = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        payload, status = exc.read(), exc.code
+    try:
+        return status, json.loads(payload)
+    except ValueError:
+        return status, payload
+
+
+def write_cli_config(path: Path, clis: dict[str, dict[str, Any]]) -> Path:
+    path.write_text(yaml.safe_dump({"clis": clis}), encoding="utf-8")
+    return path
+
+
+def py_cli(script: str, *args: str) -> dict[str, Any]:
+    """A CLI definition that runs one of tests/clis/*.py with this interpreter."""
+    return {"command": [sys.executable, str(CLIS / script), *args]}
+
+
+@dataclass
+class Sidecar:
+    """A sidecar started as a real process (optionally wrapped, e.g. in `unshare`)."""
+
+    tmp: Path
+    cli: str = "shell"
+    env_extra: dict[str, str] = field(default_factory=dict)
+    wrapper: list[str] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
+    ttyd_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def workspace(self) -> Path:
+        return self.tmp / "workspace"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.tmp / "state"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.tmp / "sidecar.log"
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SIDECAR_", "SLEEVE_"))}
+        env.update(
+            SLEEVE_NAME="test-sleeve",
+            SLEEVE_CLI=self.cli,
+            SIDECAR_HOST="127.0.0.1",
+            SIDECAR_PORT=str(self.port),
+            TTYD_PORT=str(self.ttyd_port),
+            SIDECAR_WORKSPACE=str(self.workspace),
+            SIDECAR_STATE_DIR=str(self.state_dir),
+            SIDECAR_STOP_GRACE="2",
+            SHELL="/bin/bash",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        )
+        env.update(self.env_extra)
+        return env
+
+    def start(self, wait_healthy: bool = True) -> Sidecar:
+        argv = [*self.wrapper, sys.executable, "-m", "sidecar", "run"]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                argv, env=self.env(), stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp
+            )
+        wait_for(self._answers, timeout=15, what=f"/health on {self.url} (log: {self.log_path})")
+        if wait_healthy:
+            self.wait_status(
+                lambda s: s["cli_running"] and s["ttyd_state"] == "running", "CLI and ttyd running"
+            )
+        return self
+
+    def _answers(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            msg = f"sidecar exited with {self.proc.returncode}:\n{self.log()}"
+            raise AssertionError(msg)
+        try:
+            return self.get("/health")[0] == 200
+        except OSError:
+            return False
+
+    def get(self, path: str, **kw: Any) -> tuple[int, Any]:
+        return http("GET", self.url + path, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+        return http("POST", self.url + path, body, **kw)
+
+    def status(self) -> dict[str, Any]:
+        code, body = self.get("/status")
+        assert code == 200, body
+        return dict(body)
+
+    def wait_status(
+        self, predicate: Callable[[dict[str, Any]], Any], what: str, timeout: float = 10.0
+    ) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            s = self.status()
+            return s if predicate(s) else None
+
+        return wait_for(check, timeout=timeout, what=what)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 15.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill_everything(self) -> None:
+        """Teardown: whatever a failed test left behind."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            tree = psutil.Process(self.proc.pid).children(recursive=True)
+            for p in [*tree, psutil.Process(self.proc.pid)]:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        subprocess.run(
+            ["tmux", "-S", str(self.state_dir / "tmux.sock"), "kill-server"],
+            capture_output=True,
+            check=False,
+        )
+
+
+@contextlib.contextmanager
+def running_sidecar(tmp: Path, **kw: Any) -> Iterator[Sidecar]:
+    sc = Sidecar(tmp, **kw)
+    try:
+        yield sc
+    finally:
+        sc.kill_everything()

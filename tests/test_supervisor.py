@@ -1,0 +1,392 @@
+"""The supervisor with real tmux, real ttyd and real CLI processes, driven through its HTTP API."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from tests.harness import Sidecar, py_cli, wait_for, write_cli_config
+
+
+def read_pids(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()]
+
+
+def gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
+
+
+def test_start_serves_health_status_and_terminal_with_the_shell_cli(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    sc = make_sidecar(
+        cli="shell", env_extra={"SLEEVE_GOAL": "Write the parser", "SLEEVE_REPO": "acme/app"}
+    ).start()
+    code, health = sc.get("/health")
+    assert code == 200
+    assert health["status"] == "healthy"
+    assert isinstance(health["uptime"], int)
+    status = sc.status()
+    assert status["sleeve_id"] == "test-sleeve"
+    assert status["status"] == "working"
+    assert status["current_task"] == "Write the parser"
+    assert status["cli"] == "shell"
+    assert status["repo"] == "acme/app"
+    assert psutil.Process(status["cli_pid"]).name() == "bash"
+    assert status["last_activity"].endswith("Z")
+    assert status["warnings"] == []
+    # ttyd is reachable only through the proxy, and listens on loopback only.
+    listening = [
+        c
+        for c in psutil.net_connections("tcp")
+        if c.laddr and c.laddr.port == sc.ttyd_port and c.status == "LISTEN"
+    ]
+    assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening)
+    with urllib.request.urlopen(sc.url + "/terminal/", timeout=10) as resp:
+        assert resp.status == 200
+        assert b"<html" in resp.read(4096).lower() or resp.headers.get("Content-Encoding") == "gzip"
+
+
+def test_tmux_session_has_the_contract_options_and_socket_in_state_dir(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    sc = make_sidecar().start()
+    sock = sc.state_dir / "tmux.sock"
+    assert sock.is_socket()
+    assert (sc.state_dir.stat().st_mode & 0o777) == 0o700
+
+    def show(*args: str) -> str:
+        import subprocess
+
+        out = subprocess.run(
+            ["tmux", "-S", str(sock), *args], capture_output=True, text=True, check=True
+        )
+        return out.stdout.strip()
+
+    assert (
+        show(
+            "display-message",
+            "-p",
+            "-t",
+            "main",
+            "#{session_name} #{window_width}x#{window_height}",
+        )
+        == "main 200x50"
+    )
+    assert show("show-options", "-gv", "mouse") == "off"
+    assert show("show-options", "-gv", "history-limit") == "50000"
+    assert show("show-options", "-gv", "remain-on-exit") == "on"
+    assert show("show-options", "-gv", "window-size") == "manual"
+
+
+def test_resleeve_kills_a_tree_that_ignores_sighup_and_sigterm(
+    make_sidecar: Callable[..., Sidecar], short_tmp: Path
+) -> None:
+    pids_file = short_tmp / "stubborn.pids"
+    config = write_cli_config(
+        short_tmp / "clis.yaml",
+        {
+            "stubborn": py_cli("stubborn.py", str(pids_file)),
+            "pidfile": py_cli("pidfile.py", str(short_tmp / "new.pid")),
+        },
+    )
+    sc = make_sidecar(
+        cli="stubborn", env_extra={"SIDECAR_CLI_CONFIG": str(config), "SIDECAR_STOP_GRACE": "1"}
+    ).start()
+    old = wait_for(lambda: pids_file.exists() and read_pids(pids_file), what="stubborn CLI ready")
+    assert sc.status()["cli_pid"] == old[0]
+
+    code, body = sc.post("/resleeve", {"cli": "pidfile"})
+    assert code == 202
+    assert body == {"status": "resleeving", "cli": "pidfile"}
+    status = sc.wait_status(
+        lambda s: s["cli"] == "pidfile" and s["cli_running"] and not s["resleeving"], "new CLI up"
+    )
+    assert wait_for(lambda: gone(old), what="old tree gone")
+    new_pid = int(wait_for(lambda: (short_tmp / "new.pid").read_text(), what="new CLI pid file"))
+    assert status["cli_pid"] == new_pid
+    assert new_pid not in old
+    assert "SIGKILL to 2 processes" in sc.log()
+
+
+def test_resleeve_of_a_polite_cli_restarts_it_in_place_and_keeps_the_workspace(
+    make_sidecar: Callable[..., Sidecar], short_tmp: Path
+) -> None:
+    pid_file = short_tmp / "cli.pid"
+    config = write_cli_config(
+        short_tmp / "clis.yaml", {"pidfile": py_cli("pidfile.py", str(pid_file))}
+    )
+    sc = make_sidecar(
+        cli="pidfile", env_extra={"SIDECAR_CLI_CONFIG": str(config), "SLEEVE_GOAL": "keep me"}
+    ).start()
+    first = int(wait_for(lambda: pid_file.read_text(), what="first pid"))
+    pid_file.unlink()
+    assert sc.post("/resleeve")[0] == 202
+    second = int(wait_for(lambda: pid_file.read_text(), what="second pid"))
+    assert second != first
+    assert wait_for(lambda: gone([first]), what="first CLI gone")
+    assert sc.status()["current_task"] == "keep me"
+    assert "SIGKILL" not in sc.log()
+
+
+def test_kill_9_of_the_tmux_server_heals_session_and_cli(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    sc = make_sidecar().start()
+    before = sc.status()["cli_pid"]
+    server = next(p for p in psutil.Process(before).parents() if p.name().startswith("tmux"))
+    server.kill()
+    status = sc.wait_status(
+        lambda s: s["cli_running"] and s["cli_pid"] != before,
+        "CLI back after tmux death",
+        timeout=5,
+    )
+    assert server.pid not in [p.pid for p in psutil.Process(status["cli_pid"]).parents()]
+    assert sc.get("/health")[1]["status"] == "healthy"
+    assert wait_for(lambda: gone([before]), what="old shell gone")
+
+
+def test_kill_9_of_ttyd_brings_it_back(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar().start()
+    [ttyd] = [p for p in psutil.Process(sc.proc.pid).children(recursive=True) if p.name() == "ttyd"]  # type: ignore[union-attr]
+    ttyd.kill()
+
+    def new_ttyd() -> bool:
+        procs = [
+            p for p in psutil.Process(sc.proc.pid).children(recursive=True) if p.name() == "ttyd"
+        ]  # type: ignore[union-attr]
+        return bool(procs) and procs[0].pid != ttyd.pid and sc.status()["ttyd_state"] == "running"
+
+    wait_for(new_ttyd, timeout=5, what="ttyd restarted")
+    # asyncio saw ttyd's real status (-9), not one stolen by a reaper (255).
+    assert "ttyd exited with -9" in sc.log()
+    assert sc.get("/terminal/")[0] == 200
+
+
+def test_on_failure_restarts_with_growing_backoff(
+    make_sidecar: Callable[..., Sidecar], short_tmp: Path
+) -> None:
+    starts = short_tmp / "starts"
+    config = write_cli_config(
+        short_tmp / "clis.yaml", {"failing": py_cli("exit_with.py", "3", str(starts))}
+    )
+    sc = make_sidecar(
+        cli="failing",
+        env_extra={"SIDECAR_CLI_CONFIG": str(config), "SIDECAR_RESTART": "on-failure"},
+    )
+    sc.start(wait_healthy=False)
+    stamps: list[float] = []
+
+    def four_starts() -> bool:
+        lines = starts.read_text().split() if starts.exists() else []
+        while len(stamps) < len(lines):
+            stamps.append(time.monotonic())
+        return len(lines) >= 4
+
+    wait_for(four_starts, timeout=20, interval=0.01, what="four starts")
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    # 1 s, 2 s, 4 s: each wait at least the backoff, each longer than the last.
+    assert gaps[0] >= 0.9
+    assert gaps[1] > gaps[0] + 0.5
+    assert gaps[2] > gaps[1] + 1.0
+    status = sc.status()
+    assert status["cli_exit_code"] == 3 or status["cli_running"]
+
+
+def test_restart_no_leaves_the_sleeve_degraded_with_the_exit_code(
+    make_sidecar: Callable[..., Sidecar], short_tmp: Path
+) -> None:
+    config = write_cli_config(short_tmp / "clis.yaml", {"once": py_cli("exit_with.py", "7")})
+    sc = make_sidecar(cli="once", env_extra={"SIDECAR_CLI_CONFIG": str(config)}).start(
+        wait_healthy=False
+    )
+    status = sc.wait_status(lambda s: s["cli_state"] == "exited", "CLI exited")
+    assert status["cli_exit_code"] == 7, sc.log()
+    assert status["cli_running"] is False
+    assert status["health"] == "degraded"
+    assert sc.get("/health") == (
+        200,
+        {"status": "degraded", "uptime": sc.get("/health")[1]["uptime"]},
+    )
+
+
+def test_missing_cli_binary_is_fatal_but_the_sidecar_keeps_serving(
+    make_sidecar: Callable[..., Sidecar], short_tmp: Path
+) -> None:
+    config = write_cli_config(
+        short_tmp / "clis.yaml", {"ghost": {"command": ["no-such-cli-binary", "--flag"]}}
+    )
+    sc = make_sidecar(cli="ghost", env_extra={"SIDECAR_CLI_CONFIG": str(config)}).start(
+        wait_healthy=False
+    )
+    status = sc.wait_status(lambda s: s["cli_state"] == "fatal", "FATAL state")
+    assert status["health"] == "degraded"
+    assert any("no-such-cli-binary" in w and "not found" in w for w in status["warnings"])
+    assert sc.get("/health")[1]["status"] == "degraded"
+    # A resleeve to an installed CLI recovers it.
+    assert sc.post("/resleeve", {"cli": "shell"})[0] == 202
+    sc.wait_status(lambda s: s["cli_running"] and s["cli"] == "shell", "recovered by resleeve")
+
+
+def test_sigterm_stops_everything_marks_killed_and_exits_0(
+    make_sidecar: Callable[..., Sidecar], short_tmp: Path
+) -> None:
+    pids_file = short_tmp / "stubborn.pids"
+    config = write_cli_config(
+        short_tmp / "clis.yaml", {"stubborn": py_cli("stubborn.py", str(pids_file))}
+    )
+    sc = make_sidecar(
+        cli="stubborn",
+        env_extra={
+            "SIDECAR_CLI_CONFIG": str(config),
+            "SLEEVE_GOAL": "x",
+            "SIDECAR_STOP_GRACE": "1",
+        },
+    )
+    sc.start()
+    cli_pids = wait_for(lambda: pids_file.exists() and read_pids(pids_file), what="CLI ready")
+    assert sc.proc is not None
+    ours = [p.pid for p in psutil.Process(sc.proc.pid).children(recursive=True)]
+    started = time.monotonic()
+    assert sc.stop() == 0
+    assert time.monotonic() - started < 1 + 1.5
+    assert wait_for(lambda: gone(ours + cli_pids), timeout=3, what="nothing of ours left")
+    text = (sc.workspace / ".cstack" / "CURRENT.md").read_text()
+    assert "## Status\nkilled" in text
+    assert not (sc.state_dir / "tmux.sock").exists()
+
+
+def test_events_stream_reports_progress_within_a_second_of_an_edit(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    sc = make_sidecar(env_extra={"SLEEVE_GOAL": "stream me"}).start()
+    current = sc.workspace / ".cstack" / "CURRENT.md"
+    with urllib.request.urlopen(sc.url + "/events", timeout=10) as stream:
+        edited = time.monotonic()
+        current.write_text(
+            current.read_text().replace("## Progress\n", "## Progress\n- [x] one\n- [ ] two\n")
+        )
+        event = json.loads(stream.readline())
+        elapsed = time.monotonic() - edited
+        assert event["type"] == "progress-update"
+        assert event["progress"] == {"total": 2, "completed": 1}
+        assert elapsed < 1.5
+        current.write_text(current.read_text().replace("## Status\nworking", "## Status\ndone"))
+        kinds = {json.loads(stream.readline())["type"], json.loads(stream.readline())["type"]}
+        assert kinds == {"progress-update", "completion"}
+
+
+def test_status_survives_hostile_current_md(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar().start()
+    current = sc.workspace / ".cstack" / "CURRENT.md"
+    assert sc.status()["status"] == "unknown"  # missing file
+    current.parent.mkdir(exist_ok=True)
+    cases: dict[str, bytes] = {
+        "empty": b"",
+        "binary": os.urandom(4096) + b"\x00\x00",
+        "bad utf-8": b"## Status\nworking\n## Task\n\xff\xfe broken \xc3\x28\n",
+        "duplicated": b"## Status\nblocked\n## Status\ndone\n## Blockers\n- CI is red\n",
+    }
+    for name, data in cases.items():
+        current.write_bytes(data)
+        code, body = sc.get("/status")
+        assert code == 200, name
+        assert body["status"] in ("unknown", "blocked", "working"), name
+    assert body["blockers"] == ["CI is red"]
+    assert body["warnings"]
+    # 50 MB: answered quickly from a bounded read.
+    with current.open("wb") as fh:
+        fh.write(b"## Status\nworking\n## Progress\n")
+        fh.write(b"- [x] item\n" * (50 * 1024 * 1024 // 11))
+    code, body = sc.get("/status")
+    assert code == 200
+    assert body["status"] == "working"
+    assert any("MiB" in w or "bytes" in w or "large" in w for w in body["warnings"])
+
+
+def test_missing_workspace_is_created(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar()
+    assert not sc.workspace.exists()
+    sc.start()
+    assert sc.workspace.is_dir()
+
+
+def test_read_only_workspace_is_served_with_a_warning(make_sidecar: Callable[..., Sidecar]) -> None:
+    """Root ignores permission bits, so the workspace is made read-only with a read-only bind
+    mount in a private mount namespace (the OS seam: no other way to deny root a write)."""
+    sc = make_sidecar(env_extra={"SLEEVE_GOAL": "cannot write"})
+    sc.workspace.mkdir()
+    ws = str(sc.workspace)
+    sc.wrapper = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount --bind -o ro "$0" "$0" && exec "$@"',
+        ws,
+    ]
+    sc.start()
+    warnings = sc.status()["warnings"]
+    assert any("read-only" in w for w in warnings), warnings
+    assert any("SLEEVE_GOAL" in w for w in warnings), warnings
+    assert sc.get("/health")[1]["status"] == "healthy"
+
+
+def test_cli_gets_its_env_but_never_the_api_tokens(
+    make_sidecar: Callable[..., Sidecar], short_tmp: Path
+) -> None:
+    out = short_tmp / "env.json"
+    script = (
+        "import json,os,sys,signal\n"
+        "with open(sys.argv[1], 'w') as f: json.dump(dict(os.environ), f)\n"
+        "signal.pause()"
+    )
+    config = write_cli_config(
+        short_tmp / "clis.yaml",
+        {
+            "envdump": {
+                "command": [sys.executable, "-c", script, str(out)],
+                "env": {"EXTRA_FLAG": "1"},
+            }
+        },
+    )
+    sc = make_sidecar(
+        cli="envdump",
+        env_extra={
+            "SIDECAR_CLI_CONFIG": str(config),
+            "SIDECAR_TOKEN": "s3cret-token",
+            "SIDECAR_VIEW_TOKEN": "v1ew-token",
+        },
+    )
+    sc.start(wait_healthy=False)
+    env = wait_for(
+        lambda: out.exists() and out.stat().st_size and json.loads(out.read_text()), what="env dump"
+    )
+    assert env["EXTRA_FLAG"] == "1"
+    assert "SIDECAR_TOKEN" not in env
+    assert "SIDECAR_VIEW_TOKEN" not in env
+    assert env["TERM"].startswith("tmux")
+
+
+def test_sigint_is_a_graceful_stop_too(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar().start()
+    assert sc.proc is not None
+    sc.proc.send_signal(signal.SIGINT)
+    assert sc.proc.wait(10) == 0
