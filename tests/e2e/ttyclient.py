@@ -19,6 +19,8 @@ _ESCAPES = re.compile(
     rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_()][0-9A-Za-z]?"
 )
 
+_CURSOR_FORWARD = re.compile(rb"\x1b\[(\d*)C")
+
 
 class TerminalClient:
     def __init__(self, session: aiohttp.ClientSession, ws: aiohttp.ClientWebSocketResponse) -> None:
@@ -48,17 +50,27 @@ class TerminalClient:
                 if data[:1] == b"0":
                     self.raw += data[1:]
 
+    @staticmethod
+    def screen_text(raw: bytes) -> str:
+        """Terminal output as text: cursor-forward moves become spaces, other escapes go."""
+        spaced = _CURSOR_FORWARD.sub(lambda m: b" " * int(m.group(1) or b"1"), raw)
+        return _ESCAPES.sub(b"", spaced).decode(errors="replace")
+
     @property
     def text(self) -> str:
-        """Everything drawn so far, escape sequences removed."""
-        return _ESCAPES.sub(b"", bytes(self.raw)).decode(errors="replace")
+        """Everything drawn so far."""
+        return self.screen_text(bytes(self.raw))
 
     async def wait_for(self, needle: str, timeout: float, *, since: int = 0) -> str:
-        """Poll the received output (from byte `since`) for `needle`, with a deadline."""
+        """Poll the received output (from byte `since`) for `needle`, with a deadline.
+
+        Whitespace is ignored: a TUI may draw a gap by moving the cursor or by redrawing.
+        """
         deadline = time.monotonic() + timeout
+        want = "".join(needle.split())
         while True:
-            seen = _ESCAPES.sub(b"", bytes(self.raw[since:])).decode(errors="replace")
-            if needle in seen:
+            seen = self.screen_text(bytes(self.raw[since:]))
+            if want in "".join(seen.split()):
                 return seen
             if time.monotonic() > deadline:
                 tail = seen[-1500:]
