@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import itertools
 import json
 import logging
 import os
@@ -21,11 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.launcher import engine, instances, launch, runtimes
+from sidecar.launcher import engine, instances, launch
 from sidecar.launcher.fsutil import LauncherError, locked, private_dir
-from sidecar.launcher.slots import Project, SlotState, prepare_home_files
-from sidecar.launcher.state import RUNNING, Run, StateStore, process_alive, running_slots
-from sidecar.launcher.waiter import waiter_argv
+from sidecar.launcher.runtimes import RunPlan, audit, home_mounts, passthrough_env
+from sidecar.launcher.slots import Project, Slot, SlotState, prepare_home_files
+from sidecar.launcher.state import Run, StateStore, running_slots
 
 logger = logging.getLogger(__name__)
 
@@ -143,99 +142,54 @@ def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
 # -- run -------------------------------------------------------------------------------
 
 
-def _choose_runtime(wanted: str | None, dry_run: bool) -> str:
-    if wanted == "bwrap" or (wanted == "docker" and dry_run):
-        return wanted
-    problem = engine.engine_problem()
-    if wanted == "docker":
-        if problem:
-            raise LauncherError(problem)
-        return "docker"
-    if problem is None:
-        return "docker"
-    logger.warning("%s; using the bwrap runtime", problem.split(";")[0])
-    return "bwrap"
+def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: Slot) -> RunPlan:
+    return RunPlan(
+        name=project.container_name(slot.id),
+        project_key=project.key,
+        home_label=launch.home_label(settings.home),
+        slot_index=slot.index,
+        slot_id=slot.id,
+        workspace=instances.project_path(args.project),
+        slot_dir=slot.path,
+        instance_dir=instances.instance_dir(settings.home, project.root),
+        cli="shell" if args.shell else args.cli,
+        goal=args.goal,
+        port=launch.check_port(args.port) if args.port else launch.free_port(),
+        ttyd_port=launch.free_port(),
+        image=args.image,
+        network_host=args.network == "host",
+        passthrough=passthrough_env(settings.env),
+    )
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     project = _project(args, settings)
-    workspace = instances.project_path(args.project)
-    cli = "shell" if args.shell else args.cli
-    runtime = _choose_runtime(args.runtime, args.dry_run)
-    if runtime == "bwrap" and not args.dry_run and shutil.which("bwrap") is None:
-        msg = "runtime bwrap: bwrap is not installed (apt-get install bubblewrap)"
-        raise LauncherError(msg)
+    runtime = launch.choose_runtime(args.runtime, dry_run=args.dry_run)
     home = settings.home
     if not args.dry_run:
         private_dir(home)
         project.ensure()
         instances.ensure_instance(home, project.root)
     # One global lock from slot choice to the record: two runs never pick the same slot.
-    lock = contextlib.nullcontext() if args.dry_run else locked(private_dir(home) / "run.lock")
+    lock = contextlib.nullcontext() if args.dry_run else locked(home / "run.lock")
     with lock:
         runs = _observe(settings, docker=runtime == "docker")
         slot = launch.pick_slot(project, runs, args.slot, create=not args.dry_run)
         if not args.dry_run:
             prepare_home_files(slot)
-        port = launch.check_port(args.port) if args.port else launch.free_port()
-        ttyd_port = launch.free_port()
-        plan = runtimes.RunPlan(
-            name=project.container_name(slot.id),
-            project_key=project.key,
-            home_label=launch.home_label(home),
-            slot_index=slot.index,
-            slot_id=slot.id,
-            workspace=workspace,
-            slot_dir=slot.path,
-            instance_dir=instances.instance_dir(home, project.root),
-            cli=cli,
-            goal=args.goal,
-            port=port,
-            ttyd_port=ttyd_port,
-            image=args.image,
-            network_host=args.network == "host",
-            passthrough=runtimes.passthrough_env(settings.env),
-        )
-        run_id = launch.new_run_id()
-        run = Run(run_id, project.key, slot.index, slot.id, runtime, cli, port=port)
-        run.log = str(home / "logs" / f"{project.key}-{slot.index}-{run_id}.log")
-        if runtime == "bwrap":
-            python = runtimes.HostPython.current()
-            env = runtimes.bwrap_env(plan, python)
-            argv = waiter_argv(sys.executable, run, home, runtimes.bwrap_argv(plan, python))
-            names = list(env)
-        else:
-            argv = runtimes.docker_argv(plan)
-            env = {**settings.env}
-            names = [b.split("=", 1)[0] for a, b in itertools.pairwise(argv) if a == "--env"]
+        plan = _plan(args, settings, project, slot)
+        run = Run(launch.new_run_id(), project.key, slot.index, slot.id, runtime, plan.cli)
+        run.port = plan.port
+        command = launch.command_for(run, plan, home, settings.env)
         if args.dry_run:
-            print(shlex.join(argv))
-            print(runtimes.audit(argv, runtimes.home_mounts(plan), names), file=sys.stderr)
+            print(shlex.join(command.argv))  # the very list the real run executes
+            print(audit(home_mounts(plan), command.env_names), file=sys.stderr)
             return 0
-        if runtime == "bwrap":
-            run.pid, run.pid_start = launch.spawn_detached(argv, env, Path(run.log))
-        else:
-            run.container, run.log = plan.name, None
-            engine.remove_stopped(plan.name)
-            engine.run(argv, env)
+        launch.start(run, plan, command)
         StateStore(home).upsert(run)
-    try:
-        url = launch.wait_healthy(run, args.wait)
-    except LauncherError:
-        _tail(run.log)
-        if process_alive(run.pid or 0, run.pid_start) or run.runtime == "docker":
-            launch.stop(home, run, grace=5)
-        raise
-    StateStore(home).mark(run.id, status=RUNNING)
-    print(f"slot {slot.index} ({slot.id}) runs {cli} under {runtime}: {url}")
+    url = launch.await_health(home, run, args.wait)
+    print(f"slot {slot.index} ({slot.id}) runs {plan.cli} under {runtime}: {url}")
     return 0
-
-
-def _tail(log: str | None, lines: int = 20) -> None:
-    if log and os.path.exists(log):
-        with open(log, errors="replace") as fh:
-            tail = fh.readlines()[-lines:]
-        sys.stderr.write("".join(f"  | {line}" for line in tail))
 
 
 # -- listings --------------------------------------------------------------------------

@@ -5,6 +5,7 @@ The argv comes from `runtimes` and is executed as built; state changes go throug
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -13,6 +14,7 @@ import secrets
 import shutil
 import signal
 import socket
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,8 +23,17 @@ import psutil
 
 from sidecar.launcher import engine
 from sidecar.launcher.fsutil import FILE_MODE, LauncherError, private_dir
+from sidecar.launcher.runtimes import (
+    Command,
+    HostPython,
+    RunPlan,
+    bwrap_command,
+    docker_command,
+)
 from sidecar.launcher.slots import Project, Slot, SlotState
 from sidecar.launcher.state import (
+    RUNNING,
+    STARTING,
     STOPPED,
     Run,
     StateStore,
@@ -30,7 +41,7 @@ from sidecar.launcher.state import (
     reconcile,
     running_slots,
 )
-from sidecar.launcher.waiter import WATCHED, find_waiters
+from sidecar.launcher.waiter import WATCHED, find_waiters, waiter_argv
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +149,66 @@ def spawn_detached(argv: list[str], env: Mapping[str, str], log: Path) -> tuple[
         return pid, None  # already gone: the waiter's own record says how it ended
 
 
+def choose_runtime(wanted: str | None, *, dry_run: bool) -> str:
+    """`--runtime`, else docker when an engine answers (one `docker version`), else bwrap."""
+    if wanted == "docker" and not dry_run:
+        engine.require_engine()
+    if wanted is None:
+        problem = engine.engine_problem()
+        if problem is None:
+            return "docker"
+        logger.warning("%s; using the bwrap runtime", problem.split(";")[0])
+        wanted = "bwrap"
+    if wanted == "bwrap" and not dry_run and shutil.which("bwrap") is None:
+        msg = "runtime bwrap: bwrap is not installed (apt-get install bubblewrap)"
+        raise LauncherError(msg)
+    return wanted
+
+
+def command_for(run: Run, plan: RunPlan, home: Path, host_env: Mapping[str, str]) -> Command:
+    """What `run` executes: `docker run ...`, or the bwrap waiter wrapped around `bwrap ...`."""
+    if run.runtime == "docker":
+        return docker_command(plan, host_env)
+    run.log = str(home / "logs" / f"{run.project}-{run.slot}-{run.id}.log")
+    inner = bwrap_command(plan, HostPython.current())
+    argv = waiter_argv(sys.executable, run, home, inner.argv)
+    return Command(argv, inner.env, inner.env_names)
+
+
+def start(run: Run, plan: RunPlan, command: Command) -> None:
+    """Execute `command` for `run`, filling in what identifies it (container, or pid + start)."""
+    if run.runtime == "docker":
+        run.container = plan.name
+        engine.remove_stopped(plan.name)
+        engine.run(command.argv, command.env)
+    else:
+        assert run.log is not None
+        run.pid, run.pid_start = spawn_detached(command.argv, command.env, Path(run.log))
+
+
+def await_health(home: Path, run: Run, deadline_s: float) -> str:
+    """Wait for /health; on failure stop what is left and say why (with the log's tail)."""
+    try:
+        url = wait_healthy(run, deadline_s)
+    except LauncherError as exc:
+        alive = run.pid is not None and process_alive(run.pid, run.pid_start)
+        if run.runtime == "docker" or alive:
+            with contextlib.suppress(LauncherError):  # the start-up error is the one to report
+                stop(home, run, grace=5)
+        raise LauncherError(str(exc) + _tail(run.log)) from exc
+    StateStore(home).advance(run.id, RUNNING, only_from=frozenset({STARTING}))
+    return url
+
+
+def _tail(log: str | None, lines: int = 20) -> str:
+    try:
+        with open(log or "", errors="replace") as fh:
+            tail = fh.readlines()[-lines:]
+    except OSError:
+        return ""
+    return "\n" + "".join(f"  | {line}" for line in tail).rstrip("\n")
+
+
 def wait_healthy(run: Run, deadline_s: float) -> str:
     """Poll the sleeve's /health until it answers 200, its process dies, or the deadline."""
     import urllib.error
@@ -188,4 +259,4 @@ def stop(home: Path, run: Run, grace: float = 15.0) -> None:
             os.kill(run.pid, signal.SIGKILL)
     # The waiter normally records `stopped` with the exit code; if it could not, we asked
     # for the stop and the process is gone, so `stopped` is still the truth.
-    store.settle(run.id, STOPPED)
+    store.advance(run.id, STOPPED)

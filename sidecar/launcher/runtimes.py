@@ -140,6 +140,17 @@ def docker_labels(plan: RunPlan) -> dict[str, str]:
     }
 
 
+def docker_env(plan: RunPlan) -> dict[str, str | None]:
+    """The container's variables; None means `--env NAME`: docker copies the client's value."""
+    if plan.network_host:
+        fixed = fixed_env(plan, port=plan.port, ttyd_port=plan.ttyd_port, host="127.0.0.1")
+    else:  # all interfaces of the container's own network; published on 127.0.0.1 only
+        fixed = fixed_env(plan, port=CONTAINER_PORT, ttyd_port=CONTAINER_TTYD_PORT, host="0.0.0.0")  # noqa: S104
+    env: dict[str, str | None] = {k: None for k in sorted(plan.passthrough) if k not in fixed}
+    env.update(fixed)
+    return env
+
+
 def docker_argv(plan: RunPlan) -> list[str]:
     """`docker run -d ...` for the sidecar image; no --privileged, API on 127.0.0.1 only."""
     argv = ["docker", "run", "--detach", "--name", plan.name]
@@ -147,19 +158,32 @@ def docker_argv(plan: RunPlan) -> list[str]:
         argv += ["--label", f"{key}={value}"]
     if plan.network_host:
         argv += ["--network", "host"]
-        env = fixed_env(plan, port=plan.port, ttyd_port=plan.ttyd_port, host="127.0.0.1")
     else:
         argv += ["--publish", f"127.0.0.1:{plan.port}:{CONTAINER_PORT}"]
-        env = fixed_env(plan, port=CONTAINER_PORT, ttyd_port=CONTAINER_TTYD_PORT, host="0.0.0.0")  # noqa: S104 - inside the container; published on 127.0.0.1 only
     for mount in home_mounts(plan):
         argv += ["--mount", _mount_flag(mount)]
-    for key in sorted(plan.passthrough):
-        if key not in env:
-            argv += ["--env", key]  # value comes from the docker client's environment
-    for key, value in env.items():
-        argv += ["--env", f"{key}={value}"]
+    for name, setting in docker_env(plan).items():
+        argv += ["--env", name if setting is None else f"{name}={setting}"]
     argv += ["--workdir", WORKSPACE, plan.image]
     return argv
+
+
+@dataclass(frozen=True)
+class Command:
+    """An argv, the environment it is executed with, and the variable names the sleeve sees."""
+
+    argv: list[str]
+    env: dict[str, str]
+    env_names: list[str]
+
+
+def docker_command(plan: RunPlan, client_env: Mapping[str, str]) -> Command:
+    return Command(docker_argv(plan), dict(client_env), list(docker_env(plan)))
+
+
+def bwrap_command(plan: RunPlan, python: HostPython) -> Command:
+    env = bwrap_env(plan, python)
+    return Command(bwrap_argv(plan, python), env, sorted(env))
 
 
 # -- bwrap -----------------------------------------------------------------------------
@@ -240,9 +264,8 @@ def bwrap_env(plan: RunPlan, python: HostPython) -> dict[str, str]:
     return env
 
 
-def audit(argv: Sequence[str], mounts: Sequence[Mount], env_names: Sequence[str]) -> str:
+def audit(mounts: Sequence[Mount], env_names: Sequence[str]) -> str:
     """The short human summary `--dry-run` prints on stderr: mounts and variable *names*."""
-    lines = [f"runtime argv: {len(argv)} words"]
-    lines += [f"mount {'rw' if m.writable else 'ro'} {m.source} -> {m.target}" for m in mounts]
+    lines = [f"mount {'rw' if m.writable else 'ro'} {m.source} -> {m.target}" for m in mounts]
     lines.append("env names: " + " ".join(sorted(env_names)))
     return "\n".join(lines)

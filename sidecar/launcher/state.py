@@ -142,11 +142,11 @@ class StateStore:
             run.stop_requested = run.stop_requested or stop_requested
             run.status = final_status(code, stop_requested=run.stop_requested)
 
-    def settle(self, run_id: str, status: str) -> None:
-        """Give run `run_id` a final `status` unless it already has one."""
+    def advance(self, run_id: str, status: str, *, only_from: frozenset[str] = ACTIVE) -> None:
+        """Set run `run_id`'s `status` if it is still in one of `only_from` (never undo an end)."""
         with self.transaction() as runs:
             for run in runs:
-                if run.id == run_id and run.active:
+                if run.id == run_id and run.status in only_from:
                     run.status = status
 
     def mark(self, run_id: str, **changes: Any) -> None:
