@@ -119,15 +119,16 @@ class Project:
 
     def ensure(self) -> None:
         """Create the project dir like ClaudeBox's init_project_dir (counter starts at 1)."""
-        existed = self.dir.is_dir()
         private_dir(self.dir)
-        if not existed:
-            atomic_write(self.dir / COUNTER_FILE, "1")
-        touch_private(self.dir / "profiles.ini")
-        path_file = self.dir / ".project_path"
-        recorded = path_file.read_bytes() if path_file.exists() else None
-        if recorded != os.fsencode(str(self.root)) + b"\n":
-            atomic_write(path_file, os.fsencode(str(self.root)) + b"\n")
+        with locked(self.dir):  # parallel creates of a new project must not reset the counter
+            if not (self.dir / COUNTER_FILE).exists() and not self._slot_dirs():
+                atomic_write(self.dir / COUNTER_FILE, "1")
+            # (a counter missing beside slot dirs is rebuilt by read_counter, with a warning)
+            touch_private(self.dir / "profiles.ini")
+            path_file = self.dir / ".project_path"
+            recorded = path_file.read_bytes() if path_file.exists() else None
+            if recorded != os.fsencode(str(self.root)) + b"\n":
+                atomic_write(path_file, os.fsencode(str(self.root)) + b"\n")
 
     def read_counter(self) -> int:
         """The recorded highest slot index; a missing or corrupt file is rebuilt, with a warning."""
@@ -153,12 +154,15 @@ class Project:
         atomic_write(self.dir / COUNTER_FILE, str(value))
         return value
 
-    def _recount(self) -> int:
-        names = {
+    def _slot_dirs(self) -> set[str]:
+        return {
             p.name
             for p in self.dir.iterdir()
             if p.is_dir() and re.fullmatch(r"[0-9a-f]{8}", p.name)
         }
+
+    def _recount(self) -> int:
+        names = self._slot_dirs()
         highest = 0
         if names:
             for index, slot_id in enumerate(slot_chain(self.root, RECOUNT_LIMIT)):
@@ -215,7 +219,12 @@ class Project:
 
     def get(self, index: int) -> Slot:
         """Slot `index` as it is now; an index outside 1..counter is a LauncherError."""
-        top = self.read_counter() if self.dir.is_dir() else 0
+        if not self.dir.is_dir():
+            return self._get(index, 0)
+        with locked(self.dir):
+            return self._get(index, self.read_counter())
+
+    def _get(self, index: int, top: int) -> Slot:
         if not 1 <= index <= top:
             msg = f"no slot {index} for {self.root} (slots are 1..{top}; `sleeve create` adds one)"
             raise LauncherError(msg)
@@ -223,8 +232,10 @@ class Project:
 
     def remove(self, index: int) -> Slot:
         """Delete slot `index`'s directory under the project lock (the caller checks running)."""
+        if not self.dir.is_dir():
+            self._get(index, 0)  # raises: a project without a dir has no slots
         with locked(self.dir):
-            slot = self.get(index)
+            slot = self._get(index, self.read_counter())
             if slot.state is SlotState.DEAD:
                 msg = f"slot {index} is already dead (its directory is gone)"
                 raise LauncherError(msg)

@@ -151,3 +151,11 @@ def test_state_files_are_private(home: Path, project: Path, sleeve: Callable[...
         assert oct(path.stat().st_mode & 0o777) == "0o700", path
     assert oct((proj.dir / ".project_container_counter").stat().st_mode & 0o777) == "0o600"
     assert os.access(proj.dir / "profiles.ini", os.R_OK)
+
+
+def test_rm_in_a_project_never_created_creates_nothing(
+    home: Path, project: Path, sleeve: Callable[..., Result]
+) -> None:
+    res = sleeve("rm", "1", "--project", project)
+    assert res.code == 1 and "no slot 1" in res.err
+    assert not Project(project, home).dir.exists()
