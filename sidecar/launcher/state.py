@@ -95,7 +95,8 @@ class StateStore:
                 atomic_write(self.path, json.dumps({"version": 1, "runs": after}, indent=1) + "\n")
 
     def read(self) -> list[Run]:
-        """The recorded runs, without reconciling (shared lock: no half-written reads)."""
+        """The recorded runs, without reconciling (under the lock: a corrupt file is set aside
+        by one reader only)."""
         if not self.path.exists():
             return []
         with self.transaction() as runs:
@@ -208,15 +209,14 @@ def reconcile(
                 else:
                     run.status = final_status(box.exit_code, stop_requested=run.stop_requested)
     if by_name is not None:
-        # The newest record of a container decides; older ones are history.
+        # A running container of ours that no record names (state lost, or written by another
+        # sleeve process that died before recording it): adopt it.
         for box in by_name.values():
             if box.name in seen or box.state not in ("running", "restarting", "paused"):
                 continue
             runs.append(_adopt_container(box))
-    recorded = {(r.pid, r.pid_start) for r in runs if r.runtime == "bwrap"}
-    for orphan in orphans:
-        if (orphan.pid, orphan.pid_start) not in recorded:
-            runs.append(orphan)
+    recorded = {r.id for r in runs}  # a waiter carries its run id in its argv
+    runs.extend(orphan for orphan in orphans if orphan.id not in recorded)
 
 
 def _adopt_container(box: Container) -> Run:
