@@ -31,6 +31,15 @@ logger = logging.getLogger(__name__)
 ICONS = {SlotState.AUTHENTICATED: "✔️ ", SlotState.UNAUTHENTICATED: "🔒", SlotState.DEAD: "💀"}
 
 
+EPILOG = """\
+state lives in $SLEEVE_HOME (default ~/.sleeve).
+stopping: `sleeve stop N` sends SIGTERM (bwrap: through the waiter to the sandbox's PID 1;
+docker: `docker stop`) and waits; `sleeve rm N --force` stops a running slot, then removes it.
+run statuses in `sleeve ps`: starting, running, completed (exit 0), failed (code N),
+failed (vanished) (gone without an exit code), stopped (ended by `sleeve stop`).
+"""
+
+
 @dataclass(frozen=True)
 class Settings:
     """The environment, read once."""
@@ -303,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sleeve",
         description="Host launcher for sleeves: slots, instances, runs (docker or bwrap).",
-        epilog="State lives in $SLEEVE_HOME (default ~/.sleeve). `sleeve stop N` stops a run.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -337,16 +347,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("slot", type=int, metavar="N")
     p.add_argument("--grace", type=float, default=15.0, help="seconds before SIGKILL (bwrap)")
     p = add("run", cmd_run, "start a sleeve in the first free slot")
-    p.add_argument("--slot", type=int, metavar="N")
+    p.add_argument("--slot", type=int, metavar="N", help="this slot (default: first not running)")
     p.add_argument("--cli", default="claude-code", help="CLI to run (default claude-code)")
     p.add_argument("--shell", action="store_true", help="run the `shell` CLI instead")
-    p.add_argument("--goal", metavar="TEXT")
+    p.add_argument("--goal", metavar="TEXT", help="task for the sleeve (SLEEVE_GOAL)")
     p.add_argument(
         "--runtime",
         choices=["docker", "bwrap"],
         help="default: docker when an engine answers, else bwrap",
     )
-    p.add_argument("--image", default="sleeve:latest")
+    p.add_argument("--image", default="sleeve:latest", help="docker image (default %(default)s)")
     p.add_argument("--port", type=int, help="API port on 127.0.0.1 (default: a free one)")
     p.add_argument(
         "--network",
@@ -365,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("gc", cmd_gc, "remove instances whose project root is gone")
     p.add_argument("--dry-run", action="store_true", help="only print what would go")
     p = add("build", cmd_build, "build image/Dockerfile unless its inputs are unchanged")
-    p.add_argument("--image", default="sleeve:latest")
+    p.add_argument("--image", default="sleeve:latest", help="tag (default %(default)s)")
     p.add_argument("--context", metavar="DIR", help="build context (default: the repo root)")
     p.add_argument("--file", metavar="DOCKERFILE", help="default: CONTEXT/image/Dockerfile")
     p.add_argument("--build-arg", action="append", default=[], metavar="KEY=VALUE")
