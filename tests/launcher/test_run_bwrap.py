@@ -22,6 +22,7 @@ from .helpers import Result, wait_until
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
 RUN_ID = re.compile(r"\d{14}-[0-9a-f]{6}")
+SECRET = "sk-ant-api03-TESTKEY-abcdefghij0123456789"
 
 
 def health(url: str) -> dict[str, object]:
@@ -46,14 +47,20 @@ def ns_pid(pid: int) -> str:
     raise AssertionError("no NSpid line")
 
 
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if item)
+
+
 def test_bwrap_run_starts_a_sidecar_as_pid_1_that_ps_shows_and_stop_ends(
-    project: Path, sleeve_proc: Callable[..., Result]
+    home: Path, project: Path, sleeve_proc: Callable[..., Result]
 ) -> None:
     port = free_port()
     args = ("run", "--project", str(project), "--runtime", "bwrap", "--shell", "--port", str(port))
-    dry = sleeve_proc(*args, "--dry-run")
+    secrets = {"ANTHROPIC_API_KEY": SECRET, "UNLISTED_TOKEN": "must-not-pass"}
+    dry = sleeve_proc(*args, "--dry-run", extra_env=secrets)
     assert dry.code == 0, dry.err
-    res = sleeve_proc(*args, "--wait", "40")
+    res = sleeve_proc(*args, "--wait", "40", extra_env=secrets)
     waiter: psutil.Process | None = None
     try:
         assert res.code == 0, res.err
@@ -77,6 +84,25 @@ def test_bwrap_run_starts_a_sidecar_as_pid_1_that_ps_shows_and_stop_ends(
         assert bwrap.name() == "bwrap"
         assert ns_pid(init.pid) == "1", "the sidecar is PID 1 in its namespace"
         assert init.cmdline()[-3:] == ["-m", "sidecar", "run"]
+
+        # Only the allow-list reaches the sandbox; the key's value is in no argv.
+        inside = environ(init.pid)
+        audited = dry.err.split("env names:")[1].split()
+        assert sorted(inside.keys() - {"PWD"}) == audited  # bwrap itself sets PWD for --chdir
+        assert inside["ANTHROPIC_API_KEY"] == SECRET and inside["HOME"] == "/home/sleeve"
+        assert inside["SIDECAR_PORT"] == str(port) and inside["SLEEVE_CLI"] == "shell"
+        for proc in (waiter, bwrap, init):
+            assert SECRET not in " ".join(proc.cmdline())
+        # Every bind source existed before the mount (a missing one turns into a directory).
+        slot_dir = Path(
+            json.loads(sleeve_proc("slots", "--project", project, "--json").out)["slots"][0][
+                "folder"
+            ]
+        )
+        assert (slot_dir / ".claude.json").is_file()
+        assert oct((slot_dir / ".claude.json").stat().st_mode & 0o777) == "0o600"
+        log = Path(run["log"])
+        assert log.parent == home / "logs" and oct(log.stat().st_mode & 0o777) == "0o600"
 
         slots = json.loads(sleeve_proc("slots", "--project", project, "--json").out)["slots"]
         assert slots[0]["running"] and slots[0]["runtime"] == "bwrap"
