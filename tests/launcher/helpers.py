@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# A child process that waits, without sleeping, until a signal ends it.
+LIVES_UNTIL_KILLED = [sys.executable, "-c", "import signal; signal.pause()"]
 SLEEVE = [sys.executable, "-c", "from sidecar.launcher.cli import main; raise SystemExit(main())"]
 
 
@@ -27,7 +29,7 @@ def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "con
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, f"{what} not met within {timeout} s"
-        time.sleep(0.02)
+        time.sleep(0.02)  # sleep-ok: the poll interval of a deadline wait
 
 
 def mount_fields(argv: list[str]) -> list[dict[str, str]]:

@@ -8,7 +8,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 from sidecar.launcher.slots import COUNTER_FILE, Project, cksum, slot_chain, slugify
 from sidecar.launcher.state import RUNNING, Run, StateStore
 
-from .helpers import REPO, SLEEVE, Result
+from .helpers import LIVES_UNTIL_KILLED, REPO, SLEEVE, Result
 
 
 def real_cksum(data: bytes) -> int:
@@ -237,7 +236,7 @@ def test_rm_refuses_a_running_slot_unless_forced_which_stops_it_first(
     must SIGTERM it (verified by pid and start time) before the directory goes."""
     sleeve("create", "--project", project)
     proj = Project(project.resolve(), home)
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = subprocess.Popen(LIVES_UNTIL_KILLED)
     try:
         start = psutil.Process(child.pid).create_time()
         run = Run("r1", proj.key, 1, proj.slot_path(1).name, "bwrap", "shell", pid=child.pid)

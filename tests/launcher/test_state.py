@@ -26,12 +26,12 @@ from sidecar.launcher.state import (
 )
 from sidecar.launcher.waiter import waiter_argv
 
-from .helpers import REPO, Result, wait_until
+from .helpers import LIVES_UNTIL_KILLED, REPO, Result, wait_until
 
 
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    proc = subprocess.Popen(LIVES_UNTIL_KILLED)
     yield proc
     proc.kill()
     proc.wait()
@@ -164,9 +164,9 @@ def test_sigterm_to_the_waiter_is_forwarded_and_recorded_as_stopped(home: Path) 
     home.mkdir(mode=0o700)
     ready = home / "ready"
     child = (
-        "import pathlib, signal, sys, time; "
+        "import pathlib, signal, sys; "
         "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
-        f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
+        f"pathlib.Path({str(ready)!r}).touch(); signal.pause()"
     )
     # `sh -c` stands in for bwrap: the waiter signals its child's child, the sandbox's PID 1.
     pid, _ = start_waiter(home, "w", ["sh", "-c", f'{sys.executable} -c "{child}"; exit $?'])
@@ -182,7 +182,7 @@ def test_ps_adopts_a_running_waiter_without_a_record(
     home: Path, sleeve: Callable[..., Result]
 ) -> None:
     home.mkdir(mode=0o700)
-    pid, _ = start_waiter(home, "lost", [sys.executable, "-c", "import time; time.sleep(60)"])
+    pid, _ = start_waiter(home, "lost", LIVES_UNTIL_KILLED)
     try:
         wait_until(lambda: "sidecar.launcher.waiter" in " ".join(psutil.Process(pid).cmdline()))
         runs = json.loads(sleeve("ps", "--json").out)
