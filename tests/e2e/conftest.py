@@ -98,6 +98,12 @@ def sleeve_env(engine: dockerenv.Engine, home: Path, stub_url: str = "") -> dict
     return env
 
 
+def build_args() -> list[str]:
+    """`sleeve build` arguments for the image under test (SLEEVE_E2E_CONTEXT: another checkout)."""
+    other = os.environ.get("SLEEVE_E2E_CONTEXT")
+    return ["build", "--image", IMAGE, *(["--context", other] if other else [])]
+
+
 @pytest.fixture(scope="session")
 def image(
     engine: dockerenv.Engine,
@@ -112,10 +118,9 @@ def image(
     """
     dockerenv.prepare_context()
     env = sleeve_env(engine, tmp_path_factory.mktemp("build-home"))
-    other = os.environ.get("SLEEVE_E2E_CONTEXT")
     t0 = time.monotonic()
     proc = subprocess.run(
-        [str(SLEEVE), "build", "--image", IMAGE, *(["--context", other] if other else [])],
+        [str(SLEEVE), *build_args()],
         env=env,
         capture_output=True,
         text=True,

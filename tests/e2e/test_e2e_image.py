@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import dockerenv
-from tests.e2e.conftest import SLEEVE, health_ok, poll, sleeve_env
+from tests.e2e.conftest import SLEEVE, build_args, health_ok, poll, sleeve_env
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -97,7 +97,7 @@ def test_second_sleeve_build_is_skipped_by_the_checksum_label(
     env = sleeve_env(engine, tmp_path / "home")
     t0 = time.monotonic()
     proc = subprocess.run(
-        [str(SLEEVE), "build", "--image", image],
+        [str(SLEEVE), *build_args()],
         env=env,
         capture_output=True,
         text=True,
