@@ -77,6 +77,8 @@ def _save_logs_and_remove_containers(eng: dockerenv.Engine, artifacts: Path) -> 
         logs = eng.docker("logs", name, check=False)
         (artifacts / f"container-{name}.log").write_text(logs.stdout + logs.stderr)
     dockerenv.remove_all_containers(eng)
+    # Old builds' layers would pile up in the cached data-root; the build cache stays.
+    eng.docker("image", "prune", "--force", check=False, timeout=120)
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ from tests.e2e.conftest import (
 )
 from tests.e2e.ttyclient import TerminalClient
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
 
 PROMPT = "say hello to the sleeve e2e test"
 GOAL = "Prove the sleeve end to end"
