@@ -1,7 +1,8 @@
-"""Pure argv builders for the two runtimes (docker, bwrap) and the mount/env plan they share.
+"""argv builders for the two runtimes (docker, bwrap) and the mount/env plan they share.
 
 `sleeve run` executes exactly the list built here and `--dry-run` prints that same list, so the
-two cannot drift. Secrets never enter an argv: variables copied from the host go by name
+two cannot drift. The builders are pure but for a look at the host's layout (/bin symlinks,
+where Python lives). Secrets never enter an argv: variables copied from the host go by name
 (docker `-e NAME`) or through the process environment (bwrap), never `NAME=value` on a line.
 """
 
@@ -235,6 +236,9 @@ def bwrap_argv(plan: RunPlan, python: HostPython) -> list[str]:
     argv += _system_binds()
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]  # noqa: S108 - a fresh tmpfs inside the sandbox
     argv += ["--dir", STATE_DIR, "--tmpfs", "/home", "--dir", SANDBOX_HOME]
+    resolv = os.path.realpath("/etc/resolv.conf")
+    if resolv.startswith("/run/"):  # systemd-resolved: keep DNS working under the /run tmpfs
+        argv += ["--ro-bind-try", os.path.dirname(resolv), os.path.dirname(resolv)]
     bound: list[Path] = [Path("/usr"), Path("/etc")]
     # Only the package dir, not the whole checkout, when running from a source tree.
     package = [python.package_root / "sidecar"] if python.package_root else []

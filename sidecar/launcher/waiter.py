@@ -50,11 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def waiter_argv(python: str, run: Run, home: Path, command: Sequence[str]) -> list[str]:
     """The argv `sleeve run` executes: this waiter, then the runtime's own argv after `--`."""
+    # `--opt=value`: a value that starts with `-` (a CLI name, say) stays a value.
     return [
         python, "-m", MODULE,
-        "--home", str(home), "--run-id", run.id, "--project", run.project,
-        "--slot", str(run.slot), "--slot-id", run.slot_id, "--cli", run.cli,
-        "--port", str(run.port), "--log", str(run.log),
+        f"--home={home}", f"--run-id={run.id}", f"--project={run.project}",
+        f"--slot={run.slot}", f"--slot-id={run.slot_id}", f"--cli={run.cli}",
+        f"--port={run.port}", f"--log={run.log}",
         "--", *command,
     ]  # fmt: skip
 

@@ -107,7 +107,8 @@ def test_bwrap_argv_runs_the_sidecar_as_pid_1_with_overlays_after_the_config_dir
     waiter = argv[: argv.index("--")]
     assert (
         waiter[1:3] == ["-m", "sidecar.launcher.waiter"]
-        and waiter[waiter.index("--port") + 1] == "18125"
+        and "--port=18125" in waiter
+        and "--cli=shell" in waiter
     )
     assert SECRET not in " ".join(argv) and SECRET not in audit
     names = audit.split("env names:")[1].split()
