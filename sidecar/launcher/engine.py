@@ -122,6 +122,12 @@ def stop(name: str, grace: int = 10) -> None:
         raise LauncherError(msg)
 
 
+def container_state(name: str) -> str | None:
+    """docker's State.Status of one container (`running`, `exited`, ...), None if unknown."""
+    out = _docker(["inspect", "--format", "{{.State.Status}}", name])
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
 def remove_stopped(name: str) -> None:
     """Free the name of a finished container; a running one is left alone (no --force)."""
     _docker(["rm", name])

@@ -215,14 +215,14 @@ def wait_healthy(run: Run, deadline_s: float) -> str:
 
     url = f"http://127.0.0.1:{run.port}/"
     deadline = time.monotonic() + deadline_s
+    next_look = 0.0
     while time.monotonic() < deadline:
-        if (
-            run.runtime == "bwrap"
-            and run.pid is not None
-            and not process_alive(run.pid, run.pid_start)
-        ):
-            msg = f"the sleeve exited during start-up; see {run.log}"
-            raise LauncherError(msg)
+        if time.monotonic() >= next_look:  # a process check is cheap; `docker inspect` is not
+            next_look = time.monotonic() + (1.0 if run.runtime == "docker" else 0.0)
+            if not _still_starting(run):
+                where = run.log if run.log else f"`docker logs {run.container}`"
+                msg = f"the sleeve exited during start-up; see {where}"
+                raise LauncherError(msg)
         try:
             with urllib.request.urlopen(url + "health", timeout=2) as resp:  # noqa: S310 - fixed http://127.0.0.1 URL
                 if resp.status == 200 and "status" in json.loads(resp.read()):
@@ -234,6 +234,12 @@ def wait_healthy(run: Run, deadline_s: float) -> str:
     if run.log:
         msg += f"; see {run.log}"
     raise LauncherError(msg)
+
+
+def _still_starting(run: Run) -> bool:
+    if run.runtime == "docker":
+        return engine.container_state(run.container or "") in ("created", "running", "restarting")
+    return run.pid is not None and process_alive(run.pid, run.pid_start)
 
 
 def new_run_id() -> str:
