@@ -1,0 +1,57 @@
+"""A stand-in `docker` client for the launcher tests, at the OS seam only.
+
+No Docker engine runs on the test machines (the image tests start a private one); this script
+records every call (argv + which variables it got) to $FAKE_DOCKER_LOG and answers like the
+client would. `run` starts a tiny real HTTP server on the published port, so `sleeve run`
+waits on a real /health, and records its pid in $FAKE_DOCKER_LOG.pids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+SERVER = """
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"status": "healthy", "uptime": 0}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body)))
+        self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    log = os.environ["FAKE_DOCKER_LOG"]
+    with open(log, "a") as fh:
+        fh.write(json.dumps({"argv": args, "env": sorted(os.environ)}) + "\n")
+    command = args[0] if args else ""
+    if command == "version":
+        print("27.0.0")
+    elif command == "ps":
+        print(os.environ.get("FAKE_DOCKER_PS", ""), end="")
+    elif command == "inspect":
+        print("running")
+    elif command == "run":
+        publish = args[args.index("--publish") + 1]
+        port = publish.split(":")[1]
+        server = subprocess.Popen(
+            [sys.executable, "-c", SERVER, port],
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        with open(log + ".pids", "a") as fh:
+            fh.write(f"{server.pid}\n")
+        print("0123456789ab")
+        server.returncode = 0  # detached on purpose; stop the Popen destructor from warning
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
