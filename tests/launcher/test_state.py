@@ -194,3 +194,22 @@ def test_ps_adopts_a_running_waiter_without_a_record(
         os.waitpid(pid, 0)
     runs = json.loads(sleeve("ps", "--json").out)
     assert [r["status"] for r in runs] == [STOPPED]
+
+
+def test_garbage_state_is_rebuilt_from_the_runs_still_alive(
+    home: Path, sleeve: Callable[..., Result]
+) -> None:
+    home.mkdir(mode=0o700)
+    pid, start = start_waiter(home, "alive-1", LIVES_UNTIL_KILLED)
+    try:
+        wait_until(lambda: "sidecar.launcher.waiter" in " ".join(psutil.Process(pid).cmdline()))
+        StateStore(home).upsert(
+            Run("alive-1", "proj_1", 1, "abcd0123", "bwrap", "shell", pid=pid, pid_start=start)
+        )
+        (home / "state.json").write_bytes(b'{"version": 1, "runs": [{"id": "alive-1", "pro')
+        runs = json.loads(sleeve("ps", "--json").out)
+        assert [(r["id"], r["status"], r["pid"]) for r in runs] == [("alive-1", RUNNING, pid)]
+        assert any(p.name.startswith("state.json.corrupt-") for p in home.iterdir())
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        os.waitpid(pid, 0)
