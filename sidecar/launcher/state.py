@@ -110,7 +110,7 @@ class StateStore:
         try:
             data = json.loads(text)
             return [Run.from_dict(item) for item in data["runs"]]
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # any malformed shape
             aside = self.path.with_name(f"state.json.corrupt-{int(time.time())}")
             os.replace(self.path, aside)
             logger.warning(

@@ -128,7 +128,10 @@ def test_parallel_writers_lose_no_record(home: Path) -> None:
     assert sorted(r.id for r in StateStore(home).read()) == sorted(f"r{i}" for i in range(12))
 
 
-@pytest.mark.parametrize("garbage", [b"", b'{"version": 1, "runs": [{"id"', b"\x00\xffnot json"])
+@pytest.mark.parametrize(
+    "garbage",
+    [b"", b'{"version": 1, "runs": [{"id"', b"\x00\xffnot json", b'{"runs": {"a": 1}}', b"[]"],
+)
 def test_corrupt_state_is_set_aside_and_rebuilt(
     home: Path, sleeve: Callable[..., Result], garbage: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
