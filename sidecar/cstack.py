@@ -79,9 +79,10 @@ _NEEDS_ESCAPE = re.compile(r"\\* {0,3}##(?:[ \t]|$)")
 _CHECKBOX = re.compile(r"\s*(?:[-*+]|\d{1,9}[.)])[ \t]+\[([ xX])\]")
 _LIST_ITEM = re.compile(r"\s*(?:[-*+]|\d{1,9}[.)])(?:[ \t]+(.*))?")
 _RULE = re.compile(r"\s*([-*_=])(?:\s*\1){2,}\s*")
-_COMMENT = re.compile(r"\s*<!--.*-->\s*")
+_BOX = re.compile(r"\[([ xX])\][ \t]*")
 _WORD = re.compile(r"[a-z]+")
 _NONE_MARKERS = frozenset({"none", "n/a", "na", "nothing", "no blockers", "-"})
+_MAX_DUP_WARNINGS = 5  # a file of thousands of headings must not make /status huge
 _TITLES = {"status": "Status", "task": "Task"}
 _ALIASES = {
     "current task": "task",
@@ -109,7 +110,12 @@ def _content(line: str) -> str:
 
 
 def _section_key(title: str) -> str:
-    name = re.sub(r"[ \t]+#+$", "", title.strip())  # optional closing hashes (`## Task ##`)
+    name = title.strip()
+    # Optional closing hashes (`## Task ##`). Not a regex: `[ \t]+#+$` is quadratic on a long
+    # run of spaces, and this runs on every heading of an untrusted file.
+    bare = name.rstrip("#")
+    if bare != name and (not bare or bare[-1] in " \t"):
+        name = bare
     name = name.strip().strip("*_`").strip().rstrip(":").strip()
     name = " ".join(name.lower().split())
     return _ALIASES.get(name, name)
@@ -140,15 +146,19 @@ def _scan(contents: list[str]) -> list[_Section]:
 def _first_sections(sections: list[_Section], warnings: list[str] | None) -> dict[str, _Section]:
     """The first section of each name wins (that is the one a reader's eye finds first too)."""
     first: dict[str, _Section] = {}
+    dups = 0
     for sec in sections:
-        if sec.key in first:
-            if warnings is not None:
-                warnings.append(
-                    f"duplicate '## {sec.title}' section at line {sec.head + 1} ignored"
-                    f" (the one at line {first[sec.key].head + 1} is used)"
-                )
-        else:
+        if sec.key not in first:
             first[sec.key] = sec
+            continue
+        dups += 1
+        if warnings is not None and dups <= _MAX_DUP_WARNINGS:
+            warnings.append(
+                f"duplicate '## {_short(sec.title)}' section at line {sec.head + 1} ignored"
+                f" (the one at line {first[sec.key].head + 1} is used)"
+            )
+    if warnings is not None and dups > _MAX_DUP_WARNINGS:
+        warnings.append(f"{dups - _MAX_DUP_WARNINGS} more duplicate sections ignored")
     return first
 
 
@@ -166,8 +176,33 @@ def _short(value: str, limit: int = 80) -> str:
     return value if len(value) <= limit else value[: limit - 1] + "…"
 
 
+def _visible(body: list[str]) -> list[str]:
+    """Non-blank lines outside HTML comments (templates often explain a section in one)."""
+    out: list[str] = []
+    in_comment = False
+    for line in body:
+        kept: list[str] = []  # pieces outside comments; one pass over the line, no rebuilding
+        pos = 0
+        while pos <= len(line):
+            if in_comment:
+                end = line.find("-->", pos)
+                if end < 0:
+                    break
+                in_comment, pos = False, end + 3
+            else:
+                start = line.find("<!--", pos)
+                kept.append(line[pos:] if start < 0 else line[pos:start])
+                if start < 0:
+                    break
+                in_comment, pos = True, start + 4
+        rest = "".join(kept)
+        if rest.strip():
+            out.append(rest)
+    return out
+
+
 def _parse_status(body: list[str], warnings: list[str]) -> str:
-    raw = next((line.strip() for line in body if line.strip()), "")
+    raw = next((line.strip() for line in _visible(body)), "")
     if not raw:
         warnings.append("'## Status' section is empty")
         return "unknown"
@@ -188,27 +223,30 @@ def _known() -> str:
     return ", ".join(sorted(_WRITABLE))
 
 
-def _is_noise(line: str) -> bool:
-    return bool(_RULE.fullmatch(line) or _COMMENT.fullmatch(line))
+def _parse_items(body: list[str], *, drop_checked: bool = False) -> tuple[str, ...]:
+    """List items (`-`, `*`, `+`, `1.`), or plain lines; indented plain lines continue an item.
 
-
-def _parse_items(body: list[str]) -> tuple[str, ...]:
-    """List items (`-`, `*`, `+`, `1.`), or plain lines; indented plain lines continue an item."""
-    items: list[str] = []
-    for line in body:
-        if not line.strip() or _is_noise(line):
+    A checkbox is taken off the item; with drop_checked a ticked item (a resolved blocker) is
+    left out.
+    """
+    parts: list[list[str]] = []  # each item's lines, joined once at the end (linear time)
+    for line in _visible(body):
+        if _RULE.fullmatch(line):
             continue
         m = _LIST_ITEM.fullmatch(line)
         if m:
-            items.append((m.group(1) or "").strip())
-        elif items and line[:1] in (" ", "\t"):
-            items[-1] = f"{items[-1]} {line.strip()}".strip()
+            parts.append([(m.group(1) or "").strip()])
+        elif parts and line[:1] in (" ", "\t"):
+            parts[-1].append(line.strip())
         else:
-            items.append(line.strip())
+            parts.append([line.strip()])
     out = []
-    for item in items:
-        marker = item.strip("()*_`. ").lower()
-        if item and marker not in _NONE_MARKERS:
+    for raw in (" ".join(p for p in item if p) for item in parts):
+        box = _BOX.match(raw)
+        if box and drop_checked and box.group(1) != " ":
+            continue
+        item = raw[box.end() :] if box else raw
+        if item and item.strip("()*_`. ").lower() not in _NONE_MARKERS:
             out.append(item)
     return tuple(out)
 
@@ -256,7 +294,7 @@ def parse_current(text: str) -> CurrentState:
         task = "\n".join(_unescape_task(line) for line in task_body).strip() or None
 
     total = completed = 0
-    for line in body("progress") or []:
+    for line in _visible(body("progress") or []):
         m = _CHECKBOX.match(line)
         if m:
             total += 1
@@ -267,7 +305,7 @@ def parse_current(text: str) -> CurrentState:
         task=task,
         progress_total=total,
         progress_completed=completed,
-        blockers=_parse_items(body("blockers") or []),
+        blockers=_parse_items(body("blockers") or [], drop_checked=True),
         next_steps=_parse_items(body("next steps") or []),
         warnings=tuple(warnings),
     )

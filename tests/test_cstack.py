@@ -175,6 +175,36 @@ def test_blockers_as_list_items_or_plain_lines() -> None:
     )
 
 
+def test_html_comments_are_not_content() -> None:
+    """Templates explain sections in comments; the values are what is outside them."""
+    text = md("""
+        ## Status
+        <!-- one of: idle | working
+             | blocked | done -->
+        **blocked**
+        ## Progress
+        <!--
+        - [ ] example item
+        -->
+        - [x] real item <!-- inline note -->
+        ## Blockers
+        <!-- list them here -->
+        - DB credentials <!-- ask ops -->
+    """)
+    state = parse_current(text)
+    assert state.status == "blocked"
+    assert (state.progress_total, state.progress_completed) == (1, 1)
+    assert state.blockers == ("DB credentials",)
+    assert state.warnings == ()
+
+
+def test_checkboxes_in_blockers_and_next_steps() -> None:
+    text = "## Blockers\n- [x] resolved\n- [ ] open one\n## Next Steps\n- [ ] a\n- [x] b\n"
+    state = parse_current(text)
+    assert state.blockers == ("open one",)
+    assert state.next_steps == ("a", "b")
+
+
 def test_multi_line_task_and_deeper_headings_stay_in_the_task() -> None:
     text = "## Task\nBuild the thing\n\n### Details\nwith care\n\n## Progress\n"
     assert parse_current(text).task == "Build the thing\n\n### Details\nwith care"
@@ -247,6 +277,23 @@ def test_read_50_mb_file_reads_only_the_limit(tmp_path: Path) -> None:
     assert 0 < state.progress_total <= MAX_CURRENT_BYTES // len(line)
     assert any("larger than" in w for w in state.warnings)
     assert elapsed < 5, "reading must not scale with the file size"
+
+
+ADVERSARIAL = {
+    "heading with a long run of spaces": "## a" + " " * MAX_CURRENT_BYTES + "b\n",
+    "many comments on one line": "## Status\n" + "<!-- a -->" * (MAX_CURRENT_BYTES // 10),
+    "one very long continued item": "## Blockers\n- a\n" + " b\n" * (MAX_CURRENT_BYTES // 3),
+    "thousands of duplicate sections": "## Task\n" * (MAX_CURRENT_BYTES // 8),
+    "list markers without end": "## Blockers\n" + "- " * (MAX_CURRENT_BYTES // 2) + "x",
+}
+
+
+@pytest.mark.parametrize("name", ADVERSARIAL)
+def test_adversarial_input_at_the_size_limit_parses_quickly(name: str) -> None:
+    started = time.monotonic()
+    state = parse_current(ADVERSARIAL[name])
+    assert time.monotonic() - started < 5, "parsing must stay linear in the input"
+    assert len(state.warnings) <= 10, "warnings stay bounded"
 
 
 def test_multibyte_character_cut_at_the_limit_is_not_invalid_utf8(tmp_path: Path) -> None:
