@@ -84,14 +84,13 @@ _WORD = re.compile(r"[a-z]+")
 _NONE_MARKERS = frozenset({"none", "n/a", "na", "nothing", "no blockers", "-"})
 _MAX_DUP_WARNINGS = 5  # a file of thousands of headings must not make /status huge
 _TITLES = {"status": "Status", "task": "Task"}
+# Only unambiguous spellings: a looser alias (`## Goal`) would turn a file that has both
+# sections into a confusing "duplicate" warning.
 _ALIASES = {
     "current task": "task",
-    "goal": "task",
     "current status": "status",
-    "state": "status",
     "blocker": "blockers",
     "next step": "next steps",
-    "next": "next steps",
 }
 
 
