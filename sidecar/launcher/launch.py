@@ -62,6 +62,8 @@ def observe(home: Path, *, docker: bool, adopt_bwrap: bool = False) -> list[Run]
         return []  # nothing recorded, nothing found: a listing creates no files
     with store.transaction() as runs:
         reconcile(runs, containers, orphans=orphans)
+        if docker and containers is None and any(r.active and r.runtime == "docker" for r in runs):
+            logger.warning("runtime docker is not answering; docker sleeves shown as last recorded")
         return list(runs)
 
 
