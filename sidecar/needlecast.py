@@ -1,0 +1,653 @@
+"""Needlecast message files (`.needlecast/inbox.md`, `.needlecast/outbox.md`) <-> messages.
+
+Parsing is pure: text in, messages plus warnings out, never an exception for a bad file.
+Writes go through :class:`Mailbox`: one ``flock`` shared by every writer, journalled appends and
+temp file + fsync + rename rewrites, so no reader or crash ever sees a torn file.
+
+Boundary rule
+-------------
+A message is an opening ``---`` line, YAML header lines, a closing ``---`` line, then the body.
+
+* A *separator* is a line holding only ``---`` (trailing spaces/tabs and a CR before the LF are
+  tolerated, so CRLF files parse).
+* A separator *opens* a message when the next line starts with a YAML key (``name:``); the next
+  separator closes the header. The body runs from there to the next opening separator or the end
+  of the file. A separator not followed by a key line is body text (a hand-written markdown rule).
+* Escaping: when writing, a body line made of zero or more backslashes and a separator gets one
+  more leading backslash; reading takes one away. No written body line is therefore ever a
+  separator, and any body round-trips (``---`` lines, YAML-looking text, CRLF, no final newline).
+* The writer ends every message with ``"\\n\\n"`` (line end plus a blank line) and reading removes
+  exactly that; for hand-written files it removes ``"\\r\\n\\r\\n"``, ``"\\r\\n"`` or ``"\\n"``.
+
+Header values are single-line strings (``to`` and ``thread`` may be absent). A header with no
+``id`` gets a stable derived id ``noid-<12 hex>`` (reported as a warning) so it can still be acked.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import datetime as dt
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import yaml
+from frontmatter.default_handlers import YAMLHandler
+
+logger = logging.getLogger(__name__)
+
+MESSAGE_TYPES = frozenset({"task", "question", "response", "milestone", "directive", "blocked"})
+#: Bytes of a message file that a read parses; past it the answer is marked truncated, and
+#: appends are refused (an envoy acks what it saw and reads again to see the rest).
+MAX_FILE_BYTES = 16 * 1024 * 1024
+#: At most this many warnings are reported for one file (a garbage file would flood otherwise).
+MAX_WARNINGS = 100
+NEEDLECAST_DIR = ".needlecast"
+
+# No `^`: a literal first lets the regex engine skip ahead fast; _scan checks the line start.
+_SEP = re.compile(r"---[ \t]*\r?$", re.MULTILINE)
+_KEY_LINE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*:(?=[ \t\r\n]|\Z)")
+_ESCAPABLE = re.compile(r"^(\\*---[ \t]*\r?)$", re.MULTILINE)
+_ESCAPED = re.compile(r"^\\(\\*---[ \t]*\r?)$", re.MULTILINE)
+# Values YAML reads back as the very same string: a word starting with a letter (minus YAML 1.1's
+# bool/null words) or a whole-second UTC timestamp (YAML makes it a datetime, which we format back
+# to the same text). Lines like this skip the YAML parser, which is what makes 10k messages fast.
+_PLAIN_VALUE = r"[A-Za-z][A-Za-z0-9_-]*|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z"
+_FAST_LINE = re.compile(rf"^([A-Za-z_][A-Za-z0-9_-]*): +({_PLAIN_VALUE}) *\r?$", re.MULTILINE)
+_PLAIN = re.compile(rf"(?:{_PLAIN_VALUE})\Z")
+_YAML_WORDS = frozenset(
+    form
+    for word in ("yes", "no", "true", "false", "on", "off", "null")
+    for form in (word, word.capitalize(), word.upper())
+)
+# Characters YAML or our line splitting treat as line breaks, and other controls: never in a header.
+_BAD_HEADER_CHARS = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029\ufeff\ud800-\udfff]")
+_YAML = YAMLHandler()  # python-frontmatter's handler: CSafeLoader/CSafeDumper when available
+_RACY_NS = 2_000_000_000  # a file changed this recently may change again within one mtime tick
+
+
+class NeedlecastError(Exception):
+    """A message file cannot be read or written."""
+
+
+class UnsafePathError(NeedlecastError):
+    """`.needlecast/` or a message file leads outside the workspace (symlink)."""
+
+
+class MailboxFullError(NeedlecastError):
+    """The message file is past :data:`MAX_FILE_BYTES`; appends are refused until it drains."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    id: str
+    sender: str | None  # the `from` field
+    type: str | None
+    time: str | None
+    body: str = ""
+    to: str | None = None
+    thread: str | None = None
+
+    def to_json(self) -> dict[str, str | None]:
+        """The contract's JSON shape."""
+        return {
+            "id": self.id,
+            "from": self.sender,
+            "to": self.to,
+            "thread": self.thread,
+            "type": self.type,
+            "content": self.body,
+            "timestamp": self.time,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class ParseResult:
+    messages: tuple[Message, ...]
+    warnings: tuple[str, ...]
+    truncated: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoveResult:
+    removed: int  # messages taken out of the file
+    unknown: tuple[str, ...]  # asked-for ids that were not there
+
+
+def new_message_id() -> str:
+    return f"msg-{secrets.token_hex(6)}"
+
+
+def utc_now() -> str:
+    """RFC 3339 UTC with a Z, whole seconds."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---------------------------------------------------------------- rendering (pure)
+
+
+def has_bad_header_chars(value: str) -> bool:
+    """True if `value` cannot be a header value (line breaks, controls, lone surrogates)."""
+    return _BAD_HEADER_CHARS.search(value) is not None
+
+
+def _render_field(key: str, value: str) -> str:
+    if has_bad_header_chars(value):
+        msg = f"header field {key!r} must be one line of printable text"
+        raise ValueError(msg)
+    if _PLAIN.match(value) and value not in _YAML_WORDS:
+        return f"{key}: {value}\n"
+    return _YAML.export({key: value}, width=1_000_000, sort_keys=False) + "\n"
+
+
+def render_message(message: Message) -> str:
+    """One message as file text; raises ValueError for a header value that cannot be one line."""
+    if not message.id:
+        msg = "a message needs an id"
+        raise ValueError(msg)
+    parts = ["---\n", _render_field("id", message.id)]
+    for key, value in (
+        ("from", message.sender),
+        ("to", message.to),
+        ("thread", message.thread),
+        ("type", message.type),
+        ("time", message.time),
+    ):
+        if value is not None:
+            parts.append(_render_field(key, value))
+    parts.append("---\n")
+    parts.append(_ESCAPABLE.sub(r"\\\1", message.body))
+    parts.append("\n\n")
+    return "".join(parts)
+
+
+def render_messages(messages: Iterable[Message]) -> str:
+    return "".join(render_message(m) for m in messages)
+
+
+# ---------------------------------------------------------------- parsing (pure)
+
+
+class _Segment(NamedTuple):
+    start: int  # offset of the opening separator
+    header_start: int
+    header_end: int  # offset of the closing separator
+    body_start: int
+    end: int  # where the next message (or the unparsed rest) begins
+
+
+class _Scan(NamedTuple):
+    segments: list[_Segment]
+    tail: int  # start of an unterminated header (ignored), else len(text)
+    problems: list[tuple[int, str]]  # (offset, warning)
+
+
+def _scan(text: str) -> _Scan:
+    """Split text into message segments by the boundary rule (see the module docstring)."""
+    seps = [
+        (m.start(), m.end())
+        for m in _SEP.finditer(text)
+        if m.start() == 0 or text[m.start() - 1] == "\n"
+    ]
+    problems: list[tuple[int, str]] = []
+    opens: list[tuple[int, int, int, int]] = []
+    tail = len(text)
+    i = 0
+    while i < len(seps):
+        start, end = seps[i]
+        if not _KEY_LINE.match(text, end + 1):
+            i += 1  # a `---` inside a body, not followed by a header
+            continue
+        if i + 1 == len(seps):
+            problems.append((start, "header is never closed by a '---' line; rest ignored"))
+            tail = start
+            break
+        close_start, close_end = seps[i + 1]
+        opens.append((start, end + 1, close_start, min(close_end + 1, len(text))))
+        i += 2
+    first = opens[0][0] if opens else tail
+    if text[:first].strip():
+        problems.append((0, "text outside any message ignored"))
+    segments = [
+        _Segment(s, hs, he, bs, opens[k + 1][0] if k + 1 < len(opens) else tail)
+        for k, (s, hs, he, bs) in enumerate(opens)
+    ]
+    return _Scan(segments, tail, problems)
+
+
+def _strip_body(raw: str) -> str:
+    if raw.endswith("\n\n"):
+        return raw[:-2]
+    for ending in ("\r\n\r\n", "\r\n", "\n"):
+        if raw.endswith(ending):
+            return raw[: -len(ending)]
+    return raw
+
+
+def _load_header(header: str) -> tuple[dict[object, object] | None, str, int]:
+    """Header text -> (mapping or None, problem, offset of the problem within the header)."""
+    found = _FAST_LINE.findall(header)
+    if found and len(found) == header.count("\n"):
+        fast: dict[object, object] = dict(found)
+        if _YAML_WORDS.isdisjoint(fast.values()):
+            return fast, "", 0
+    try:
+        data = _YAML.load(header)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        return None, f"malformed YAML header ({problem})", getattr(mark, "index", 0) or 0
+    if not isinstance(data, dict):
+        return None, "header is not a YAML mapping", 0
+    return data, "", 0
+
+
+def _format_time(value: dt.datetime) -> str:
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC)
+    text = value.strftime("%Y-%m-%dT%H:%M:%S")
+    if value.microsecond:
+        text += f".{value.microsecond:06d}".rstrip("0")
+    return text + "Z"
+
+
+def _field(data: dict[object, object], key: str) -> tuple[str | None, str]:
+    value = data.get(key)
+    if value is None or isinstance(value, str):
+        return value, ""
+    if isinstance(value, dt.datetime):
+        return _format_time(value), ""
+    if isinstance(value, dt.date):
+        return value.isoformat(), ""
+    if isinstance(value, bool | int | float):
+        return str(value), ""
+    return None, f"field {key!r} is not a single value; ignored"
+
+
+def _derived_id(header: str, body: str) -> str:
+    digest = hashlib.sha256(f"{header}\0{body}".encode("utf-8", "surrogateescape"))
+    return f"noid-{digest.hexdigest()[:12]}"
+
+
+def _segment_id(text: str, seg: _Segment, data: dict[object, object]) -> tuple[str, str]:
+    """(id, problem) of a parsed segment; a missing id is derived from the segment's text."""
+    ident, problem = _field(data, "id")
+    if ident:
+        return ident, problem
+    header = text[seg.header_start : seg.header_end]
+    derived = _derived_id(header, _strip_body(text[seg.body_start : seg.end]))
+    return derived, f"message has no id; it is given the id {derived}"
+
+
+def parse_messages(text: str) -> ParseResult:
+    """Messages and warnings ("line N: ...") from a message file's text. Never raises."""
+    scan = _scan(text)
+    problems = list(scan.problems)
+    messages: list[Message] = []
+    first_seen: dict[str, int] = {}
+    duplicates: list[tuple[int, str, int]] = []  # (offset, id, offset of its first use)
+    for seg in scan.segments:
+        data, problem, where = _load_header(text[seg.header_start : seg.header_end])
+        if data is None:
+            problems.append((seg.header_start + where, f"message skipped: {problem}"))
+            continue
+        ident, problem = _segment_id(text, seg, data)
+        if problem:
+            problems.append((seg.start, problem))
+        fields: dict[str, str | None] = {}
+        for key in ("from", "to", "thread", "type", "time"):
+            fields[key], problem = _field(data, key)
+            if problem:
+                problems.append((seg.start, f"message {ident}: {problem}"))
+        for key in ("from", "type", "time"):
+            if fields[key] is None:
+                problems.append((seg.start, f"message {ident}: no {key!r}"))
+        if fields["type"] is not None and fields["type"] not in MESSAGE_TYPES:
+            problems.append((seg.start, f"message {ident}: unknown type {fields['type']!r}"))
+        if ident in first_seen:
+            duplicates.append((seg.start, ident, first_seen[ident]))
+        else:
+            first_seen[ident] = seg.start
+        body = _strip_body(text[seg.body_start : seg.end])
+        if "---" in body:
+            body = _ESCAPED.sub(r"\1", body)
+        messages.append(
+            Message(
+                id=ident,
+                sender=fields["from"],
+                type=fields["type"],
+                time=fields["time"],
+                body=body,
+                to=fields["to"],
+                thread=fields["thread"],
+            )
+        )
+    return ParseResult(tuple(messages), _number_warnings(text, problems, duplicates))
+
+
+def _number_warnings(
+    text: str, problems: list[tuple[int, str]], duplicates: list[tuple[int, str, int]]
+) -> tuple[str, ...]:
+    """Offsets -> "line N: ..." (line numbers are only computed when something is wrong)."""
+    if not problems and not duplicates:
+        return ()
+    newlines = [m.start() for m in re.finditer("\n", text)]
+
+    def line(pos: int) -> int:
+        return bisect.bisect_left(newlines, pos) + 1
+
+    for pos, ident, first in duplicates[:MAX_WARNINGS]:
+        problems.append((pos, f"duplicate id {ident} (first at line {line(first)})"))
+    problems.sort(key=lambda p: p[0])
+    out = [f"line {line(pos)}: {problem}" for pos, problem in problems[:MAX_WARNINGS]]
+    if len(problems) > MAX_WARNINGS:
+        out.append(f"... and {len(problems) - MAX_WARNINGS} more warnings")
+    return tuple(out)
+
+
+def _decode(data: bytes) -> tuple[str, int]:
+    """Text (undecodable bytes kept as surrogates, so a rewrite puts them back untouched) and the
+    offset of the first bad byte, or -1."""
+    try:
+        return data.decode("utf-8"), -1
+    except UnicodeDecodeError as exc:
+        return data.decode("utf-8", "surrogateescape"), exc.start
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean(value: str | None) -> str | None:
+    return None if value is None else _SURROGATE.sub("\ufffd", value)
+
+
+# ---------------------------------------------------------------- files
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class Mailbox:
+    """One message file (`inbox` or `outbox`) in `<workspace>/.needlecast/`.
+
+    Every writer (append, remove; any process) holds an exclusive ``flock`` on
+    `.needlecast/.<name>.md.lock`; readers hold a shared one just while reading the bytes, so they
+    never see an append half-written. Rewrites go to a temp file in the same directory, are
+    fsynced and renamed over the file, so a reader or a crash sees the old or the new version.
+    An append is one O_APPEND write plus fsync; before it, the writer records the file's size in
+    the lock file (the journal) and clears it after. A journal left by a writer killed mid-write
+    tells readers where the file really ends and makes the next writer cut the torn tail off.
+    """
+
+    def __init__(self, workspace: Path, name: str, *, max_bytes: int = MAX_FILE_BYTES) -> None:
+        self.workspace = workspace
+        self.filename = f"{name}.md"
+        self.lockname = f".{name}.md.lock"
+        self.max_bytes = max_bytes
+        self.parse_count = 0  # how many times the file was really parsed (the cache's witness)
+        self._cache: tuple[tuple[int, ...], ParseResult] | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.workspace / NEEDLECAST_DIR / self.filename
+
+    def _open_dir(self, *, create: bool) -> int | None:
+        """A descriptor of `.needlecast/` (None if missing and not `create`); every file operation
+        goes through it, so a symlink swapped in later is never followed."""
+        root = self.workspace.resolve()
+        real = (root / NEEDLECAST_DIR).resolve()
+        if not real.is_relative_to(root):
+            msg = f"{NEEDLECAST_DIR} resolves to {real}, outside the workspace {root}; refusing"
+            raise UnsafePathError(msg)
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            return os.open(real, flags)
+        except FileNotFoundError:
+            if not create:
+                return None
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(real, 0o700)  # messages are private to the user running the CLI
+        return os.open(real, flags)
+
+    def _open(self, dfd: int, name: str, flags: int) -> int:
+        try:
+            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink: never followed
+                msg = f"{NEEDLECAST_DIR}/{name} is a symlink; refusing to follow it"
+                raise UnsafePathError(msg) from exc
+            raise
+
+    @contextlib.contextmanager
+    def _locked(self, dfd: int, *, exclusive: bool) -> Iterator[int]:
+        fd = self._open(dfd, self.lockname, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield fd
+        finally:
+            os.close(fd)  # closing drops the lock
+
+    @staticmethod
+    def _torn_end(lock_fd: int, st: os.stat_result) -> int | None:
+        """Where the file really ends if a writer died mid-append (journal says so), else None."""
+        raw = os.pread(lock_fd, 128, 0).split()
+        if len(raw) != 4 or raw[0] != b"append" or not all(p.isdigit() for p in raw[1:]):
+            return None
+        inode, start, end = (int(p) for p in raw[1:])
+        if inode == st.st_ino and start <= st.st_size < end:
+            return start
+        return None
+
+    def _repair(self, dfd: int, lock_fd: int) -> None:
+        """Under the exclusive lock: cut a torn append off and clear the journal."""
+        if os.fstat(lock_fd).st_size == 0:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            fd = self._open(dfd, self.filename, os.O_RDWR)
+            try:
+                torn = self._torn_end(lock_fd, os.fstat(fd))
+                if torn is not None:
+                    logger.warning("%s: cutting a torn append off at byte %d", self.path, torn)
+                    os.ftruncate(fd, torn)
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.ftruncate(lock_fd, 0)
+
+    # ------------------------------------------------------------ read
+
+    def read(self) -> ParseResult:
+        """The messages (at most :attr:`max_bytes` of the file), cached by (inode, mtime, size)."""
+        dfd = self._open_dir(create=False)
+        if dfd is None:
+            return ParseResult((), ())
+        try:
+            try:
+                fd = self._open(dfd, self.filename, os.O_RDONLY)
+            except FileNotFoundError:
+                return ParseResult((), ())
+            try:
+                with self._locked(dfd, exclusive=False) as lock_fd:
+                    st = os.fstat(fd)
+                    torn = self._torn_end(lock_fd, st)
+                    key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, torn or -1)
+                    cached = self._cache
+                    if cached is not None and cached[0] == key:
+                        return cached[1]
+                    size = st.st_size if torn is None else torn
+                    data = os.pread(fd, min(size, self.max_bytes), 0)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(dfd)
+        result = self._parse(data, size)
+        # An entry for a file changed within the last moment could outlive a same-size rewrite
+        # in the same mtime tick (git's "racy clean" problem), so only settled files are cached.
+        if time.time_ns() - st.st_mtime_ns > _RACY_NS:
+            self._cache = (key, result)
+        return result
+
+    def _parse(self, data: bytes, size: int) -> ParseResult:
+        self.parse_count += 1
+        text, bad = _decode(data)
+        truncated = size > len(data)
+        if truncated:
+            # Only whole messages: drop the last one, which the limit may have cut.
+            scan = _scan(text)
+            text = text[: scan.segments[-1].start if scan.segments else 0]
+        result = parse_messages(text)
+        warnings = list(result.warnings)
+        messages = result.messages
+        if bad >= 0:
+            line = data.count(b"\n", 0, bad) + 1
+            warnings.insert(0, f"line {line}: not UTF-8; bad bytes shown as U+FFFD")
+            messages = tuple(
+                Message(
+                    id=_clean(m.id) or m.id,
+                    sender=_clean(m.sender),
+                    type=_clean(m.type),
+                    time=_clean(m.time),
+                    body=_clean(m.body) or "",
+                    to=_clean(m.to),
+                    thread=_clean(m.thread),
+                )
+                for m in messages
+            )
+        if truncated:
+            warnings.append(
+                f"{self.filename} is {size} bytes; only the messages in its first "
+                f"{self.max_bytes} bytes are listed, ack them to see the rest"
+            )
+        return ParseResult(messages, tuple(warnings), truncated)
+
+    # ------------------------------------------------------------ write
+
+    def append(self, message: Message) -> None:
+        """Add one message at the end (raises MailboxFullError past :attr:`max_bytes`)."""
+        data = render_message(message).encode()
+        dfd = self._open_dir(create=True)
+        assert dfd is not None
+        try:
+            with self._locked(dfd, exclusive=True) as lock_fd:
+                self._repair(dfd, lock_fd)
+                fd = self._open(dfd, self.filename, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+                try:
+                    st = os.fstat(fd)
+                    if st.st_size >= self.max_bytes:
+                        msg = f"{self.filename} holds {st.st_size} bytes (limit {self.max_bytes})"
+                        raise MailboxFullError(msg)
+                    if st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
+                        data = b"\n" + data  # a hand-written last line without its newline
+                    end = st.st_size + len(data)
+                    os.pwrite(lock_fd, f"append {st.st_ino} {st.st_size} {end}\n".encode(), 0)
+                    _write_all(fd, data)
+                    os.fsync(fd)
+                    if st.st_size == 0:
+                        os.fsync(dfd)  # the file may be new: make its name durable too
+                finally:
+                    os.close(fd)
+                os.ftruncate(lock_fd, 0)
+        finally:
+            os.close(dfd)
+
+    def remove(self, ids: Iterable[str]) -> RemoveResult:
+        """Take exactly the messages with these ids out (within the first :attr:`max_bytes`, the
+        part :meth:`read` shows); everything else stays byte for byte."""
+        wanted = set(ids)
+        dfd = self._open_dir(create=False)
+        if dfd is None or not wanted:
+            if dfd is not None:
+                os.close(dfd)
+            return RemoveResult(0, tuple(sorted(wanted)))
+        try:
+            with self._locked(dfd, exclusive=True) as lock_fd:
+                self._repair(dfd, lock_fd)
+                self._drop_stale_temps(dfd)
+                try:
+                    fd = self._open(dfd, self.filename, os.O_RDONLY)
+                except FileNotFoundError:
+                    return RemoveResult(0, tuple(sorted(wanted)))
+                try:
+                    return self._remove_locked(dfd, fd, wanted)
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(dfd)
+
+    def _remove_locked(self, dfd: int, fd: int, wanted: set[str]) -> RemoveResult:
+        size = os.fstat(fd).st_size
+        text, _ = _decode(os.pread(fd, min(size, self.max_bytes), 0))
+        scan = _scan(text)
+        segments = scan.segments
+        head_end = scan.tail
+        if size > self.max_bytes:  # the last segment may be cut: it belongs to the tail
+            head_end = segments[-1].start if segments else 0
+            segments = segments[:-1]
+        kept: list[str] = []
+        pos = 0
+        found: set[str] = set()
+        removed = 0
+        for seg in segments:
+            data, _, _ = _load_header(text[seg.header_start : seg.header_end])
+            if data is None:
+                continue  # unreadable: kept verbatim, never deleted blind
+            ident, _ = _segment_id(text, seg, data)
+            if ident in wanted:
+                kept.append(text[pos : seg.start])
+                pos = seg.end
+                found.add(ident)
+                removed += 1
+        unknown = tuple(sorted(wanted - found))
+        if not removed:
+            return RemoveResult(0, unknown)
+        kept.append(text[pos:head_end])
+        head = "".join(kept).encode("utf-8", "surrogateescape")
+        tail_from = len(text[:head_end].encode("utf-8", "surrogateescape"))
+        self._rewrite(dfd, head, fd, tail_from, size)
+        return RemoveResult(removed, unknown)
+
+    def _rewrite(self, dfd: int, head: bytes, src: int, tail_from: int, size: int) -> None:
+        """New content = head + src[tail_from:size], swapped in atomically."""
+        tmp = f".{self.filename}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        out = self._open(dfd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            try:
+                _write_all(out, head)
+                offset = tail_from
+                while offset < size:  # the tail past the read limit, copied in bounded chunks
+                    chunk = os.pread(src, min(1 << 20, size - offset), offset)
+                    if not chunk:
+                        break
+                    _write_all(out, chunk)
+                    offset += len(chunk)
+                os.fsync(out)
+            finally:
+                os.close(out)
+            os.replace(tmp, self.filename, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        os.fsync(dfd)  # make the rename durable
+        logger.debug("%s rewritten (%d bytes)", self.path, len(head) + size - tail_from)
+
+    def _drop_stale_temps(self, dfd: int) -> None:
+        """Temp files of a rewrite killed before its rename (we hold the lock: none is live)."""
+        prefix = f".{self.filename}.tmp-"
+        for name in os.listdir(dfd):
+            if name.startswith(prefix):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=dfd)
