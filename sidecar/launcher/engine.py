@@ -154,19 +154,19 @@ def copy_sources(dockerfile_text: str) -> list[str]:
     return sources
 
 
+def _wanted(path: Path, context: Path) -> bool:
+    # Caches never change what the image does; leaving them out keeps the checksum stable.
+    return path.suffix != ".pyc" and not _SKIP_PARTS.intersection(path.relative_to(context).parts)
+
+
 def _files(context: Path, pattern: str) -> Iterable[Path]:
-    for match in (
-        sorted(context.glob(pattern.lstrip("/"))) if pattern not in (".", "./") else [context]
-    ):
+    """The files a COPY source names: a glob relative to the context, dirs taken whole."""
+    pattern = pattern.strip("/") or "."
+    matches = [context] if pattern in (".", "./") else sorted(context.glob(pattern))
+    for match in matches:
         if match.is_dir():
-            yield from (
-                p
-                for p in sorted(match.rglob("*"))
-                if p.is_file()
-                and not _SKIP_PARTS.intersection(p.relative_to(context).parts)
-                and p.suffix != ".pyc"
-            )
-        elif match.is_file():
+            yield from (p for p in sorted(match.rglob("*")) if p.is_file() and _wanted(p, context))
+        elif match.is_file() and _wanted(match, context):
             yield match
 
 
