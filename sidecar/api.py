@@ -12,6 +12,7 @@ import hmac
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 SUPERVISOR = web.AppKey("supervisor", Supervisor)
 MAX_BODY = 256 * 1024  # bytes; larger request bodies answer 413
 HEARTBEAT_EVERY = 15.0  # seconds between heartbeat lines on /events
+EVENT_SNDBUF = 64 * 1024
 COOKIE = "sidecar_token"
 Role = Literal["admin", "viewer"]
 PUBLIC = frozenset({"/health"})
@@ -216,6 +218,11 @@ async def events(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"}
     )
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is not None:
+        # A small kernel buffer per stream: a client that stops reading is noticed (and
+        # dropped) after ~EVENT_SNDBUF bytes, not after megabytes of autotuned buffer.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, EVENT_SNDBUF)
     try:
         await response.prepare(request)
         while True:

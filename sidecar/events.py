@@ -34,7 +34,7 @@ class Subscription:
 
 
 class EventBus:
-    def __init__(self, maxsize: int = 1024) -> None:
+    def __init__(self, maxsize: int = 256) -> None:
         self._maxsize = maxsize
         self._subs: set[Subscription] = set()
 

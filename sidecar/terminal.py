@@ -25,7 +25,7 @@ SESSION = web.AppKey("terminal_session", aiohttp.ClientSession)
 # "rows"}); after it every frame starts with one command byte.
 INPUT, RESIZE = ord("0"), ord("1")
 VIEWER_ALLOWED = frozenset({ord("2"), ord("3")})  # pause / resume output: flow control only
-INIT_TIMEOUT = 30.0  # a client that never sends the init message is closed after this
+INIT_TIMEOUT = 10.0  # a client that never sends the init message is closed after this
 MAX_FRAME = 1 << 20
 HOP_HEADERS = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "upgrade", "content-length"}
@@ -98,6 +98,7 @@ async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse
     async with upstream:
         await client.prepare(request)
         viewer = request.get("role") == "viewer"
+        log.info("terminal client connected (%s)", "view-only" if viewer else "read-write")
         tasks = [
             asyncio.create_task(_relay_to_ttyd(client, upstream, viewer)),
             asyncio.create_task(_relay_to_client(upstream, client)),
@@ -109,6 +110,7 @@ async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
     await client.close()
+    log.info("terminal client disconnected")
     return client
 
 

@@ -129,6 +129,9 @@ class Sidecar:
             SIDECAR_STATE_DIR=str(self.state_dir),
             SIDECAR_STOP_GRACE="2",
             SHELL="/bin/bash",
+            # A private HOME: the login shell must not run this machine's profile (pyenv's
+            # rehash lock stalls concurrent shells for up to a minute).
+            HOME=str(self.tmp / "home"),
             PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         )
         env.update(self.env_extra)
@@ -157,11 +160,20 @@ class Sidecar:
         except OSError:
             return False
 
-    def get(self, path: str, **kw: Any) -> tuple[int, Any]:
-        return http("GET", self.url + path, **kw)
+    def _auth(self, headers: dict[str, str] | None) -> dict[str, str]:
+        """The admin token when one is configured, unless the test passes its own headers."""
+        if headers is not None:
+            return headers
+        token = self.env_extra.get("SIDECAR_TOKEN")
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
-    def post(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
-        return http("POST", self.url + path, body, **kw)
+    def get(self, path: str, headers: dict[str, str] | None = None, **kw: Any) -> tuple[int, Any]:
+        return http("GET", self.url + path, headers=self._auth(headers), **kw)
+
+    def post(
+        self, path: str, body: Any = None, headers: dict[str, str] | None = None, **kw: Any
+    ) -> tuple[int, Any]:
+        return http("POST", self.url + path, body, headers=self._auth(headers), **kw)
 
     def status(self) -> dict[str, Any]:
         code, body = self.get("/status")

@@ -1,0 +1,428 @@
+"""The HTTP API of a real sidecar: auth, JSON errors, /resleeve, /events and the /terminal proxy
+(real ttyd, real tmux pane, real WebSocket clients)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import socket
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import aiohttp
+import psutil
+import pytest
+
+from tests.harness import Sidecar, http, py_cli, wait_for, write_cli_config
+
+TOKEN = "admin-token-0123456789"
+VIEW = "viewer-token-9876543210"
+
+
+def tmux(sc: Sidecar, *args: str) -> str:
+    out = subprocess.run(
+        ["tmux", "-S", str(sc.state_dir / "tmux.sock"), *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout
+
+
+def pane_text(sc: Sidecar) -> str:
+    return tmux(sc, "capture-pane", "-p", "-J", "-t", "main")
+
+
+@pytest.fixture
+def secured(make_sidecar: Callable[..., Sidecar]) -> Sidecar:
+    return make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN, "SIDECAR_VIEW_TOKEN": VIEW}).start()
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+# ---- auth -----------------------------------------------------------------------------------
+
+
+def test_health_is_open_and_everything_else_needs_a_token(secured: Sidecar) -> None:
+    assert secured.get("/health")[0] == 200
+    for path in ("/status", "/outbox", "/inbox", "/openapi.json", "/", "/terminal/"):
+        code, body = secured.get(path, headers={})
+        assert code == 401, path
+        assert "error" in body
+    assert secured.post("/resleeve", headers={})[0] == 401
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Authorization": "Bearer wrong-token"},
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": f"Token {TOKEN}"},
+        {"Authorization": TOKEN},
+        {"Authorization": "Bearer "},
+        {"Authorization": f"Bearer {TOKEN}x"},
+    ],
+)
+def test_wrong_tokens_and_schemes_are_refused(secured: Sidecar, headers: dict[str, str]) -> None:
+    code, body = secured.get("/status", headers=headers)
+    assert code == 401
+    assert body["error"]
+
+
+def test_admin_token_opens_everything(secured: Sidecar) -> None:
+    assert secured.get("/status", headers=bearer(TOKEN))[0] == 200
+    code, body = secured.post("/resleeve", {}, headers=bearer(TOKEN))
+    assert code == 202, body
+
+
+def test_view_token_reads_but_cannot_mutate(secured: Sidecar) -> None:
+    assert secured.get("/status", headers=bearer(VIEW))[0] == 200
+    assert secured.get("/outbox", headers=bearer(VIEW))[0] == 200
+    for path, body in (
+        ("/resleeve", {}),
+        ("/inbox", {"from": "x", "type": "task", "content": "y"}),
+        ("/outbox/ack", {"ids": []}),
+    ):
+        code, answer = secured.post(path, body, headers=bearer(VIEW))
+        assert code == 403, path
+        assert "read-only" in answer["error"]
+
+
+def test_query_token_sets_an_httponly_strict_cookie_that_works(secured: Sidecar) -> None:
+    with urllib.request.urlopen(f"{secured.url}/status?token={TOKEN}", timeout=10) as resp:
+        cookie = resp.headers["Set-Cookie"]
+    assert "sidecar_token=" in cookie
+    assert "HttpOnly" in cookie
+    assert "SameSite=Strict" in cookie
+    value = cookie.split(";")[0]
+    assert secured.get("/status", headers={"Cookie": value})[0] == 200
+    assert secured.get("/status", headers={"Cookie": "sidecar_token=nope"})[0] == 401
+
+
+# ---- errors and limits ------------------------------------------------------------------------
+
+
+def test_unknown_route_and_wrong_method_answer_json(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar().start()
+    code, body = sc.get("/nope")
+    assert code == 404
+    assert body["error"]
+    code, body = http("DELETE", sc.url + "/status")
+    assert code == 405
+    assert body["error"]
+
+
+def test_oversized_body_is_413(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar().start()
+    code, body = sc.post("/resleeve", raw=b'{"cli": "' + b"x" * (300 * 1024) + b'"}')
+    assert code == 413
+    assert "limit" in body["error"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        (b"not json", "JSON"),
+        (b"[1, 2]", "object"),
+        (b'"shell"', "object"),
+        (b'{"cli": 5}', "string"),
+        (b'{"cli": ["shell"]}', "string"),
+        (b'{"cli": "shell; touch /tmp/pwned"}', "unknown CLI"),
+        (b'{"cli": "$(touch /tmp/pwned)"}', "unknown CLI"),
+        (b'{"cli": "../../bin/sh"}', "unknown CLI"),
+        (b'{"cli": "/bin/sh"}', "unknown CLI"),
+        (b'{"cli": "shell", "extra": 1}', "unknown fields"),
+    ],
+)
+def test_resleeve_rejects_bad_bodies_and_runs_nothing(
+    make_sidecar: Callable[..., Sidecar], raw: bytes, needle: str
+) -> None:
+    sc = make_sidecar().start()
+    before = sc.status()["cli_pid"]
+    code, body = sc.post("/resleeve", raw=raw)
+    assert code == 400
+    assert needle in body["error"]
+    if needle == "unknown CLI":
+        assert "shell" in body["error"]  # the answer lists the known names
+    assert sc.status()["cli_pid"] == before
+    assert not Path("/tmp/pwned").exists()
+
+
+def test_ten_concurrent_resleeves_give_one_202_and_nine_409(
+    make_sidecar: Callable[..., Sidecar], short_tmp: Path
+) -> None:
+    pid_file = short_tmp / "pf.pid"
+    config = write_cli_config(
+        short_tmp / "clis.yaml", {"pidfile": py_cli("pidfile.py", str(pid_file))}
+    )
+    sc = make_sidecar(env_extra={"SIDECAR_CLI_CONFIG": str(config)}).start()
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        codes = sorted(
+            code
+            for code, _ in pool.map(lambda _: sc.post("/resleeve", {"cli": "pidfile"}), range(10))
+        )
+    assert codes == [202] + [409] * 9
+    status = sc.wait_status(
+        lambda s: s["cli"] == "pidfile" and s["cli_running"] and not s["resleeving"], "pidfile CLI"
+    )
+    assert int(wait_for(lambda: pid_file.read_text(), what="pid file")) == status["cli_pid"]
+
+
+def test_status_shows_a_resleeve_while_it_happens(
+    make_sidecar: Callable[..., Sidecar], short_tmp: Path
+) -> None:
+    pids = short_tmp / "stubborn.pids"
+    config = write_cli_config(
+        short_tmp / "clis.yaml", {"stubborn": py_cli("stubborn.py", str(pids))}
+    )
+    sc = make_sidecar(
+        cli="stubborn", env_extra={"SIDECAR_CLI_CONFIG": str(config), "SIDECAR_STOP_GRACE": "1"}
+    ).start()
+    wait_for(pids.exists, what="stubborn ready")
+    assert sc.post("/resleeve", {"cli": "shell"})[0] == 202
+    during = sc.status()
+    assert during["resleeving"] is True
+    assert during["cli_state"] == "stopping"
+    sc.wait_status(lambda s: not s["resleeving"] and s["cli"] == "shell", "resleeve done")
+
+
+# ---- events ---------------------------------------------------------------------------------
+
+
+async def test_200_event_clients_all_receive_the_resleeve_events(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    sc = make_sidecar().start()
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        streams = [await session.get(sc.url + "/events") for _ in range(200)]
+        try:
+            assert all(r.status == 200 for r in streams)
+            assert all(
+                r.headers["Content-Type"].startswith("application/x-ndjson") for r in streams
+            )
+            await asyncio.to_thread(sc.post, "/resleeve", {})
+
+            async def first_two(resp: aiohttp.ClientResponse) -> list[dict[str, object]]:
+                return [json.loads(await resp.content.readline()) for _ in range(2)]
+
+            got = await asyncio.wait_for(asyncio.gather(*(first_two(r) for r in streams)), 20)
+        finally:
+            for r in streams:
+                r.close()
+    for events in got:
+        assert [e["type"] for e in events] == ["resleeve", "resleeve"]
+        assert [e["phase"] for e in events] == ["started", "done"]
+
+
+async def test_a_client_that_stops_reading_events_is_dropped_without_growing_memory(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    sc = make_sidecar().start()
+    current = sc.workspace / ".cstack" / "CURRENT.md"
+    current.parent.mkdir(parents=True, exist_ok=True)
+    assert sc.proc is not None
+    supervisor = next(
+        p for p in psutil.Process(sc.proc.pid).children() if "sidecar" in " ".join(p.cmdline())
+    )
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: no autotuning
+    sock.connect(("127.0.0.1", sc.port))
+    _, writer = await asyncio.open_connection(sock=sock)
+    writer.write(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    rss_before = supervisor.memory_info().rss
+    async with aiohttp.ClientSession() as session:
+        # Thousands of progress changes (each /status notices one); the client never reads.
+        for i in range(6000):
+            current.write_text("## Status\nworking\n## Progress\n" + "- [x] a\n" * (1 + i % 2))
+            async with session.get(sc.url + "/status") as resp:
+                assert resp.status == 200
+            if i % 500 == 499 and "dropping an /events subscriber" in sc.log():
+                break
+    wait_for(
+        lambda: "dropping an /events subscriber" in sc.log(), timeout=5, what="slow client dropped"
+    )
+    assert supervisor.memory_info().rss - rss_before < 30 * 1024 * 1024
+    assert sc.get("/health")[0] == 200
+    writer.close()
+
+
+# ---- terminal -------------------------------------------------------------------------------
+
+
+class Term:
+    """A ttyd-protocol WebSocket client (subprotocol `tty`)."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.output = b""
+
+    async def init(self) -> None:
+        await self.ws.send_str(json.dumps({"AuthToken": "", "columns": 120, "rows": 40}))
+
+    async def type(self, text: str) -> None:
+        await self.ws.send_bytes(b"0" + text.encode())
+
+    async def wait_output(self, needle: str, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while needle.encode() not in self.output:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"{needle!r} not seen; got {self.output[-500:]!r}")
+            msg = await self.ws.receive(timeout=remaining)
+            if msg.type is aiohttp.WSMsgType.BINARY and msg.data[:1] == b"0":
+                self.output += msg.data[1:]
+            elif msg.type in (
+                aiohttp.WSMsgType.CLOSE,
+                aiohttp.WSMsgType.CLOSED,
+                aiohttp.WSMsgType.ERROR,
+            ):
+                raise AssertionError(f"closed while waiting for {needle!r}")
+
+
+async def connect(
+    session: aiohttp.ClientSession,
+    sc: Sidecar,
+    path: str = "/terminal/ws",
+    token: str | None = None,
+) -> Term:
+    headers = bearer(token) if token else {}
+    ws = await session.ws_connect(sc.url + path, protocols=("tty",), headers=headers)
+    assert ws.protocol == "tty"
+    term = Term(ws)
+    await term.init()
+    return term
+
+
+@pytest.mark.parametrize("path", ["/terminal/ws", "/terminal"])
+async def test_terminal_shows_pane_output_and_takes_writer_input(
+    make_sidecar: Callable[..., Sidecar], path: str
+) -> None:
+    sc = make_sidecar().start()
+    marker = uuid.uuid4().hex[:12]
+    async with aiohttp.ClientSession() as session:
+        term = await connect(session, sc, path)
+        await term.type(f"echo typed-{marker}\r")
+        await term.wait_output(f"typed-{marker}")
+        wait_for(lambda: f"typed-{marker}" in pane_text(sc), what="input reached the pane")
+        tmux(sc, "send-keys", "-t", "main", f"echo printed-{marker.upper()}", "Enter")
+        await term.wait_output(f"printed-{marker.upper()}")
+    # A browser's size never reshapes the CLI's window.
+    assert (
+        tmux(sc, "display-message", "-p", "-t", "main", "#{window_width}x#{window_height}").strip()
+        == "200x50"
+    )
+
+
+async def test_viewer_sees_output_but_its_input_never_reaches_the_pane(secured: Sidecar) -> None:
+    marker = uuid.uuid4().hex[:12]
+    async with aiohttp.ClientSession() as session:
+        viewer = await connect(session, secured, token=VIEW)
+        writer = await connect(session, secured, token=TOKEN)
+        await viewer.type(f"echo viewer-{marker}\r")
+        await viewer.ws.send_bytes(b"1" + json.dumps({"columns": 20, "rows": 5}).encode())
+        await writer.type(f"echo writer-{marker}\r")
+        await viewer.wait_output(f"writer-{marker}")  # the viewer watches the writer's typing
+        await writer.wait_output(f"writer-{marker}")
+    text = pane_text(secured)
+    assert f"writer-{marker}" in text
+    assert f"viewer-{marker}" not in text
+    assert "view-only" in secured.log()
+
+
+async def test_terminal_needs_a_token_when_one_is_set(secured: Sidecar) -> None:
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+            await session.ws_connect(secured.url + "/terminal/ws", protocols=("tty",))
+    assert info.value.status == 401
+
+
+async def test_a_client_that_never_sends_init_is_closed(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    sc = make_sidecar().start()
+    async with aiohttp.ClientSession() as session:
+        ws = await session.ws_connect(sc.url + "/terminal/ws", protocols=("tty",))
+        started = time.monotonic()
+        while True:
+            msg = await ws.receive(timeout=20)
+            if msg.type in (
+                aiohttp.WSMsgType.CLOSE,
+                aiohttp.WSMsgType.CLOSED,
+                aiohttp.WSMsgType.CLOSING,
+            ):
+                break
+        assert time.monotonic() - started < 15
+    assert sc.get("/health")[0] == 200
+
+
+async def test_flooding_input_and_a_stalled_reader_do_not_hurt_the_sidecar(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    sc = make_sidecar().start()
+    assert sc.proc is not None
+    supervisor = next(
+        p for p in psutil.Process(sc.proc.pid).children() if "sidecar" in " ".join(p.cmdline())
+    )
+    rss_before = supervisor.memory_info().rss
+    tmux(sc, "send-keys", "-t", "main", "cat > /dev/null", "Enter")
+    async with aiohttp.ClientSession() as session:
+        flooder = await connect(session, sc)
+        staller = await connect(session, sc)  # never reads another frame
+        line = b"0" + b"#" * 1023 + b"\r"
+        for _ in range(2048):  # 2 MiB of input, as fast as the proxy takes it
+            await flooder.ws.send_bytes(line)
+        await flooder.type("\x03")
+        # Output the stalled reader never reads: 20 MB through the pane.
+        tmux(sc, "send-keys", "-t", "main", "yes | head -c 20000000", "Enter")
+        assert (await asyncio.to_thread(sc.get, "/health"))[0] == 200
+        marker = uuid.uuid4().hex[:10]
+        await flooder.type(f"echo done-{marker}\r")
+        await flooder.wait_output(f"done-{marker}", timeout=60)
+        assert supervisor.memory_info().rss - rss_before < 60 * 1024 * 1024
+        await staller.ws.close()
+
+
+def test_terminal_is_503_with_a_reason_while_ttyd_is_down(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    sc = make_sidecar()
+    # Hold ttyd's port (bound, not listening): ttyd cannot start, connections are refused.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", sc.ttyd_port))
+        sc.start(wait_healthy=False)
+        code, body = sc.get("/terminal/")
+        assert code == 503
+        assert "terminal unavailable" in body["error"]
+        assert sc.status()["ttyd_state"] != "running"
+    # Port free again: ttyd comes back by itself.
+    sc.wait_status(lambda s: s["ttyd_state"] == "running", "ttyd recovered", timeout=15)
+    assert sc.get("/terminal/")[0] == 200
+
+
+def test_openapi_describes_every_route(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar().start()
+    code, spec = sc.get("/openapi.json")
+    assert code == 200
+    assert spec["openapi"].startswith("3.")
+    for path in (
+        "/health",
+        "/status",
+        "/outbox",
+        "/outbox/ack",
+        "/inbox",
+        "/resleeve",
+        "/events",
+        "/terminal",
+        "/",
+        "/openapi.json",
+    ):
+        assert path in spec["paths"], path
