@@ -178,6 +178,20 @@ class Engine:
                 os.kill(self.pid, signal.SIGKILL)
             if self.proc is not None:
                 self.proc.wait(timeout=10)
+        unmount_under(self.root)
+
+
+def unmount_under(root: Path) -> None:
+    """dockerd leaves the bind mount of its host network namespace (exec-root/netns/default)
+    behind on shutdown; the next start would stack another one on it. Deepest first."""
+    prefix = str(root.resolve()) + "/"
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return
+    targets = {ln.split()[4] for ln in lines if ln.split()[4].startswith(prefix)}
+    for target in sorted(targets, key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", target], capture_output=True, check=False, timeout=30)
 
 
 def _engine_paths(root: Path) -> dict[str, Path]:
@@ -224,6 +238,7 @@ def start_engine(root: Path | None = None, timeout: float = 30.0) -> Engine:
     for key in ("data", "exec"):
         paths[key].mkdir(parents=True, exist_ok=True)
     _stop_stale_engine(paths)
+    unmount_under(root)
     paths["pidfile"].unlink(missing_ok=True)
     paths["sock"].unlink(missing_ok=True)
     # our own (empty) config file, so a host /etc/docker/daemon.json cannot change the engine
