@@ -14,6 +14,7 @@ __all__ = ["MESSAGE_TYPES", "STATUS_VALUES", "openapi_spec"]
 
 OPENAPI_VERSION = "3.0.3"
 MESSAGE_TYPES = ("task", "question", "response", "milestone", "directive", "blocked")
+MAX_NAME_CHARS = 256  # longest `from` / `to` / `thread` accepted by POST /inbox
 STATUS_VALUES = ("idle", "working", "blocked", "done", "killed", "unknown")
 EVENT_TYPES = ("progress-update", "completion", "cli-exit", "resleeve", "error", "heartbeat")
 
@@ -68,6 +69,17 @@ def _string_list(description: str) -> dict[str, Any]:
 
 def _nullable(type_: str, description: str, **extra: Any) -> dict[str, Any]:
     return {"type": type_, "nullable": True, "description": description, **extra}
+
+
+def _one_line(description: str) -> dict[str, Any]:
+    # The header fields of a message file: one line of printable text.
+    return {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_NAME_CHARS,
+        "pattern": "^[^\\x00-\\x1f\\x7f\\x85\\u2028\\u2029\\ufeff]*$",
+        "description": description,
+    }
 
 
 def _schemas(cli_names: list[str]) -> dict[str, Any]:
@@ -149,15 +161,18 @@ def _schemas(cli_names: list[str]) -> dict[str, Any]:
         },
         "Message": {
             "type": "object",
+            "description": "A message as read from its file. A hand-written file may lack "
+            "`from`, `type` or `time` (null here) or use another type; such messages are "
+            "passed through and named in `warnings`.",
             "required": ["id", "from", "to", "thread", "type", "content", "timestamp"],
             "properties": {
                 "id": {"type": "string"},
-                "from": {"type": "string"},
+                "from": _nullable("string", "sender"),
                 "to": _nullable("string", "recipient; null: the envoy decides"),
                 "thread": _nullable("string", "conversation this message belongs to"),
-                "type": {"type": "string", "enum": list(MESSAGE_TYPES)},
+                "type": _nullable("string", f"one of {', '.join(MESSAGE_TYPES)}"),
                 "content": {"type": "string", "description": "markdown body"},
-                "timestamp": {"type": "string", "format": "date-time"},
+                "timestamp": _nullable("string", "the message's `time`", format="date-time"),
             },
             "additionalProperties": True,
         },
@@ -166,7 +181,11 @@ def _schemas(cli_names: list[str]) -> dict[str, Any]:
             "required": ["messages"],
             "properties": {
                 "messages": {"type": "array", "items": _ref("Message")},
-                "warnings": _string_list("unreadable parts of the message file, skipped"),
+                "warnings": _string_list("problems in the message file (line N: ...)"),
+                "truncated": {
+                    "type": "boolean",
+                    "description": "the file is over the read limit; only its start was read",
+                },
             },
             "additionalProperties": True,
         },
@@ -174,18 +193,21 @@ def _schemas(cli_names: list[str]) -> dict[str, Any]:
             "type": "object",
             "required": ["from", "type", "content"],
             "properties": {
-                "from": {"type": "string"},
+                "from": _one_line("sender"),
                 "type": {"type": "string", "enum": list(MESSAGE_TYPES)},
                 "content": {"type": "string"},
-                "to": _nullable("string", "recipient"),
-                "thread": _nullable("string", "conversation id"),
+                "to": {**_one_line("recipient"), "nullable": True},
+                "thread": {**_one_line("conversation id"), "nullable": True},
             },
             "additionalProperties": False,
         },
         "MessageCreated": {
             "type": "object",
             "required": ["id"],
-            "properties": {"id": {"type": "string", "description": "id given to the message"}},
+            "properties": {
+                "id": {"type": "string", "description": "id given to the message"},
+                "timestamp": {"type": "string", "format": "date-time"},
+            },
             "additionalProperties": True,
         },
         "AckRequest": {
@@ -242,6 +264,7 @@ _ERRORS = {
     401: "missing or wrong token",
     403: "the view token is read-only",
     409: "conflict: a resleeve is already in progress, or the sidecar is shutting down",
+    507: "no room: the mailbox is full (ack messages) or the disk is",
     413: "request body too large",
     503: "the terminal (ttyd) is not available; retry after `Retry-After` seconds",
 }
@@ -357,7 +380,9 @@ def _paths() -> dict[str, Any]:
                 "postInbox",
                 "messages",
                 "Deliver a message to the sleeve",
-                _responses({"201": _json(_ref("MessageCreated"), "stored")}, 400, 401, 403, 413),
+                _responses(
+                    {"201": _json(_ref("MessageCreated"), "stored")}, 400, 401, 403, 413, 507
+                ),
                 description="The sidecar fills in `id` and the time.",
                 requestBody=_body(_ref("NewMessage")),
             ),
