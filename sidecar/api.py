@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from importlib import resources
 from typing import Any, Literal
 
-from aiohttp import web
+from aiohttp import ClientConnectionResetError, web
 
 from sidecar.api_messages import add_message_routes
 from sidecar.events import utc_now
@@ -233,6 +233,8 @@ async def events(request: web.Request) -> web.StreamResponse:
             if event is None:
                 break  # dropped for not reading
             await response.write(json.dumps(event).encode() + b"\n")
+    except (ConnectionError, ClientConnectionResetError):
+        log.debug("an /events client went away")  # browsers close streams all the time
     finally:
         sup.bus.unsubscribe(sub)
     return response

@@ -110,8 +110,9 @@ def schema(spec: dict[str, Any], name: str) -> dict[str, Any]:
 # --- validity ---------------------------------------------------------------------------------
 
 
-def test_validates_with_openapi_spec_validator_when_installed(spec: dict[str, Any]) -> None:
-    validator = pytest.importorskip("openapi_spec_validator")
+def test_validates_with_openapi_spec_validator(spec: dict[str, Any]) -> None:
+    import openapi_spec_validator as validator
+
     validator.validate(spec)
     validator.validate(openapi_spec(cli_names=[]))
 
