@@ -60,8 +60,8 @@ _KEY_LINE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*:(?=[ \t\r\n]|\Z)")
 _ESCAPABLE = re.compile(r"^(\\*---[ \t]*\r?)$", re.MULTILINE)
 _ESCAPED = re.compile(r"^\\(\\*---[ \t]*\r?)$", re.MULTILINE)
 # Values YAML reads back as the very same string: a word starting with a letter (minus YAML 1.1's
-# bool/null words) or a whole-second UTC timestamp (YAML makes it a datetime, which we format back
-# to the same text). Lines like this skip the YAML parser, which is what makes 10k messages fast.
+# bool/null words) or a timestamp (_HeaderLoader keeps those as the text written). Lines like this
+# skip the YAML parser, which is what makes 10k messages fast.
 _PLAIN_VALUE = r"[A-Za-z][A-Za-z0-9_-]*|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z"
 _FAST_LINE = re.compile(rf"^([A-Za-z_][A-Za-z0-9_-]*): +({_PLAIN_VALUE}) *\r?$", re.MULTILINE)
 _PLAIN = re.compile(rf"(?:{_PLAIN_VALUE})\Z")
@@ -71,8 +71,22 @@ _YAML_WORDS = frozenset(
     for form in (word, word.capitalize(), word.upper())
 )
 # Characters YAML or our line splitting treat as line breaks, and other controls: never in a header.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _BAD_HEADER_CHARS = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029\ufeff\ud800-\udfff]")
-_YAML = YAMLHandler()  # python-frontmatter's handler: CSafeLoader/CSafeDumper when available
+_YAML = YAMLHandler()  # python-frontmatter's YAML front matter loader
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _HeaderLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """Safe YAML, but a timestamp stays the text that was written: `time` is passed on as is,
+    and an impossible date (2026-02-31) is not a reason to drop a message."""
+
+
+def _timestamp_as_text(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> str:
+    return str(loader.construct_scalar(node))
+
+
+_HeaderLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_as_text)
 _RACY_NS = 2_000_000_000  # a file changed this recently may change again within one mtime tick
 
 
@@ -147,7 +161,13 @@ def _render_field(key: str, value: str) -> str:
         raise ValueError(msg)
     if _PLAIN.match(value) and value not in _YAML_WORDS:
         return f"{key}: {value}\n"
-    return _YAML.export({key: value}, width=1_000_000, sort_keys=False) + "\n"
+    # yaml.dump, not frontmatter's exporter: that one strip()s its output, which eats a value
+    # of unicode spaces (U+00A0 becomes an empty field).
+    line = yaml.dump({key: value}, Dumper=_DUMPER, allow_unicode=True, width=1_000_000)
+    if line.count("\n") != 1:
+        msg = f"header field {key!r} does not fit on one line"
+        raise ValueError(msg)
+    return line
 
 
 def render_message(message: Message) -> str:
@@ -241,9 +261,12 @@ def _load_header(header: str) -> tuple[dict[object, object] | None, str, int]:
         fast: dict[object, object] = dict(found)
         if _YAML_WORDS.isdisjoint(fast.values()):
             return fast, "", 0
+    # Undecodable bytes (kept as surrogates, see _decode) would make libyaml reject the header.
+    header = _SURROGATE.sub("\ufffd", header)
     try:
-        data = _YAML.load(header)
-    except yaml.YAMLError as exc:
+        data = _YAML.load(header, Loader=_HeaderLoader)
+    except Exception as exc:
+        # (ValueError, OverflowError, RecursionError ...), and a bad user file must never raise.
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
         return None, f"malformed YAML header ({problem})", getattr(mark, "index", 0) or 0
@@ -252,23 +275,10 @@ def _load_header(header: str) -> tuple[dict[object, object] | None, str, int]:
     return data, "", 0
 
 
-def _format_time(value: dt.datetime) -> str:
-    if value.tzinfo is not None:
-        value = value.astimezone(dt.UTC)
-    text = value.strftime("%Y-%m-%dT%H:%M:%S")
-    if value.microsecond:
-        text += f".{value.microsecond:06d}".rstrip("0")
-    return text + "Z"
-
-
 def _field(data: dict[object, object], key: str) -> tuple[str | None, str]:
     value = data.get(key)
     if value is None or isinstance(value, str):
         return value, ""
-    if isinstance(value, dt.datetime):
-        return _format_time(value), ""
-    if isinstance(value, dt.date):
-        return value.isoformat(), ""
     if isinstance(value, bool | int | float):
         return str(value), ""
     return None, f"field {key!r} is not a single value; ignored"
@@ -362,9 +372,6 @@ def _decode(data: bytes) -> tuple[str, int]:
         return data.decode("utf-8"), -1
     except UnicodeDecodeError as exc:
         return data.decode("utf-8", "surrogateescape"), exc.start
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _clean(value: str | None) -> str | None:

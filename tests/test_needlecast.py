@@ -1,0 +1,380 @@
+"""Needlecast message files: the boundary rule, bad input, limits, locking and atomic writes."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import stat
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar import needlecast
+from sidecar.needlecast import Mailbox, Message, parse_messages, render_messages
+
+SEED = """---
+id: msg-abc123
+from: bob
+to: alice
+thread: auth-help
+type: question
+time: 2026-01-21T10:00:00Z
+---
+Need help understanding the JWT implementation.
+Can you review my approach?
+
+---
+id: msg-abc124
+from: envoy
+to: alice
+type: directive
+time: 2026-01-21T09:30:00Z
+---
+Please prioritize the authentication module.
+"""
+
+
+def msg(ident: str, body: str = "hello", **kw: str | None) -> Message:
+    fields: dict[str, str | None] = {
+        "sender": "alice",
+        "type": "task",
+        "time": "2026-01-21T10:00:00Z",
+        **kw,
+    }
+    return Message(id=ident, body=body, **fields)  # type: ignore[arg-type]
+
+
+def box_file(tmp_path: pathlib.Path, text: str | bytes, name: str = "outbox") -> Mailbox:
+    d = tmp_path / ".needlecast"
+    d.mkdir(exist_ok=True)
+    data = text.encode() if isinstance(text, str) else text
+    (d / f"{name}.md").write_bytes(data)
+    return Mailbox(tmp_path, name)
+
+
+# ---------------------------------------------------------------- format
+
+
+def test_seed_example_parses_as_a_human_reads_it() -> None:
+    result = parse_messages(SEED)
+    assert result.warnings == ()
+    first, second = result.messages
+    assert first.to_json() == {
+        "id": "msg-abc123",
+        "from": "bob",
+        "to": "alice",
+        "thread": "auth-help",
+        "type": "question",
+        "content": "Need help understanding the JWT implementation.\nCan you review my approach?",
+        "timestamp": "2026-01-21T10:00:00Z",
+    }
+    assert second.thread is None
+    assert second.body == "Please prioritize the authentication module."
+
+
+def test_crlf_hand_written_file_parses_like_the_lf_one() -> None:
+    result = parse_messages(SEED.replace("\n", "\r\n"))
+    assert result.warnings == ()
+    assert [m.body for m in result.messages] == [
+        "Need help understanding the JWT implementation.\r\nCan you review my approach?",
+        "Please prioritize the authentication module.",
+    ]
+    assert result.messages[0].to_json()["id"] == "msg-abc123"
+
+
+TRICKY_BODIES = [
+    "",
+    "\n",
+    "\n\n\n",
+    "no trailing newline",
+    "---",
+    "---\nid: fake\n---\nnot a header",
+    "a\n---\nb",
+    "\\---\n\\\\---\n--- \n---\t\r\n",
+    "```yaml\n---\nid: x\ntype: task\n---\n```\n",
+    "crlf\r\nlines\r\n",
+    "lone cr\r",
+    "unicode ✓ 日本語 🚀\u2028\u2029\x85",
+    "key: value\nother: [1, 2]\n",
+    "ends with blank lines\n\n",
+]
+
+
+@pytest.mark.parametrize("body", TRICKY_BODIES)
+def test_tricky_body_round_trips(body: str) -> None:
+    messages = [msg("msg-1", body), msg("msg-2", body, to="bob", thread="t")]
+    result = parse_messages(render_messages(messages))
+    assert result.warnings == ()
+    assert list(result.messages) == messages
+
+
+header_text = st.text(
+    st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="\u2028\u2029\ufeff"),
+    min_size=1,
+    max_size=20,
+)
+messages_strategy = st.lists(
+    st.builds(
+        Message,
+        id=header_text,
+        sender=st.none() | header_text,
+        type=st.none() | st.sampled_from(sorted(needlecast.MESSAGE_TYPES)) | header_text,
+        time=st.none() | header_text,
+        body=st.text()
+        | st.lists(
+            st.sampled_from(["---", "\\---", "--- ", "---\r", "id: x", "", "\r", "text", "\\"])
+        ).map("\n".join),
+        to=st.none() | header_text,
+        thread=st.none() | header_text,
+    ),
+    max_size=8,
+)
+
+
+@given(messages_strategy)
+@settings(max_examples=300, deadline=None)
+def test_any_messages_write_then_read_gives_the_same_messages(messages: list[Message]) -> None:
+    result = parse_messages(render_messages(messages))
+    assert list(result.messages) == messages
+    # Warnings only for what the writer was asked to write (unknown types, missing fields,
+    # duplicate ids), never for the format itself.
+    assert not any("skipped" in w or "outside" in w for w in result.warnings)
+
+
+@given(st.from_regex(needlecast._PLAIN, fullmatch=True))
+@settings(max_examples=300)
+def test_fast_path_values_read_the_same_as_yaml_would(value: str) -> None:
+    header = f"id: {value}\n"
+    fast, _, _ = needlecast._load_header(header)
+    slow = yaml.load(header, Loader=needlecast._HeaderLoader)
+    assert fast is not None
+    assert needlecast._field(fast, "id") == needlecast._field(slow, "id")
+
+
+def test_hand_written_timestamps_pass_through_as_written_even_impossible_ones() -> None:
+    text = "---\nid: m1\nfrom: x\ntype: task\ntime: 2026-02-31 10:00:00+01:00\n---\nhi\n"
+    result = parse_messages(text)
+    assert result.warnings == ()
+    assert result.messages[0].time == "2026-02-31 10:00:00+01:00"
+
+
+def test_markdown_rule_in_hand_written_body_stays_in_the_body() -> None:
+    text = SEED.replace("Can you review my approach?", "Part one\n---\n\nPart two")
+    result = parse_messages(text)
+    assert result.warnings == ()
+    assert result.messages[0].body.endswith("Part one\n---\n\nPart two")
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_malformed_yaml_is_reported_with_its_line_and_neighbours_still_read() -> None:
+    bad = "---\nid: msg-bad\nfrom: [unclosed\ntype: task\n---\nbody\n\n"
+    text = render_messages([msg("msg-1")]) + bad + render_messages([msg("msg-3")])
+    result = parse_messages(text)
+    assert [m.id for m in result.messages] == ["msg-1", "msg-3"]
+    assert len(result.warnings) == 1
+    assert result.warnings[0].startswith("line ")
+    line = int(result.warnings[0].split(":")[0].removeprefix("line "))
+    assert 9 <= line <= 13  # the broken message sits on lines 9-15
+    assert "malformed YAML" in result.warnings[0]
+
+
+def test_missing_id_is_reported_and_the_message_gets_a_stable_ackable_id(
+    tmp_path: pathlib.Path,
+) -> None:
+    text = "---\nfrom: bob\ntype: task\ntime: 2026-01-21T10:00:00Z\n---\nno id here\n"
+    result = parse_messages(text)
+    (message,) = result.messages
+    assert message.id.startswith("noid-")
+    assert message.body == "no id here"
+    assert any("no id" in w and w.startswith("line 1:") for w in result.warnings)
+    assert parse_messages(text).messages[0].id == message.id
+    box = box_file(tmp_path, text + render_messages([msg("msg-2")]))
+    assert box.remove([message.id]).removed == 1
+    assert [m.id for m in box.read().messages] == ["msg-2"]
+
+
+def test_duplicate_ids_are_both_listed_and_reported() -> None:
+    text = render_messages([msg("msg-1", "a"), msg("msg-2"), msg("msg-1", "b")])
+    result = parse_messages(text)
+    assert [m.body for m in result.messages if m.id == "msg-1"] == ["a", "b"]
+    assert result.warnings == ("line 17: duplicate id msg-1 (first at line 1)",)
+
+
+def test_unknown_type_and_missing_fields_are_reported_not_dropped() -> None:
+    text = "---\nid: m1\ntype: gossip\n---\nhi\n"
+    result = parse_messages(text)
+    assert [m.id for m in result.messages] == ["m1"]
+    assert any("unknown type 'gossip'" in w for w in result.warnings)
+    assert any("no 'from'" in w for w in result.warnings)
+
+
+def test_unterminated_header_and_stray_text_are_reported() -> None:
+    text = "stray words\n" + render_messages([msg("msg-1")]) + "---\nid: msg-2\nfrom: x\n"
+    result = parse_messages(text)
+    assert [m.id for m in result.messages] == ["msg-1"]
+    assert any(w.startswith("line 1:") and "outside" in w for w in result.warnings)
+    assert any("never closed" in w for w in result.warnings)
+
+
+def test_binary_garbage_gives_warnings_never_an_exception(tmp_path: pathlib.Path) -> None:
+    garbage = bytes(range(256)) * 64 + b"\n---\n\xff\xfe: \x00\n---\n\x80"
+    second = b"---\nid: msg-2\nfrom: \xff\ntype: task\n---\n" + garbage + b"\n\n"
+    box = box_file(tmp_path, garbage + b"\n" + render_messages([msg("msg-1")]).encode() + second)
+    result = box.read()
+    assert [m.id for m in result.messages] == ["msg-1", "msg-2"]
+    assert result.messages[1].sender == "\ufffd"
+    assert any("not UTF-8" in w for w in result.warnings)
+    assert any("outside any message" in w for w in result.warnings)
+    # The garbage stays byte for byte when a neighbour is acked.
+    assert box.remove(["msg-1"]).removed == 1
+    assert box.path.read_bytes() == garbage + b"\n" + second
+
+
+def test_remove_keeps_every_other_byte_of_a_hand_written_file(tmp_path: pathlib.Path) -> None:
+    box = box_file(tmp_path, SEED)
+    result = box.remove(["msg-abc123", "msg-nope"])
+    assert result == needlecast.RemoveResult(removed=1, unknown=("msg-nope",))
+    assert box.path.read_text() == SEED[SEED.index("---\nid: msg-abc124") :]
+
+
+def test_append_after_a_last_line_without_newline_keeps_both_messages(
+    tmp_path: pathlib.Path,
+) -> None:
+    box = box_file(tmp_path, SEED.rstrip("\n"))
+    box.append(msg("msg-new", "---\nsneaky"))
+    result = box.read()
+    assert result.warnings == ()
+    assert [m.body for m in result.messages][1:] == [
+        "Please prioritize the authentication module.",
+        "---\nsneaky",
+    ]
+
+
+# ---------------------------------------------------------------- limits and cache
+
+
+def test_big_outbox_lists_whole_messages_up_to_the_limit_and_acks_let_the_rest_through(
+    tmp_path: pathlib.Path,
+) -> None:
+    body = "x" * 1000
+    messages = [msg(f"msg-{i}", body) for i in range(20_000)]  # ~21 MB
+    box = box_file(tmp_path, render_messages(messages))
+    assert box.path.stat().st_size > 20 * 1024 * 1024
+    first = box.read()
+    assert first.truncated
+    assert any("only the messages in its first" in w for w in first.warnings)
+    n = len(first.messages)
+    assert 10_000 < n < 20_000
+    assert list(first.messages) == messages[:n]
+    with pytest.raises(needlecast.MailboxFullError):
+        box.append(msg("msg-more"))
+    assert box.remove([m.id for m in first.messages]).removed == n
+    rest = box.read()
+    assert not rest.truncated
+    assert list(rest.messages) == messages[n:]
+
+
+def test_unchanged_file_is_parsed_once_and_a_change_is_seen(tmp_path: pathlib.Path) -> None:
+    box = box_file(tmp_path, render_messages([msg(f"msg-{i}") for i in range(100)]))
+    old = box.path.stat().st_mtime_ns - 10_000_000_000
+    os.utime(box.path, ns=(old, old))  # settled: older than the racy window
+    first = box.read()
+    assert box.read() is first
+    assert box.parse_count == 1
+    box.append(msg("msg-x"))
+    assert box.read().messages[-1].id == "msg-x"
+    assert box.parse_count == 2
+
+
+# ---------------------------------------------------------------- files and safety
+
+
+def test_missing_directory_reads_empty_and_first_append_creates_private_files(
+    tmp_path: pathlib.Path,
+) -> None:
+    box = Mailbox(tmp_path, "inbox")
+    assert box.read() == needlecast.ParseResult((), ())
+    assert not (tmp_path / ".needlecast").exists()
+    assert box.remove(["msg-1"]).unknown == ("msg-1",)
+    box.append(msg("msg-1"))
+    assert stat.S_IMODE((tmp_path / ".needlecast").stat().st_mode) == 0o700
+    assert stat.S_IMODE(box.path.stat().st_mode) == 0o600
+    assert [m.id for m in box.read().messages] == ["msg-1"]
+
+
+def test_symlinked_dir_outside_workspace_is_refused_and_nothing_written(
+    tmp_path: pathlib.Path,
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / ".needlecast").symlink_to(outside)
+    box = Mailbox(ws, "outbox")
+    with pytest.raises(needlecast.UnsafePathError, match="outside the workspace"):
+        box.append(msg("msg-1"))
+    with pytest.raises(needlecast.UnsafePathError):
+        box.read()
+    assert list(outside.iterdir()) == []
+
+
+def test_symlinked_dir_inside_workspace_is_fine(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / ".needlecast").symlink_to(tmp_path / "real")
+    box = Mailbox(tmp_path, "outbox")
+    box.append(msg("msg-1"))
+    assert (tmp_path / "real" / "outbox.md").exists()
+
+
+def test_symlinked_message_file_is_never_followed(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "elsewhere.md"
+    target.write_text(SEED)
+    (tmp_path / ".needlecast").mkdir()
+    (tmp_path / ".needlecast" / "outbox.md").symlink_to(target)
+    box = Mailbox(tmp_path, "outbox")
+    with pytest.raises(needlecast.UnsafePathError, match="symlink"):
+        box.append(msg("msg-1"))
+    with pytest.raises(needlecast.UnsafePathError):
+        box.remove(["msg-abc123"])
+    assert target.read_text() == SEED
+
+
+def test_torn_append_is_hidden_from_readers_and_cut_by_the_next_writer(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Fakes what a writer killed inside write() leaves (journal + half a message): the OS seam
+    cannot be hit on purpose. The real kill -9 tests are in test_needlecast_concurrency."""
+    whole = render_messages([msg("msg-1")]).encode()
+    half = render_messages([msg("msg-2", "y" * 100)]).encode()[:60]
+    box = box_file(tmp_path, whole + half)
+    ino = box.path.stat().st_ino
+    lock = tmp_path / ".needlecast" / ".outbox.md.lock"
+    lock.write_text(f"append {ino} {len(whole)} {len(whole) + 200}\n")
+    result = box.read()
+    assert [m.id for m in result.messages] == ["msg-1"]
+    assert result.warnings == ()
+    box.append(msg("msg-3"))
+    assert [m.id for m in box.read().messages] == ["msg-1", "msg-3"]
+    assert lock.read_bytes() == b""
+
+
+def test_leftover_temp_file_of_a_killed_rewrite_is_cleaned(tmp_path: pathlib.Path) -> None:
+    box = box_file(tmp_path, render_messages([msg("msg-1"), msg("msg-2")]))
+    stale = tmp_path / ".needlecast" / ".outbox.md.tmp-1-deadbeef"
+    stale.write_text("half")
+    assert box.remove(["msg-1"]).removed == 1
+    assert not stale.exists()
+    assert [m.id for m in box.read().messages] == ["msg-2"]
+
+
+def test_render_refuses_header_values_that_would_break_the_file() -> None:
+    with pytest.raises(ValueError, match="one line"):
+        render_messages([msg("msg-1", to="a\nid: b")])
+    with pytest.raises(ValueError, match="needs an id"):
+        render_messages([msg("")])
+
+
