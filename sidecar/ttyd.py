@@ -81,6 +81,7 @@ def ttyd_argv(
     argv += ["--ping-interval", "20", "--debug", "3"]
     # The page must not ask "leave site?" and should keep its own look.
     argv += ["--client-option", "disableLeaveAlert=true", "--client-option", "titleFixed=sleeve"]
+    argv += ["--client-option", "disableResizeOverlay=true"]
     if writable:
         argv.append("--writable")
     return [*argv, *attach]
