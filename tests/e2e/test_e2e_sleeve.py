@@ -161,7 +161,7 @@ def test_docker_exec_sidecar_status_and_outbox_work_and_a_written_message_is_ack
     assert msg["type"] == "milestone" and "e2e" in msg["content"]
     assert "e2e-milestone-1" in lch.exec(sleeve, "sidecar", "outbox").stdout
     code, body = http("POST", f"{sleeve.url}/outbox/ack", {"ids": ["e2e-milestone-1"]})
-    assert (code, body) == (200, {"removed": 1})
+    assert code == 200 and body["removed"] == 1, body
     code, body = http("GET", f"{sleeve.url}/outbox")
     assert "e2e-milestone-1" not in [m["id"] for m in body["messages"]]
 
