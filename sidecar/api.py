@@ -225,6 +225,8 @@ async def events(request: web.Request) -> web.StreamResponse:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, EVENT_SNDBUF)
     try:
         await response.prepare(request)
+        # A first line at once: the client knows the stream is live and subscribed.
+        await response.write(json.dumps({"type": "heartbeat", "time": utc_now()}).encode() + b"\n")
         while True:
             try:
                 event = await asyncio.wait_for(sub.get(), HEARTBEAT_EVERY)

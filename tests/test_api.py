@@ -205,13 +205,21 @@ async def test_200_event_clients_all_receive_the_resleeve_events(
         streams = [await session.get(sc.url + "/events") for _ in range(200)]
         try:
             assert all(r.status == 200 for r in streams)
+            # Each stream's first line is a heartbeat: all 200 are subscribed now.
+            for r in streams:
+                assert json.loads(await r.content.readline())["type"] == "heartbeat"
             assert all(
                 r.headers["Content-Type"].startswith("application/x-ndjson") for r in streams
             )
             await asyncio.to_thread(sc.post, "/resleeve", {})
 
             async def first_two(resp: aiohttp.ClientResponse) -> list[dict[str, object]]:
-                return [json.loads(await resp.content.readline()) for _ in range(2)]
+                events: list[dict[str, object]] = []
+                while len(events) < 2:
+                    event = json.loads(await resp.content.readline())
+                    if event["type"] != "heartbeat":
+                        events.append(event)
+                return events
 
             got = await asyncio.wait_for(asyncio.gather(*(first_two(r) for r in streams)), 20)
         finally:

@@ -277,6 +277,7 @@ def test_events_stream_reports_progress_within_a_second_of_an_edit(
     sc = make_sidecar(env_extra={"SLEEVE_GOAL": "stream me"}).start()
     current = sc.workspace / ".cstack" / "CURRENT.md"
     with urllib.request.urlopen(sc.url + "/events", timeout=10) as stream:
+        assert json.loads(stream.readline())["type"] == "heartbeat"  # subscribed
         edited = time.monotonic()
         current.write_text(
             current.read_text().replace("## Progress\n", "## Progress\n- [x] one\n- [ ] two\n")

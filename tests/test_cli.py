@@ -1,0 +1,164 @@
+"""`sidecar status|outbox|inbox|send|resleeve|events|attach` against a real sidecar, as a person
+debugging with `docker exec` would run them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+from tests.harness import REPO, Sidecar
+
+TOKEN = "cli-token-abcdef123456"
+
+
+def sidecar_cmd(
+    sc: Sidecar, *args: str, stdin: str | None = None, token: str | None = TOKEN
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(REPO),
+        "SIDECAR_PORT": str(sc.port),
+        "SIDECAR_STATE_DIR": str(sc.state_dir),
+    }
+    if token:
+        env["SIDECAR_TOKEN"] = token
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_status_human_and_json(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN, "SLEEVE_GOAL": "debug me"}).start()
+    human = sidecar_cmd(sc, "status")
+    assert human.returncode == 0, human.stderr
+    assert "test-sleeve" in human.stdout
+    assert "debug me" in human.stdout
+    assert "healthy" in human.stdout
+    machine = sidecar_cmd(sc, "status", "--json")
+    assert json.loads(machine.stdout)["current_task"] == "debug me"
+
+
+def test_wrong_token_and_unreachable_sidecar_fail_with_one_clear_line(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN}).start()
+    bad = sidecar_cmd(sc, "status", token="nope")
+    assert bad.returncode == 1
+    assert "401" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    sc.stop()
+    gone = sidecar_cmd(sc, "status")
+    assert gone.returncode == 1
+    assert "cannot reach the sidecar" in gone.stderr
+
+
+def test_send_inbox_outbox_and_resleeve(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN}).start()
+    sent = sidecar_cmd(
+        sc,
+        "send",
+        "--from",
+        "envoy",
+        "--type",
+        "task",
+        "--thread",
+        "t1",
+        "-",
+        stdin="Do the thing\nnow",
+    )
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stdout.startswith("sent msg-")
+    inbox = json.loads(sidecar_cmd(sc, "inbox", "--json").stdout)
+    [message] = inbox["messages"]
+    assert (message["from"], message["type"], message["thread"], message["content"]) == (
+        "envoy",
+        "task",
+        "t1",
+        "Do the thing\nnow",
+    )
+    assert "envoy" in sidecar_cmd(sc, "inbox").stdout
+    assert "(no messages)" in sidecar_cmd(sc, "outbox").stdout
+    resleeve = sidecar_cmd(sc, "resleeve", "--cli", "shell")
+    assert resleeve.returncode == 0
+    assert "resleeving to shell" in resleeve.stdout
+    unknown = sidecar_cmd(sc, "resleeve", "--cli", "nope")
+    assert unknown.returncode == 1
+    assert "unknown CLI" in unknown.stderr
+
+
+def test_events_prints_ndjson(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar().start()
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "SIDECAR_PORT": str(sc.port)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "events"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    try:
+        assert json.loads(proc.stdout.readline())["type"] == "heartbeat"  # subscribed
+        assert sc.post("/resleeve", {})[0] == 202
+        event = json.loads(proc.stdout.readline())
+        assert (event["type"], event["phase"]) == ("resleeve", "started")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        proc.stdout.close()
+
+
+def test_attach_without_a_sidecar_says_why(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar()
+    result = sidecar_cmd(sc, "attach")
+    assert result.returncode == 1
+    assert "no tmux socket" in result.stderr
+
+
+def test_attach_execs_tmux_on_the_sidecar_socket(make_sidecar: Callable[..., Sidecar]) -> None:
+    """attach needs a terminal: run it inside a second tmux server, the way a person would."""
+    sc = make_sidecar().start()
+    outer = str(sc.tmp / "outer.sock")
+    env_args = [f"PYTHONPATH={REPO}", f"SIDECAR_STATE_DIR={sc.state_dir}"]
+    subprocess.run(
+        [
+            "tmux",
+            "-S",
+            outer,
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-x",
+            "120",
+            "-y",
+            "30",
+            "env",
+            *env_args,
+            sys.executable,
+            "-m",
+            "sidecar",
+            "attach",
+        ],
+        check=True,
+    )
+    try:
+        from tests.harness import wait_for
+
+        def attached() -> bool:
+            out = subprocess.run(
+                ["tmux", "-S", str(sc.state_dir / "tmux.sock"), "list-clients"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            return bool(out.stdout.strip())
+
+        wait_for(attached, what="a client attached to session main")
+    finally:
+        subprocess.run(["tmux", "-S", outer, "kill-server"], check=False)
