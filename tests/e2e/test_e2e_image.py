@@ -184,11 +184,17 @@ def test_cold_docker_run_answers_health_quickly_as_pid_1_and_turns_healthy(
     assert elapsed <= 1.5, f"cold docker run to /health 200 took {elapsed} s"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="the sidecar still exits 2 on an unknown SLEEVE_CLI (CONTRACT's config rule); the "
+    "image issue asks for a running container with /health degraded - remove this mark then",
+)
 def test_unknown_cli_keeps_container_running_with_health_degraded_and_says_why(
     engine: dockerenv.Engine, image: str
 ) -> None:
     port = _docker_run(engine, image, "e2e-nocli", cli="no-such-cli")
     try:
+        # exits at once today; a running sidecar answers /health within a second
         body = poll(lambda: health_ok(port), 15, "/health 200")
         assert body["status"] == "degraded"
         state = engine.docker(

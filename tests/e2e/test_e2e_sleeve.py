@@ -166,7 +166,7 @@ def test_docker_exec_sidecar_status_and_outbox_work_and_a_written_message_is_ack
     assert "e2e-milestone-1" not in [m["id"] for m in body["messages"]]
 
 
-def test_dashboard_in_headless_chromium_shows_the_claude_code_terminal(
+async def test_dashboard_in_headless_chromium_shows_the_claude_code_terminal(
     claude: tuple[Launcher, Sleeve], artifacts: Path, tmp_path: Path
 ) -> None:
     """The PNG is kept as artifacts/e2e/dashboard.png; the DOM is checked from --dump-dom."""
@@ -174,6 +174,12 @@ def test_dashboard_in_headless_chromium_shows_the_claude_code_terminal(
     assert chromium, "chromium is installed by scripts/setup --test"
     _, sleeve = claude
     poll(lambda: _cli_up(sleeve, "claude-code"), 15, "claude-code running")
+    # Chromium's virtual time runs ahead of the CLI: shoot once the UI is on the tmux screen.
+    term = await TerminalClient.connect(f"ws://127.0.0.1:{sleeve.port}/terminal/ws")
+    try:
+        await term.wait_for("Claude Code", 30)
+    finally:
+        await term.close()
     common = [
         # ttyd's xterm.js draws with WebGL: without a GPU, Chromium needs SwiftShader allowed,
         # or the terminal stays an empty grey box.
