@@ -77,8 +77,10 @@ def _save_logs_and_remove_containers(eng: dockerenv.Engine, artifacts: Path) -> 
         logs = eng.docker("logs", name, check=False)
         (artifacts / f"container-{name}.log").write_text(logs.stdout + logs.stderr)
     dockerenv.remove_all_containers(eng)
-    # Old builds' layers would pile up in the cached data-root; the build cache stays.
-    eng.docker("image", "prune", "--force", check=False, timeout=120)
+    # Superseded builds pile up in the cached data-root. Not all dangling images are garbage:
+    # the classic builder keeps the ttyd and claude build stages as untagged images, and they
+    # are the cache that makes a sidecar-only rebuild take seconds. Only week-old ones go.
+    eng.docker("image", "prune", "--force", "--filter", "until=168h", check=False, timeout=120)
 
 
 @pytest.fixture(scope="session")
