@@ -1,0 +1,115 @@
+"""Keystroke echo: type a unique marker into the shell pane and wait for it to come back,
+through the sidecar's `/terminal/ws` proxy and through ttyd's own port, alternately.
+
+ttyd's protocol (subprotocol `tty`): the client's first message is JSON
+`{"AuthToken", "columns", "rows"}`; then binary frames whose first byte is a command: client
+`0`+input, server `0`+output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+
+import aiohttp
+
+from bench.context import Context
+from bench.core import Baseline, Figure, ratio_at_most
+from bench.procs import BenchError, running
+
+NAMES = ("terminal.echo",)
+TIMEOUT = 10.0
+KILL_LINE = b"0\x15"  # Ctrl-U: readline clears the line, so the prompt stays short
+
+
+class Term:
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.output = bytearray()
+        self.changed = asyncio.Event()
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for msg in self.ws:
+            if msg.type is aiohttp.WSMsgType.BINARY and msg.data[:1] == b"0":
+                self.output += msg.data[1:]
+                if len(self.output) > 1 << 20:
+                    del self.output[: len(self.output) - (1 << 16)]
+                self.changed.set()
+
+    async def wait_for(self, needle: bytes, since: int) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while needle not in self.output[max(0, since - len(needle)) :]:
+            self.changed.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                msg = f"{needle!r} not echoed within {TIMEOUT}s"
+                raise BenchError(msg)
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except TimeoutError:
+                continue
+
+    async def echo(self, marker: str) -> float:
+        """Milliseconds from sending `marker` to seeing it in the output."""
+        since = len(self.output)
+        start = time.perf_counter()
+        await self.ws.send_bytes(b"0" + marker.encode())
+        await self.wait_for(marker.encode(), since)
+        took = time.perf_counter() - start
+        since = len(self.output)
+        await self.ws.send_bytes(KILL_LINE)
+        # Let the line clear before the next round (no error if the redraw came already).
+        self.changed.clear()
+        if len(self.output) == since:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), 1.0)
+        return took * 1000
+
+
+async def _connect(session: aiohttp.ClientSession, url: str) -> Term:
+    ws = await session.ws_connect(url, protocols=("tty",), max_msg_size=1 << 22)
+    if ws.protocol != "tty":
+        msg = f"{url} did not accept the tty subprotocol"
+        raise BenchError(msg)
+    await ws.send_str(json.dumps({"AuthToken": "", "columns": 200, "rows": 50}))
+    return Term(ws)  # the warm-up rounds wait for the shell's first prompt
+
+
+async def _measure(port: int, ttyd_port: int, rounds: int, warmup: int) -> dict[str, list[float]]:
+    urls = {
+        "proxy": f"ws://127.0.0.1:{port}/terminal/ws",
+        "direct": f"ws://127.0.0.1:{ttyd_port}/terminal/ws",
+    }
+    out: dict[str, list[float]] = {name: [] for name in urls}
+    async with aiohttp.ClientSession() as session:
+        terms = {name: await _connect(session, url) for name, url in urls.items()}
+        try:
+            for n in range(warmup + rounds):
+                for name, term in terms.items():
+                    took = await term.echo(f"k{n}{name[0]}{secrets.token_hex(4)}q")
+                    if n >= warmup:
+                        out[name].append(took)
+        finally:
+            for term in terms.values():
+                await term.ws.close()
+                term.reader.cancel()
+    return out
+
+
+def run(ctx: Context) -> list[Figure]:
+    with running(ctx.scratch("te")) as sc:
+        got = asyncio.run(_measure(sc.port, sc.ttyd_port, ctx.pick(5, 40), ctx.pick(2, 5)))
+    return [
+        Figure(
+            "terminal.echo",
+            "terminal: keystroke echo via /terminal/ws",
+            "ms",
+            got["proxy"],
+            Baseline("ttyd directly", got["direct"]),
+            ratio_at_most(1.5, "≤1.5× ttyd direct"),
+        )
+    ]
