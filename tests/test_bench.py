@@ -1,0 +1,48 @@
+"""`scripts/bench --quick` still produces every figure (not how fast: speed is the benchmark's
+business, never a unit test's). Runs the real benchmark once, as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import GROUPS
+from bench.figures import idle
+
+REPO = Path(__file__).resolve().parent.parent
+EXPECTED = [name for module in [*GROUPS.values(), idle] for name in module.NAMES]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_quick_bench_produces_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [str(REPO / "scripts" / "bench"), "--quick", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert out.exists(), done.stderr[-3000:]
+    figures = json.loads(out.read_text())["figures"]
+    missing = [name for name in EXPECTED if name not in figures]
+    assert not missing, f"figures missing: {missing}"
+    broken = {
+        name: fig.get("error", fig["value"])
+        for name, fig in figures.items()
+        if not isinstance(fig["value"], int | float) or not math.isfinite(fig["value"])
+    }
+    assert not broken, f"figures without a number: {broken}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The table names every figure too.
+    for fig in figures.values():
+        assert fig["label"] in done.stdout
