@@ -54,11 +54,15 @@ MAX_FILE_BYTES = 16 * 1024 * 1024
 MAX_WARNINGS = 100
 NEEDLECAST_DIR = ".needlecast"
 
-# No `^`: a literal first lets the regex engine skip ahead fast; _scan checks the line start.
-_SEP = re.compile(r"---[ \t]*\r?$", re.MULTILINE)
+# A literal first ("\n---", not "^---") lets the regex engine skip ahead fast; a separator on
+# the very first line is checked on its own.
+_SEP = re.compile(r"\n---[ \t]*\r?$", re.MULTILINE)
+_FIRST_SEP = re.compile(r"---[ \t]*\r?$", re.MULTILINE)
 _KEY_LINE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*:(?=[ \t\r\n]|\Z)")
-_ESCAPABLE = re.compile(r"^(\\*---[ \t]*\r?)$", re.MULTILINE)
-_ESCAPED = re.compile(r"^\\(\\*---[ \t]*\r?)$", re.MULTILINE)
+# Escaping adds or drops one backslash at the start of a line that is backslashes + separator
+# (lookahead + a plain replacement keeps re.sub in C).
+_ESCAPABLE = re.compile(r"^(?=\\*---[ \t]*\r?$)", re.MULTILINE)
+_ESCAPED = re.compile(r"^\\(?=\\*---[ \t]*\r?$)", re.MULTILINE)
 # Values YAML reads back as the very same string: a word starting with a letter (minus YAML 1.1's
 # bool/null words) or a timestamp (_HeaderLoader keeps those as the text written). Lines like this
 # skip the YAML parser, which is what makes 10k messages fast.
@@ -186,7 +190,7 @@ def render_message(message: Message) -> str:
         if value is not None:
             parts.append(_render_field(key, value))
     parts.append("---\n")
-    parts.append(_ESCAPABLE.sub(r"\\\1", message.body))
+    parts.append(_ESCAPABLE.sub(r"\\", message.body))
     parts.append("\n\n")
     return "".join(parts)
 
@@ -214,11 +218,9 @@ class _Scan(NamedTuple):
 
 def _scan(text: str) -> _Scan:
     """Split text into message segments by the boundary rule (see the module docstring)."""
-    seps = [
-        (m.start(), m.end())
-        for m in _SEP.finditer(text)
-        if m.start() == 0 or text[m.start() - 1] == "\n"
-    ]
+    at_top = _FIRST_SEP.match(text)
+    seps = [(0, at_top.end())] if at_top else []
+    seps += [(m.start() + 1, m.end()) for m in _SEP.finditer(text)]
     problems: list[tuple[int, str]] = []
     opens: list[tuple[int, int, int, int]] = []
     tail = len(text)
@@ -301,9 +303,20 @@ def _segment_id(text: str, seg: _Segment, data: dict[object, object]) -> tuple[s
 
 def parse_messages(text: str) -> ParseResult:
     """Messages and warnings ("line N: ...") from a message file's text. Never raises."""
+    result, _ = _parse_text(text)
+    return result
+
+
+# (start, end, id) of each readable message: what a removal needs to know.
+_Entries = list[tuple[int, int, str]]
+
+
+def _parse_text(text: str, *, ids_only: bool = False) -> tuple[ParseResult, _Entries]:
+    """parse_messages plus the entries; `ids_only` skips everything a removal does not need."""
     scan = _scan(text)
     problems = list(scan.problems)
     messages: list[Message] = []
+    entries: _Entries = []
     first_seen: dict[str, int] = {}
     duplicates: list[tuple[int, str, int]] = []  # (offset, id, offset of its first use)
     for seg in scan.segments:
@@ -312,6 +325,9 @@ def parse_messages(text: str) -> ParseResult:
             problems.append((seg.header_start + where, f"message skipped: {problem}"))
             continue
         ident, problem = _segment_id(text, seg, data)
+        entries.append((seg.start, seg.end, ident))
+        if ids_only:
+            continue
         if problem:
             problems.append((seg.start, problem))
         fields: dict[str, str | None] = {}
@@ -329,8 +345,8 @@ def parse_messages(text: str) -> ParseResult:
         else:
             first_seen[ident] = seg.start
         body = _strip_body(text[seg.body_start : seg.end])
-        if "---" in body:
-            body = _ESCAPED.sub(r"\1", body)
+        if "\\---" in body:
+            body = _ESCAPED.sub("", body)
         messages.append(
             Message(
                 id=ident,
@@ -342,7 +358,9 @@ def parse_messages(text: str) -> ParseResult:
                 thread=fields["thread"],
             )
         )
-    return ParseResult(tuple(messages), _number_warnings(text, problems, duplicates))
+    if ids_only:
+        return ParseResult((), ()), entries
+    return ParseResult(tuple(messages), _number_warnings(text, problems, duplicates)), entries
 
 
 def _number_warnings(
@@ -387,6 +405,53 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+class _Index(NamedTuple):
+    """Where each message of a window of file bytes sits, keyed by the window's SHA-256: lets a
+    removal right after a read (or another removal) skip parsing. Keyed by content, not by
+    stat, so it can never describe bytes that are not there."""
+
+    digest: bytes
+    truncated: bool
+    head_end: int  # end of the part reads list and removals touch (bytes)
+    entries: tuple[tuple[int, int, str], ...]  # (start, end, id) in bytes
+
+
+def _byte_entries(text: str, entries: _Entries, head_end: int) -> tuple[_Entries, int]:
+    """Character offsets -> byte offsets (the identity for ASCII text)."""
+    if text.isascii():
+        return entries, head_end
+    out: _Entries = []
+    chars = nbytes = 0
+
+    def at(pos: int) -> int:
+        nonlocal chars, nbytes
+        nbytes += len(text[chars:pos].encode("utf-8", "surrogateescape"))
+        chars = pos
+        return nbytes
+
+    for start, end, ident in entries:  # offsets only grow: one pass over the text
+        out.append((at(start), at(end), ident))
+    return out, at(head_end)
+
+
+def _window_cut(text: str, truncated: bool) -> int:
+    """Where the listed part of a window ends: a window cut by the read limit loses its last
+    message, which may be incomplete."""
+    if not truncated:
+        return len(text)
+    segments = _scan(text).segments
+    return segments[-1].start if segments else 0
+
+
+def _make_index(data: bytes, text: str, truncated: bool, cut: int, entries: _Entries) -> _Index:
+    byte_entries, head_end = _byte_entries(text, entries, cut)
+    return _Index(hashlib.sha256(data).digest(), truncated, head_end, tuple(byte_entries))
+
+
+def _index_fits(index: _Index, data: bytes, truncated: bool) -> bool:
+    return index.truncated == truncated and index.digest == hashlib.sha256(data).digest()
+
+
 class Mailbox:
     """One message file (`inbox` or `outbox`) in `<workspace>/.needlecast/`.
 
@@ -406,6 +471,7 @@ class Mailbox:
         self.max_bytes = max_bytes
         self.parse_count = 0  # how many times the file was really parsed (the cache's witness)
         self._cache: tuple[tuple[int, ...], ParseResult] | None = None
+        self._index: _Index | None = None
 
     @property
     def path(self) -> Path:
@@ -511,11 +577,9 @@ class Mailbox:
         self.parse_count += 1
         text, bad = _decode(data)
         truncated = size > len(data)
-        if truncated:
-            # Only whole messages: drop the last one, which the limit may have cut.
-            scan = _scan(text)
-            text = text[: scan.segments[-1].start if scan.segments else 0]
-        result = parse_messages(text)
+        cut = _window_cut(text, truncated)
+        result, entries = _parse_text(text[:cut])
+        self._index = _make_index(data, text, truncated, cut, entries)
         warnings = list(result.warnings)
         messages = result.messages
         if bad >= 0:
@@ -596,34 +660,41 @@ class Mailbox:
 
     def _remove_locked(self, dfd: int, fd: int, wanted: set[str]) -> RemoveResult:
         size = os.fstat(fd).st_size
-        text, _ = _decode(os.pread(fd, min(size, self.max_bytes), 0))
-        scan = _scan(text)
-        segments = scan.segments
-        head_end = scan.tail
-        if size > self.max_bytes:  # the last segment may be cut: it belongs to the tail
-            head_end = segments[-1].start if segments else 0
-            segments = segments[:-1]
-        kept: list[str] = []
+        data = os.pread(fd, min(size, self.max_bytes), 0)
+        truncated = size > len(data)
+        index = self._index
+        if index is None or not _index_fits(index, data, truncated):
+            text, _ = _decode(data)
+            cut = _window_cut(text, truncated)
+            _, entries = _parse_text(text[:cut], ids_only=True)
+            index = _make_index(data, text, truncated, cut, entries)
+        kept: list[bytes] = []
+        new_entries: list[tuple[int, int, str]] = []
         pos = 0
+        dropped = 0  # bytes removed so far, to shift the entries that stay
         found: set[str] = set()
-        removed = 0
-        for seg in segments:
-            data, _, _ = _load_header(text[seg.header_start : seg.header_end])
-            if data is None:
-                continue  # unreadable: kept verbatim, never deleted blind
-            ident, _ = _segment_id(text, seg, data)
+        for start, end, ident in index.entries:
             if ident in wanted:
-                kept.append(text[pos : seg.start])
-                pos = seg.end
+                kept.append(data[pos:start])
+                pos = end
                 found.add(ident)
-                removed += 1
+                dropped += end - start
+            else:
+                new_entries.append((start - dropped, end - dropped, ident))
         unknown = tuple(sorted(wanted - found))
-        if not removed:
+        if not found:
+            self._index = index
             return RemoveResult(0, unknown)
-        kept.append(text[pos:head_end])
-        head = "".join(kept).encode("utf-8", "surrogateescape")
-        tail_from = len(text[:head_end].encode("utf-8", "surrogateescape"))
-        self._rewrite(dfd, head, fd, tail_from, size)
+        kept.append(data[pos : index.head_end])
+        head = b"".join(kept)
+        self._rewrite(dfd, head, fd, index.head_end, size)
+        removed = len(index.entries) - len(new_entries)
+        # The new file is `head` + the old tail: when there is no tail we know it exactly.
+        self._index = (
+            None
+            if truncated
+            else _Index(hashlib.sha256(head).digest(), False, len(head), tuple(new_entries))
+        )
         return RemoveResult(removed, unknown)
 
     def _rewrite(self, dfd: int, head: bytes, src: int, tail_from: int, size: int) -> None:

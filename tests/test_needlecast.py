@@ -378,3 +378,24 @@ def test_render_refuses_header_values_that_would_break_the_file() -> None:
         render_messages([msg("")])
 
 
+def test_remove_after_read_cuts_the_right_bytes_in_a_unicode_file(tmp_path: pathlib.Path) -> None:
+    messages = [msg(f"msg-{i}", f"ünï ✓ {i} 🚀\n" * (i + 1)) for i in range(6)]
+    box = box_file(tmp_path, render_messages(messages))
+    assert list(box.read().messages) == messages  # primes the offset index
+    assert box.remove(["msg-2", "msg-4"]).removed == 2
+    assert box.path.read_text() == render_messages([messages[i] for i in (0, 1, 3, 5)])
+    assert box.remove(["msg-0"]).removed == 1  # the index carried over from the rewrite
+    assert box.path.read_text() == render_messages([messages[i] for i in (1, 3, 5)])
+
+
+def test_offsets_known_from_a_read_are_not_trusted_after_an_outside_edit(
+    tmp_path: pathlib.Path,
+) -> None:
+    a, b, c = msg("msg-a", "short"), msg("msg-b", "longer body"), msg("msg-c", "x")
+    box = box_file(tmp_path, render_messages([a, b, c]))
+    box.read()
+    # Same size, same inode, other layout: written in place as an editor without the lock might.
+    with open(box.path, "r+b") as f:
+        f.write(render_messages([b, a, c]).encode())
+    assert box.remove(["msg-a"]).removed == 1
+    assert box.path.read_text() == render_messages([b, c])
