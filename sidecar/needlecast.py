@@ -82,15 +82,17 @@ _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 class _HeaderLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """Safe YAML, but a timestamp stays the text that was written: `time` is passed on as is,
-    and an impossible date (2026-02-31) is not a reason to drop a message."""
+    """Safe YAML, but every header field is text: a scalar that YAML 1.1 would make a bool,
+    number or date stays the text that was written (`id: 0x1F` is "0x1F", `time` is passed on
+    as written, and an impossible date such as 2026-02-31 is no reason to drop a message)."""
 
 
-def _timestamp_as_text(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> str:
+def _scalar_as_text(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> str:
     return str(loader.construct_scalar(node))
 
 
-_HeaderLoader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_as_text)
+for _tag in ("bool", "int", "float", "timestamp"):
+    _HeaderLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _scalar_as_text)
 _RACY_NS = 2_000_000_000  # a file changed this recently may change again within one mtime tick
 
 

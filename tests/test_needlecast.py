@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 import stat
+import tempfile
 
 import pytest
 import yaml
@@ -143,6 +144,20 @@ def test_any_messages_write_then_read_gives_the_same_messages(messages: list[Mes
     assert not any("skipped" in w or "outside" in w for w in result.warnings)
 
 
+@given(messages_strategy)
+@settings(max_examples=60, deadline=None)
+def test_any_messages_appended_to_a_file_then_read_are_the_same(messages: list[Message]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:  # hypothesis runs many examples per test call
+        box = Mailbox(pathlib.Path(tmp), "outbox")
+        for message in messages:
+            box.append(message)
+        assert list(box.read().messages) == messages
+        if messages:  # and removing one keeps exactly the others
+            same_id = sum(m.id == messages[0].id for m in messages)
+            assert box.remove([messages[0].id]).removed == same_id
+            assert list(box.read().messages) == [m for m in messages if m.id != messages[0].id]
+
+
 @given(st.from_regex(needlecast._PLAIN, fullmatch=True))
 @settings(max_examples=300)
 def test_fast_path_values_read_the_same_as_yaml_would(value: str) -> None:
@@ -158,6 +173,12 @@ def test_hand_written_timestamps_pass_through_as_written_even_impossible_ones() 
     result = parse_messages(text)
     assert result.warnings == ()
     assert result.messages[0].time == "2026-02-31 10:00:00+01:00"
+
+
+def test_hand_written_numbers_and_yaml_words_stay_as_written() -> None:
+    text = "---\nid: 0x1F\nfrom: 007\nto: yes\nthread: 1.50\ntype: task\ntime: 1\n---\nhi\n"
+    (m,) = parse_messages(text).messages
+    assert (m.id, m.sender, m.to, m.thread, m.time) == ("0x1F", "007", "yes", "1.50", "1")
 
 
 def test_markdown_rule_in_hand_written_body_stays_in_the_body() -> None:
