@@ -2,6 +2,10 @@
 
 Request checks and error statuses live here; file work is in `sidecar.needlecast` and runs in a
 worker thread (`asyncio.to_thread`), since it takes a file lock and may wait on other writers.
+
+Errors are `{"error": ...}`: 400 bad JSON or fields, 413 body over MAX_BODY_BYTES (256 KiB),
+409 `.needlecast/` or a message file is a symlink leading out of the workspace (nothing is read
+or written through it), 507 the mailbox is past its 16 MiB limit or the disk is full.
 """
 
 from __future__ import annotations

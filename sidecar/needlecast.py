@@ -19,8 +19,18 @@ A message is an opening ``---`` line, YAML header lines, a closing ``---`` line,
 * The writer ends every message with ``"\\n\\n"`` (line end plus a blank line) and reading removes
   exactly that; for hand-written files it removes ``"\\r\\n\\r\\n"``, ``"\\r\\n"`` or ``"\\n"``.
 
-Header values are single-line strings (``to`` and ``thread`` may be absent). A header with no
-``id`` gets a stable derived id ``noid-<12 hex>`` (reported as a warning) so it can still be acked.
+Header values are single-line strings (``to`` and ``thread`` may be absent); scalars are kept as
+written (no YAML 1.1 bools, numbers or dates). A header with no ``id`` gets a stable derived id
+``noid-<12 hex>`` (reported as a warning) so it can still be acked. Each broken message is a
+warning "line N: ..."; the messages around it are still read.
+
+Limits: a read parses at most MAX_FILE_BYTES (16 MiB) and then lists only whole messages, marks
+the answer truncated and says so in a warning; appends to a file that big are refused.
+
+python-frontmatter's YAMLHandler loads each header (with _HeaderLoader). Its split/dump are not
+used: they handle one document per file, strip the body and strip() dumped values, so bodies
+like "\n\n" or a value of U+00A0 would not round-trip. Headers in our own canonical form skip
+YAML altogether (_FAST_LINE), which is what parses 10,000 messages in well under 0.3 s.
 """
 
 from __future__ import annotations
