@@ -166,6 +166,7 @@ def test_docker_exec_sidecar_status_and_outbox_work_and_a_written_message_is_ack
     assert "e2e-milestone-1" not in [m["id"] for m in body["messages"]]
 
 
+@pytest.mark.browser
 async def test_dashboard_in_headless_chromium_shows_the_claude_code_terminal(
     claude: tuple[Launcher, Sleeve], artifacts: Path, tmp_path: Path
 ) -> None:
