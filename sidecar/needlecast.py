@@ -64,11 +64,8 @@ MAX_FILE_BYTES = 16 * 1024 * 1024
 MAX_WARNINGS = 100
 NEEDLECAST_DIR = ".needlecast"
 
-# A literal first ("\n---", not "^---") lets the regex engine skip ahead fast; a separator on
-# the very first line is checked on its own.
-_SEP = re.compile(r"\n---[ \t]*\r?$", re.MULTILINE)
-_FIRST_SEP = re.compile(r"---[ \t]*\r?$", re.MULTILINE)
-_KEY_LINE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*:(?=[ \t\r\n]|\Z)")
+_SEP_LINE = r"---[ \t]*\r?$"  # a separator line, without its line end
+_KEY = r"[A-Za-z_][A-Za-z0-9_-]*"
 # Escaping adds or drops one backslash at the start of a line that is backslashes + separator
 # (lookahead + a plain replacement keeps re.sub in C).
 _ESCAPABLE = re.compile(r"^(?=\\*---[ \t]*\r?$)", re.MULTILINE)
@@ -79,6 +76,22 @@ _ESCAPED = re.compile(r"^\\(?=\\*---[ \t]*\r?$)", re.MULTILINE)
 _PLAIN_VALUE = r"[A-Za-z][A-Za-z0-9_-]*|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z"
 _FAST_LINE = re.compile(rf"^([A-Za-z_][A-Za-z0-9_-]*): +({_PLAIN_VALUE}) *\r?$", re.MULTILINE)
 _PLAIN = re.compile(rf"(?:{_PLAIN_VALUE})\Z")
+_ID_LINE = re.compile(rf"^id: +({_PLAIN_VALUE}) *\r?$", re.MULTILINE)
+# One match per message: opening separator, a key line next, the header up to the next separator
+# (closing it). The header is `fast` when every line is a _FAST_LINE. Leading with the literal
+# "\n---" (not "^---") lets the regex engine skip through bodies fast; the first line of the file
+# has its own pattern. Separators that match nothing here are body text.
+_OPEN_BODY = (
+    rf"(?P<sep>{_SEP_LINE})\n(?={_KEY}:(?:[ \t\r\n]|\Z))"
+    rf"(?P<header>(?P<fast>(?:{_KEY}: +(?:{_PLAIN_VALUE}) *\r?\n)+)(?={_SEP_LINE})"
+    rf"|.*?\n(?={_SEP_LINE}))"
+    rf"{_SEP_LINE}"
+)
+_OPEN = re.compile(rf"\n{_OPEN_BODY}", re.MULTILINE | re.DOTALL)
+_OPEN_AT_TOP = re.compile(_OPEN_BODY, re.MULTILINE | re.DOTALL)
+_UNCLOSED_BODY = rf"(?P<sep>{_SEP_LINE})\n(?={_KEY}:(?:[ \t\r\n]|\Z))"
+_UNCLOSED = re.compile(rf"\n{_UNCLOSED_BODY}", re.MULTILINE)
+_UNCLOSED_AT_TOP = re.compile(_UNCLOSED_BODY, re.MULTILINE)
 _YAML_WORDS = frozenset(
     form
     for word in ("yes", "no", "true", "false", "on", "off", "null")
@@ -220,6 +233,7 @@ class _Segment(NamedTuple):
     header_end: int  # offset of the closing separator
     body_start: int
     end: int  # where the next message (or the unparsed rest) begins
+    fast: bool  # every header line is a _FAST_LINE
 
 
 class _Scan(NamedTuple):
@@ -230,31 +244,29 @@ class _Scan(NamedTuple):
 
 def _scan(text: str) -> _Scan:
     """Split text into message segments by the boundary rule (see the module docstring)."""
-    at_top = _FIRST_SEP.match(text)
-    seps = [(0, at_top.end())] if at_top else []
-    seps += [(m.start() + 1, m.end()) for m in _SEP.finditer(text)]
+    opens: list[tuple[int, int, int, int, bool]] = []
+    top = _OPEN_AT_TOP.match(text)
+    matches = [top] if top else []
+    matches += _OPEN.finditer(text, top.end() if top else 0)
+    for m in matches:
+        header_start, header_end = m.span("header")
+        body_start = min(m.end() + 1, len(text))
+        opens.append((m.start("sep"), header_start, header_end, body_start, bool(m["fast"])))
     problems: list[tuple[int, str]] = []
-    opens: list[tuple[int, int, int, int]] = []
     tail = len(text)
-    i = 0
-    while i < len(seps):
-        start, end = seps[i]
-        if not _KEY_LINE.match(text, end + 1):
-            i += 1  # a `---` inside a body, not followed by a header
-            continue
-        if i + 1 == len(seps):
-            problems.append((start, "header is never closed by a '---' line; rest ignored"))
-            tail = start
-            break
-        close_start, close_end = seps[i + 1]
-        opens.append((start, end + 1, close_start, min(close_end + 1, len(text))))
-        i += 2
+    # An opening line with no closing one anywhere after it: no match above.
+    after = opens[-1][3] - 1 if opens else 0
+    lost = _UNCLOSED_AT_TOP.match(text) if not opens else None
+    lost = lost or _UNCLOSED.search(text, after)
+    if lost:
+        tail = lost.start("sep")
+        problems.append((tail, "header is never closed by a '---' line; rest ignored"))
     first = opens[0][0] if opens else tail
     if text[:first].strip():
         problems.append((0, "text outside any message ignored"))
     segments = [
-        _Segment(s, hs, he, bs, opens[k + 1][0] if k + 1 < len(opens) else tail)
-        for k, (s, hs, he, bs) in enumerate(opens)
+        _Segment(s, hs, he, bs, opens[k + 1][0] if k + 1 < len(opens) else tail, fast)
+        for k, (s, hs, he, bs, fast) in enumerate(opens)
     ]
     return _Scan(segments, tail, problems)
 
@@ -268,25 +280,26 @@ def _strip_body(raw: str) -> str:
     return raw
 
 
-def _load_header(header: str) -> tuple[dict[object, object] | None, str, int]:
-    """Header text -> (mapping or None, problem, offset of the problem within the header)."""
-    found = _FAST_LINE.findall(header)
-    if found and len(found) == header.count("\n"):
-        fast: dict[object, object] = dict(found)
-        if _YAML_WORDS.isdisjoint(fast.values()):
-            return fast, "", 0
+def _load_header(header: str, fast: bool) -> tuple[dict[object, object] | None, str, int]:
+    """Header text -> (mapping or None, problem, offset of the problem within the header).
+    `fast`: _scan found every line to be a _FAST_LINE."""
+    if fast:
+        data: dict[object, object] = dict(_FAST_LINE.findall(header))
+        if _YAML_WORDS.isdisjoint(data.values()):
+            return data, "", 0
     # Undecodable bytes (kept as surrogates, see _decode) would make libyaml reject the header.
     header = _SURROGATE.sub("\ufffd", header)
     try:
-        data = _YAML.load(header, Loader=_HeaderLoader)
+        loaded = _YAML.load(header, Loader=_HeaderLoader)
     except Exception as exc:
-        # (ValueError, OverflowError, RecursionError ...), and a bad user file must never raise.
+        # Broad on purpose: PyYAML's constructors raise more than YAMLError (ValueError,
+        # OverflowError, RecursionError ...), and a bad user file must never raise.
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
         return None, f"malformed YAML header ({problem})", getattr(mark, "index", 0) or 0
-    if not isinstance(data, dict):
+    if not isinstance(loaded, dict):
         return None, "header is not a YAML mapping", 0
-    return data, "", 0
+    return loaded, "", 0
 
 
 def _field(data: dict[object, object], key: str) -> tuple[str | None, str]:
@@ -332,7 +345,13 @@ def _parse_text(text: str, *, ids_only: bool = False) -> tuple[ParseResult, _Ent
     first_seen: dict[str, int] = {}
     duplicates: list[tuple[int, str, int]] = []  # (offset, id, offset of its first use)
     for seg in scan.segments:
-        data, problem, where = _load_header(text[seg.header_start : seg.header_end])
+        header = text[seg.header_start : seg.header_end]
+        if ids_only and seg.fast:  # the id is the last `id:` line, as in the dict built below
+            ids = _ID_LINE.findall(header)
+            if ids and ids[-1] not in _YAML_WORDS:
+                entries.append((seg.start, seg.end, ids[-1]))
+                continue
+        data, problem, where = _load_header(header, seg.fast)
         if data is None:
             problems.append((seg.header_start + where, f"message skipped: {problem}"))
             continue
@@ -455,9 +474,14 @@ def _window_cut(text: str, truncated: bool) -> int:
     return segments[-1].start if segments else 0
 
 
-def _make_index(data: bytes, text: str, truncated: bool, cut: int, entries: _Entries) -> _Index:
+def _make_index(
+    data: bytes | None, text: str, truncated: bool, cut: int, entries: _Entries
+) -> _Index:
+    """The index of a window; `data` None leaves the digest empty, for the caller to fill in
+    only if the index outlives the bytes (hashing 16 MiB is not free)."""
     byte_entries, head_end = _byte_entries(text, entries, cut)
-    return _Index(hashlib.sha256(data).digest(), truncated, head_end, tuple(byte_entries))
+    digest = b"" if data is None else hashlib.sha256(data).digest()
+    return _Index(digest, truncated, head_end, tuple(byte_entries))
 
 
 def _index_fits(index: _Index, data: bytes, truncated: bool) -> bool:
@@ -679,7 +703,7 @@ class Mailbox:
             text, _ = _decode(data)
             cut = _window_cut(text, truncated)
             _, entries = _parse_text(text[:cut], ids_only=True)
-            index = _make_index(data, text, truncated, cut, entries)
+            index = _make_index(None, text, truncated, cut, entries)
         kept: list[bytes] = []
         new_entries: list[tuple[int, int, str]] = []
         pos = 0
@@ -695,7 +719,7 @@ class Mailbox:
                 new_entries.append((start - dropped, end - dropped, ident))
         unknown = tuple(sorted(wanted - found))
         if not found:
-            self._index = index
+            self._index = index._replace(digest=index.digest or hashlib.sha256(data).digest())
             return RemoveResult(0, unknown)
         kept.append(data[pos : index.head_end])
         head = b"".join(kept)
