@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -248,21 +247,21 @@ class Launcher:
         return self.engine.docker("exec", sleeve.container, *argv, check=check)
 
 
-@pytest.fixture
-def launcher(
-    engine: dockerenv.Engine, image: str, stub: AnthropicStub, tmp_path: Path
-) -> Iterator[Launcher]:
-    """A fresh git project and SLEEVE_HOME; the containers it started are removed afterwards."""
-    project = tmp_path / "project"
-    project.mkdir()
+def new_launcher(engine: dockerenv.Engine, stub: AnthropicStub, base: Path) -> Launcher:
+    """A fresh git project under `base` with its own SLEEVE_HOME, pointed at the API stub."""
+    project = base / "project"
+    project.mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(project)], check=True)
-    home = tmp_path / "sleeve-home"
-    lch = Launcher(engine, home, project, sleeve_env(engine, home, stub.url))
-    yield lch
+    home = base / "sleeve-home"
+    return Launcher(engine, home, project, sleeve_env(engine, home, stub.url))
+
+
+def remove_started(lch: Launcher) -> None:
+    """Remove the containers `lch` started, keeping their logs as artifacts."""
     for name in lch.started:
-        logs = engine.docker("logs", name, check=False)
+        logs = lch.engine.docker("logs", name, check=False)
         (ARTIFACTS / f"container-{name}.log").write_text(logs.stdout + logs.stderr)
-        engine.docker("rm", "-f", name, check=False)
+        lch.engine.docker("rm", "-f", name, check=False)
 
 
 def processes(lch: Launcher, sleeve: Sleeve) -> dict[int, tuple[int, str]]:
@@ -270,10 +269,8 @@ def processes(lch: Launcher, sleeve: Sleeve) -> dict[int, tuple[int, str]]:
     out = lch.exec(sleeve, "ps", "-eo", "pid=,ppid=,args=").stdout
     table: dict[int, tuple[int, str]] = {}
     for line in out.splitlines():
-        pid, ppid, args = (
-            line.split(None, 2) if len(line.split(None, 2)) == 3 else (*line.split(), "")
-        )
-        table[int(pid)] = (int(ppid), args)
+        pid, ppid, *args = line.split(None, 2)
+        table[int(pid)] = (int(ppid), args[0] if args else "")
     return table
 
 
@@ -285,7 +282,3 @@ def descendants(table: dict[int, tuple[int, str]], root: int) -> set[int]:
         grew = bool(new)
         found |= new
     return found
-
-
-def which(name: str) -> str | None:
-    return shutil.which(name)

@@ -26,9 +26,10 @@ from tests.e2e.conftest import (
     descendants,
     health_ok,
     http,
+    new_launcher,
     poll,
     processes,
-    sleeve_env,
+    remove_started,
 )
 from tests.e2e.ttyclient import TerminalClient
 
@@ -54,14 +55,6 @@ def _cli_up(sleeve: Sleeve, cli: str, not_pid: int | None = None) -> dict | None
     return None
 
 
-def _new_launcher(engine: dockerenv.Engine, stub: AnthropicStub, base: Path) -> Launcher:
-    project = base / "project"
-    project.mkdir(parents=True)
-    subprocess.run(["git", "init", "-q", str(project)], check=True)
-    home = base / "sleeve-home"
-    return Launcher(engine, home, project, sleeve_env(engine, home, stub.url))
-
-
 @pytest.fixture(scope="module")
 def claude(
     engine: dockerenv.Engine,
@@ -70,18 +63,13 @@ def claude(
     tmp_path_factory: pytest.TempPathFactory,
     timings: dict[str, float],
 ) -> Iterator[tuple[Launcher, Sleeve]]:
-    lch = _new_launcher(engine, stub, tmp_path_factory.mktemp("claude"))
+    lch = new_launcher(engine, stub, tmp_path_factory.mktemp("claude"))
     lch.create_slot()
     t0 = time.monotonic()
     sleeve = lch.run("--slot", "1", "--goal", GOAL, cli="claude-code")
     timings["sleeve_run_claude_code"] = round(time.monotonic() - t0, 2)
     yield lch, sleeve
-    for name in lch.started:
-        logs = engine.docker("logs", name, check=False)
-        (dockerenv.REPO / "artifacts" / "e2e" / f"container-{name}.log").write_text(
-            logs.stdout + logs.stderr
-        )
-        engine.docker("rm", "-f", name, check=False)
+    remove_started(lch)
 
 
 def test_sleeve_run_claude_code_is_healthy_with_the_sidecar_as_pid_1(
@@ -237,10 +225,9 @@ def test_hard_resleeve_keeps_cstack_and_the_cli_history(
 def shell_launcher(
     engine: dockerenv.Engine, image: str, stub: AnthropicStub, tmp_path: Path
 ) -> Iterator[Launcher]:
-    lch = _new_launcher(engine, stub, tmp_path)
+    lch = new_launcher(engine, stub, tmp_path)
     yield lch
-    for name in lch.started:
-        engine.docker("rm", "-f", name, check=False)
+    remove_started(lch)
 
 
 def test_docker_kill_and_docker_rm_show_as_failed_code_137_and_vanished_in_sleeve_ps(
