@@ -76,7 +76,7 @@ _ESCAPED = re.compile(r"^\\(?=\\*---[ \t]*\r?$)", re.MULTILINE)
 _PLAIN_VALUE = r"[A-Za-z][A-Za-z0-9_-]*|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z"
 _FAST_LINE = re.compile(rf"^([A-Za-z_][A-Za-z0-9_-]*): +({_PLAIN_VALUE}) *\r?$", re.MULTILINE)
 _PLAIN = re.compile(rf"(?:{_PLAIN_VALUE})\Z")
-_ID_LINE = re.compile(rf"^id: +({_PLAIN_VALUE}) *\r?$", re.MULTILINE)
+_ID_LINE = re.compile(rf"^id: +({_PLAIN_VALUE}) *\r?$".encode(), re.MULTILINE)
 # One match per message: opening separator, a key line next, the header up to the next separator
 # (closing it). The header is `fast` when every line is a _FAST_LINE. Leading with the literal
 # "\n---" (not "^---") lets the regex engine skip through bodies fast; the first line of the file
@@ -87,18 +87,19 @@ _OPEN_BODY = (
     rf"|.*?\n(?={_SEP_LINE}))"
     rf"{_SEP_LINE}"
 )
-_OPEN = re.compile(rf"\n{_OPEN_BODY}", re.MULTILINE | re.DOTALL)
-_OPEN_AT_TOP = re.compile(_OPEN_BODY, re.MULTILINE | re.DOTALL)
 _UNCLOSED_BODY = rf"(?P<sep>{_SEP_LINE})\n(?={_KEY}:(?:[ \t\r\n]|\Z))"
-_UNCLOSED = re.compile(rf"\n{_UNCLOSED_BODY}", re.MULTILINE)
-_UNCLOSED_AT_TOP = re.compile(_UNCLOSED_BODY, re.MULTILINE)
+# Splitting works on the file's bytes (all delimiters are ASCII): offsets are byte offsets for
+# the rewrite, and only headers and bodies are decoded, one by one.
+_OPEN = re.compile(rf"\n{_OPEN_BODY}".encode(), re.MULTILINE | re.DOTALL)
+_OPEN_AT_TOP = re.compile(_OPEN_BODY.encode(), re.MULTILINE | re.DOTALL)
+_UNCLOSED = re.compile(rf"\n{_UNCLOSED_BODY}".encode(), re.MULTILINE)
+_UNCLOSED_AT_TOP = re.compile(_UNCLOSED_BODY.encode(), re.MULTILINE)
 _YAML_WORDS = frozenset(
     form
     for word in ("yes", "no", "true", "false", "on", "off", "null")
     for form in (word, word.capitalize(), word.upper())
 )
 # Characters YAML or our line splitting treat as line breaks, and other controls: never in a header.
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _BAD_HEADER_CHARS = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029\ufeff\ud800-\udfff]")
 _YAML = YAMLHandler()  # python-frontmatter's YAML front matter loader
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -238,31 +239,31 @@ class _Segment(NamedTuple):
 
 class _Scan(NamedTuple):
     segments: list[_Segment]
-    tail: int  # start of an unterminated header (ignored), else len(text)
+    tail: int  # start of an unterminated header (ignored), else the end
     problems: list[tuple[int, str]]  # (offset, warning)
 
 
-def _scan(text: str) -> _Scan:
-    """Split text into message segments by the boundary rule (see the module docstring)."""
+def _scan(data: bytes) -> _Scan:
+    """Split a file into message segments by the boundary rule (see the module docstring)."""
     opens: list[tuple[int, int, int, int, bool]] = []
-    top = _OPEN_AT_TOP.match(text)
+    top = _OPEN_AT_TOP.match(data)
     matches = [top] if top else []
-    matches += _OPEN.finditer(text, top.end() if top else 0)
+    matches += _OPEN.finditer(data, top.end() if top else 0)
     for m in matches:
         header_start, header_end = m.span("header")
-        body_start = min(m.end() + 1, len(text))
+        body_start = min(m.end() + 1, len(data))
         opens.append((m.start("sep"), header_start, header_end, body_start, bool(m["fast"])))
     problems: list[tuple[int, str]] = []
-    tail = len(text)
+    tail = len(data)
     # An opening line with no closing one anywhere after it: no match above.
     after = opens[-1][3] - 1 if opens else 0
-    lost = _UNCLOSED_AT_TOP.match(text) if not opens else None
-    lost = lost or _UNCLOSED.search(text, after)
+    lost = _UNCLOSED_AT_TOP.match(data) if not opens else None
+    lost = lost or _UNCLOSED.search(data, after)
     if lost:
         tail = lost.start("sep")
         problems.append((tail, "header is never closed by a '---' line; rest ignored"))
     first = opens[0][0] if opens else tail
-    if text[:first].strip():
+    if data[:first].strip():
         problems.append((0, "text outside any message ignored"))
     segments = [
         _Segment(s, hs, he, bs, opens[k + 1][0] if k + 1 < len(opens) else tail, fast)
@@ -287,8 +288,6 @@ def _load_header(header: str, fast: bool) -> tuple[dict[object, object] | None, 
         data: dict[object, object] = dict(_FAST_LINE.findall(header))
         if _YAML_WORDS.isdisjoint(data.values()):
             return data, "", 0
-    # Undecodable bytes (kept as surrogates, see _decode) would make libyaml reject the header.
-    header = _SURROGATE.sub("\ufffd", header)
     try:
         loaded = _YAML.load(header, Loader=_HeaderLoader)
     except Exception as exc:
@@ -312,95 +311,110 @@ def _field(data: dict[object, object], key: str) -> tuple[str | None, str]:
 
 
 def _derived_id(header: str, body: str) -> str:
-    digest = hashlib.sha256(f"{header}\0{body}".encode("utf-8", "surrogateescape"))
+    digest = hashlib.sha256(f"{header}\0{body}".encode("utf-8", "surrogatepass"))
     return f"noid-{digest.hexdigest()[:12]}"
-
-
-def _segment_id(text: str, seg: _Segment, data: dict[object, object]) -> tuple[str, str]:
-    """(id, problem) of a parsed segment; a missing id is derived from the segment's text."""
-    ident, problem = _field(data, "id")
-    if ident:
-        return ident, problem
-    header = text[seg.header_start : seg.header_end]
-    derived = _derived_id(header, _strip_body(text[seg.body_start : seg.end]))
-    return derived, f"message has no id; it is given the id {derived}"
 
 
 def parse_messages(text: str) -> ParseResult:
     """Messages and warnings ("line N: ...") from a message file's text. Never raises."""
-    result, _ = _parse_text(text)
+    result, _ = _parse_bytes(text.encode("utf-8", "surrogatepass"))
     return result
 
 
-# (start, end, id) of each readable message: what a removal needs to know.
+# (start, end, id) of each readable message, in bytes: what a removal needs to know.
 _Entries = list[tuple[int, int, str]]
 
 
-def _parse_text(text: str, *, ids_only: bool = False) -> tuple[ParseResult, _Entries]:
+class _Decoder:
+    """Decodes pieces of a file; bytes that are not UTF-8 become U+FFFD and the first one is
+    remembered for a warning (the file itself is only ever spliced as bytes, never re-encoded)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.bad = -1
+
+    def __call__(self, start: int, end: int) -> str:
+        piece = self.data[start:end]
+        try:
+            return piece.decode()
+        except UnicodeDecodeError as exc:
+            if self.bad < 0:
+                self.bad = start + exc.start
+            return piece.decode(errors="replace")
+
+
+def _parse_bytes(data: bytes, *, ids_only: bool = False) -> tuple[ParseResult, _Entries]:
     """parse_messages plus the entries; `ids_only` skips everything a removal does not need."""
-    scan = _scan(text)
+    scan = _scan(data)
     problems = list(scan.problems)
     messages: list[Message] = []
     entries: _Entries = []
     first_seen: dict[str, int] = {}
     duplicates: list[tuple[int, str, int]] = []  # (offset, id, offset of its first use)
+    decode = _Decoder(data)
     for seg in scan.segments:
-        header = text[seg.header_start : seg.header_end]
         if ids_only and seg.fast:  # the id is the last `id:` line, as in the dict built below
-            ids = _ID_LINE.findall(header)
-            if ids and ids[-1] not in _YAML_WORDS:
-                entries.append((seg.start, seg.end, ids[-1]))
+            ids = _ID_LINE.findall(data, seg.header_start, seg.header_end)
+            if ids and (ident := ids[-1].decode()) not in _YAML_WORDS:
+                entries.append((seg.start, seg.end, ident))
                 continue
-        data, problem, where = _load_header(header, seg.fast)
-        if data is None:
+        header = decode(seg.header_start, seg.header_end)
+        fields, problem, where = _load_header(header, seg.fast)
+        if fields is None:
+            where = len(header[:where].encode())  # YAML counts characters; offsets are bytes
             problems.append((seg.header_start + where, f"message skipped: {problem}"))
             continue
-        ident, problem = _segment_id(text, seg, data)
+        ident, problem = _field(fields, "id")
+        if not ident:
+            ident = _derived_id(header, _strip_body(decode(seg.body_start, seg.end)))
+            problem = f"message has no id; it is given the id {ident}"
         entries.append((seg.start, seg.end, ident))
         if ids_only:
             continue
         if problem:
             problems.append((seg.start, problem))
-        fields: dict[str, str | None] = {}
+        values: dict[str, str | None] = {}
         for key in ("from", "to", "thread", "type", "time"):
-            fields[key], problem = _field(data, key)
+            values[key], problem = _field(fields, key)
             if problem:
                 problems.append((seg.start, f"message {ident}: {problem}"))
         for key in ("from", "type", "time"):
-            if fields[key] is None:
+            if values[key] is None:
                 problems.append((seg.start, f"message {ident}: no {key!r}"))
-        if fields["type"] is not None and fields["type"] not in MESSAGE_TYPES:
-            problems.append((seg.start, f"message {ident}: unknown type {fields['type']!r}"))
+        if values["type"] is not None and values["type"] not in MESSAGE_TYPES:
+            problems.append((seg.start, f"message {ident}: unknown type {values['type']!r}"))
         if ident in first_seen:
             duplicates.append((seg.start, ident, first_seen[ident]))
         else:
             first_seen[ident] = seg.start
-        body = _strip_body(text[seg.body_start : seg.end])
+        body = _strip_body(decode(seg.body_start, seg.end))
         if "\\---" in body:
             body = _ESCAPED.sub("", body)
         messages.append(
             Message(
                 id=ident,
-                sender=fields["from"],
-                type=fields["type"],
-                time=fields["time"],
+                sender=values["from"],
+                type=values["type"],
+                time=values["time"],
                 body=body,
-                to=fields["to"],
-                thread=fields["thread"],
+                to=values["to"],
+                thread=values["thread"],
             )
         )
     if ids_only:
         return ParseResult((), ()), entries
-    return ParseResult(tuple(messages), _number_warnings(text, problems, duplicates)), entries
+    if decode.bad >= 0:
+        problems.append((decode.bad, "not UTF-8; bad bytes shown as U+FFFD"))
+    return ParseResult(tuple(messages), _number_warnings(data, problems, duplicates)), entries
 
 
 def _number_warnings(
-    text: str, problems: list[tuple[int, str]], duplicates: list[tuple[int, str, int]]
+    data: bytes, problems: list[tuple[int, str]], duplicates: list[tuple[int, str, int]]
 ) -> tuple[str, ...]:
     """Offsets -> "line N: ..." (line numbers are only computed when something is wrong)."""
     if not problems and not duplicates:
         return ()
-    newlines = [m.start() for m in re.finditer("\n", text)]
+    newlines = [m.start() for m in re.finditer(b"\n", data)]
 
     def line(pos: int) -> int:
         return bisect.bisect_left(newlines, pos) + 1
@@ -412,19 +426,6 @@ def _number_warnings(
     if len(problems) > MAX_WARNINGS:
         out.append(f"... and {len(problems) - MAX_WARNINGS} more warnings")
     return tuple(out)
-
-
-def _decode(data: bytes) -> tuple[str, int]:
-    """Text (undecodable bytes kept as surrogates, so a rewrite puts them back untouched) and the
-    offset of the first bad byte, or -1."""
-    try:
-        return data.decode("utf-8"), -1
-    except UnicodeDecodeError as exc:
-        return data.decode("utf-8", "surrogateescape"), exc.start
-
-
-def _clean(value: str | None) -> str | None:
-    return None if value is None else _SURROGATE.sub("\ufffd", value)
 
 
 # ---------------------------------------------------------------- files
@@ -444,44 +445,16 @@ class _Index(NamedTuple):
     digest: bytes
     truncated: bool
     head_end: int  # end of the part reads list and removals touch (bytes)
-    entries: tuple[tuple[int, int, str], ...]  # (start, end, id) in bytes
+    entries: tuple[tuple[int, int, str], ...]  # (start, end, id)
 
 
-def _byte_entries(text: str, entries: _Entries, head_end: int) -> tuple[_Entries, int]:
-    """Character offsets -> byte offsets (the identity for ASCII text)."""
-    if text.isascii():
-        return entries, head_end
-    out: _Entries = []
-    chars = nbytes = 0
-
-    def at(pos: int) -> int:
-        nonlocal chars, nbytes
-        nbytes += len(text[chars:pos].encode("utf-8", "surrogateescape"))
-        chars = pos
-        return nbytes
-
-    for start, end, ident in entries:  # offsets only grow: one pass over the text
-        out.append((at(start), at(end), ident))
-    return out, at(head_end)
-
-
-def _window_cut(text: str, truncated: bool) -> int:
+def _window_cut(data: bytes, truncated: bool) -> int:
     """Where the listed part of a window ends: a window cut by the read limit loses its last
     message, which may be incomplete."""
     if not truncated:
-        return len(text)
-    segments = _scan(text).segments
+        return len(data)
+    segments = _scan(data).segments
     return segments[-1].start if segments else 0
-
-
-def _make_index(
-    data: bytes | None, text: str, truncated: bool, cut: int, entries: _Entries
-) -> _Index:
-    """The index of a window; `data` None leaves the digest empty, for the caller to fill in
-    only if the index outlives the bytes (hashing 16 MiB is not free)."""
-    byte_entries, head_end = _byte_entries(text, entries, cut)
-    digest = b"" if data is None else hashlib.sha256(data).digest()
-    return _Index(digest, truncated, head_end, tuple(byte_entries))
 
 
 def _index_fits(index: _Index, data: bytes, truncated: bool) -> bool:
@@ -611,28 +584,13 @@ class Mailbox:
 
     def _parse(self, data: bytes, size: int) -> ParseResult:
         self.parse_count += 1
-        text, bad = _decode(data)
         truncated = size > len(data)
-        cut = _window_cut(text, truncated)
-        result, entries = _parse_text(text[:cut])
-        self._index = _make_index(data, text, truncated, cut, entries)
+        cut = _window_cut(data, truncated)
+        result, entries = _parse_bytes(data[:cut])
+        digest = hashlib.sha256(data).digest()
+        self._index = _Index(digest, truncated, cut, tuple(entries))
         warnings = list(result.warnings)
         messages = result.messages
-        if bad >= 0:
-            line = data.count(b"\n", 0, bad) + 1
-            warnings.insert(0, f"line {line}: not UTF-8; bad bytes shown as U+FFFD")
-            messages = tuple(
-                Message(
-                    id=_clean(m.id) or m.id,
-                    sender=_clean(m.sender),
-                    type=_clean(m.type),
-                    time=_clean(m.time),
-                    body=_clean(m.body) or "",
-                    to=_clean(m.to),
-                    thread=_clean(m.thread),
-                )
-                for m in messages
-            )
         if truncated:
             warnings.append(
                 f"{self.filename} is {size} bytes; only the messages in its first "
@@ -700,10 +658,9 @@ class Mailbox:
         truncated = size > len(data)
         index = self._index
         if index is None or not _index_fits(index, data, truncated):
-            text, _ = _decode(data)
-            cut = _window_cut(text, truncated)
-            _, entries = _parse_text(text[:cut], ids_only=True)
-            index = _make_index(None, text, truncated, cut, entries)
+            cut = _window_cut(data, truncated)
+            _, entries = _parse_bytes(data[:cut], ids_only=True)
+            index = _Index(b"", truncated, cut, tuple(entries))
         kept: list[bytes] = []
         new_entries: list[tuple[int, int, str]] = []
         pos = 0

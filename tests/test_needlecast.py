@@ -163,7 +163,7 @@ def test_any_messages_appended_to_a_file_then_read_are_the_same(messages: list[M
 def test_fast_path_values_read_the_same_as_yaml_would(value: str) -> None:
     header = f"id: {value}\n"
     fast, _, _ = needlecast._load_header(header, True)
-    assert needlecast._scan(f"---\n{header}---\n").segments[0].fast
+    assert needlecast._scan(f"---\n{header}---\n".encode()).segments[0].fast
     slow = yaml.load(header, Loader=needlecast._HeaderLoader)
     assert fast is not None
     assert needlecast._field(fast, "id") == needlecast._field(slow, "id")
