@@ -72,6 +72,8 @@ async def _guarded(work: Callable[[], Awaitable[web.Response]]) -> web.Response:
         # The workspace is set up so that writing would leave it: a state problem, not the
         # client's fault and not transient either.
         return _error(409, str(exc))
+    except ValueError as exc:  # render_message refused a header value
+        return _error(400, f"message cannot be written: {exc}")
     except needlecast.MailboxFullError as exc:
         return _error(507, f"{exc}; ack messages to make room")
     except OSError as exc:

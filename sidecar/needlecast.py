@@ -285,9 +285,9 @@ def _load_header(header: str, fast: bool) -> tuple[dict[object, object] | None, 
     """Header text -> (mapping or None, problem, offset of the problem within the header).
     `fast`: _scan found every line to be a _FAST_LINE."""
     if fast:
-        data: dict[object, object] = dict(_FAST_LINE.findall(header))
-        if _YAML_WORDS.isdisjoint(data.values()):
-            return data, "", 0
+        pairs: dict[object, object] = dict(_FAST_LINE.findall(header))
+        if _YAML_WORDS.isdisjoint(pairs.values()):
+            return pairs, "", 0
     try:
         loaded = _YAML.load(header, Loader=_HeaderLoader)
     except Exception as exc:
