@@ -84,6 +84,10 @@ def test_sleeve_run_claude_code_is_healthy_with_the_sidecar_as_pid_1(
     table = processes(lch, sleeve)
     assert "claude" in table[status["cli_pid"]][1]
     assert status["status"] == "working" and status["current_task"] == GOAL
+    # The image's HEALTHCHECK is active in a launched sleeve (its first probe comes after the
+    # 30 s interval; `healthy` itself is proven with a short interval in test_e2e_image).
+    health = lch.engine.docker("inspect", "--format", "{{.State.Health.Status}}", sleeve.container)
+    assert health.stdout.strip() in ("starting", "healthy")
 
 
 async def test_terminal_shows_the_claude_prompt_and_a_typed_prompt_reaches_the_api(
