@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import logging
 import os
 import re
@@ -97,15 +98,16 @@ class Project:
     root: Path
     home: Path
 
-    @property
+    # Cached: derived from the frozen fields, and used in every per-slot path below.
+    @functools.cached_property
     def crc0(self) -> str:
         return slot_chain(self.root, 0)[0]
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         return f"{slugify(self.root)}_{self.crc0}"
 
-    @property
+    @functools.cached_property
     def dir(self) -> Path:
         return self.home / "projects" / self.key
 
