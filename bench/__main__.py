@@ -73,10 +73,9 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_docs(path: Path, table: str, date: str, quick: bool) -> None:
+def write_docs(path: Path, table: str, heading: str) -> None:
     """Replace the table between the bench markers in `path` (created if missing)."""
-    kind = "quick run (`--quick`)" if quick else "full run"
-    block = f"{BEGIN}\nLatest {kind}: {date}\n\n{table}\n{END}"
+    block = f"{BEGIN}\n{heading}\n\n{table}\n{END}"
     text = (
         path.read_text(encoding="utf-8") if path.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     )
@@ -130,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     elapsed = time.monotonic() - started
+    info["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     table = core.table(figures)
-    print(f"Benchmarks, {date} ({'quick' if args.quick else 'full'} run, {elapsed:.0f} s)\n")
+    kind = "quick" if args.quick else "full"
+    load = f"load average {info['load_avg_at_start'][0]} → {info['load_avg_at_end'][0]}"
+    print(f"Benchmarks, {date} ({kind} run, {elapsed:.0f} s, {info['cpus']} CPUs, {load})\n")
     print(table)
     result = {
         "date": date,
@@ -144,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log.info("wrote %s (%.0f s in all)", out, elapsed)
     if args.docs:
-        write_docs(Path(args.docs), table, date, args.quick)
+        heading = f"Latest {kind} run: {date}, {elapsed:.0f} s, {info['cpus']} CPUs, {load}."
+        write_docs(Path(args.docs), table, heading)
     return 1 if any(f.error for f in figures) else 0
 
 

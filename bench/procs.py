@@ -140,6 +140,27 @@ def memory(procs: Iterable[psutil.Process]) -> Memory:
     return Memory(uss / MiB, rss / MiB, n)
 
 
+def kind(proc: psutil.Process) -> str:
+    """Which part of a sleeve a process is: sidecar (init, supervisor), tmux, ttyd, other."""
+    try:
+        name = proc.name()
+        argv = proc.cmdline()
+    except psutil.Error:
+        return "gone"
+    if name.startswith("tmux"):
+        return "tmux"
+    if "sidecar" in argv[1:3] or argv[1:3] == ["-m", "sidecar"]:
+        return "sidecar"
+    return "ttyd" if "ttyd" in name else "other"
+
+
+def memory_by_kind(procs: Iterable[psutil.Process]) -> dict[str, Memory]:
+    groups: dict[str, list[psutil.Process]] = {}
+    for proc in procs:
+        groups.setdefault(kind(proc), []).append(proc)
+    return {name: memory(members) for name, members in groups.items()}
+
+
 def cpu_seconds(procs: Iterable[psutil.Process]) -> dict[int, float]:
     out = {}
     for proc in procs:

@@ -56,7 +56,7 @@ def run(ctx: Context) -> list[Figure]:
             errs = {"non_2xx": 0, "socket_errors": 0, "requests": 0}
             base_errs = {"non_2xx": 0, "socket_errors": 0, "requests": 0}
             got = interleave(
-                ctx.pick(1, 3),
+                ctx.pick(1, 5),
                 {
                     "sidecar": lambda p=path, e=errs: _load(sc.url + p, seconds, e),
                     "bare": lambda e=base_errs: _load(f"http://127.0.0.1:{bare.port}/", seconds, e),

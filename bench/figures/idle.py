@@ -1,11 +1,13 @@
 """Idle CPU: a sidecar (shell CLI) left alone for 60 s; CPU seconds of its whole process tree
-over the wall time. The window opens before the other groups and closes after them: nothing
-talks to this sidecar meanwhile, and CPU time counts only its own processes' work."""
+over the wall time. The window opens before the other groups and a timer closes it 60 s later
+while they run: nothing talks to this sidecar meanwhile, and CPU time counts only its own
+processes' work, so sharing the machine with the other groups does not inflate it."""
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -23,6 +25,16 @@ class Window:
     procs: list[psutil.Process]
     cpu: dict[int, float]
     start: float
+    length: float
+    after: dict[int, float] = field(default_factory=dict)
+    end: float = 0.0
+    closed: threading.Event = field(default_factory=threading.Event)
+    timer: threading.Timer | None = None
+
+    def close_window(self) -> None:
+        self.after = cpu_seconds(self.procs)
+        self.end = time.monotonic()
+        self.closed.set()
 
 
 def begin(ctx: Context) -> Window:
@@ -31,19 +43,23 @@ def begin(ctx: Context) -> Window:
         start_sidecar(sc)
         assert sc.proc is not None
         procs = tree(sc.proc.pid)
-        return Window(sc, procs, cpu_seconds(procs), time.monotonic())
+        length = ctx.seconds(5, 60)
+        window = Window(sc, procs, cpu_seconds(procs), time.monotonic(), length)
+        window.timer = threading.Timer(length, window.close_window)
+        window.timer.daemon = True
+        window.timer.start()
+        return window
     except BaseException:
         stop_sidecar(sc)
         raise
 
 
 def finish(ctx: Context, window: Window) -> list[Figure]:
-    length = ctx.seconds(5, 60)
-    left = window.start + length - time.monotonic()
-    if left > 0:
-        time.sleep(left)  # sleep-ok: the measurement window itself
-    wall = time.monotonic() - window.start
-    after = cpu_seconds(window.procs)
+    if not window.closed.wait(window.length + 30):
+        msg = "the idle window did not close"
+        raise BenchError(msg)
+    wall = window.end - window.start
+    after = window.after
     gone = set(window.cpu) - set(after)
     if gone:
         msg = f"sidecar processes {sorted(gone)} exited during the idle window"
@@ -62,4 +78,6 @@ def finish(ctx: Context, window: Window) -> list[Figure]:
 
 
 def close(window: Window) -> None:
+    if window.timer is not None:
+        window.timer.cancel()
     stop_sidecar(window.sc)

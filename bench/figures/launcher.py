@@ -72,7 +72,7 @@ def run(ctx: Context) -> list[Figure]:
             raise BenchError(msg)
         return took * 1000
 
-    got = interleave(ctx.pick(3, 9), {"python": interpreter, "sleeve": slots, "cksum": cksum})
+    got = interleave(ctx.pick(3, 15), {"python": interpreter, "sleeve": slots, "cksum": cksum})
     beyond = [s - p for s, p in zip(got["sleeve"], got["python"], strict=True)]
     return [
         Figure(

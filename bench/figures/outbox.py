@@ -44,7 +44,7 @@ def run(ctx: Context) -> list[Figure]:
             raise BenchError(msg)
         return took * 1000
 
-    got = interleave(ctx.pick(3, 9), {"parse": parse, "ack": ack})
+    got = interleave(ctx.pick(3, 15), {"parse": parse, "ack": ack})
     size = f"{len(text) / 1e6:.1f} MB file"
     return [
         Figure(

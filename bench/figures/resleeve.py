@@ -155,7 +155,7 @@ def run(ctx: Context) -> list[Figure]:
             tmux_server(ctx.scratch("rd"), ["bash", "--norc", "--noprofile"]) as seed,
         ):
             got = interleave(
-                ctx.pick(2, 7),
+                ctx.pick(2, 11),
                 {
                     "sidecar": lambda: _sidecar_round(sc.port) * 1000,
                     "floor": lambda: _floor_round(floor) * 1000,

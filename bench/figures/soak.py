@@ -27,8 +27,10 @@ from bench.core import Figure, at_most
 from bench.messages import write_outbox
 from bench.procs import (
     BenchError,
+    Memory,
     make_sidecar,
     memory,
+    memory_by_kind,
     own_procs,
     start_sidecar,
     stop_sidecar,
@@ -39,6 +41,8 @@ NAMES = (
     "soak.non_2xx",
     "soak.socket_errors",
     "soak.memory_growth",
+    "soak.memory_growth.sidecar",
+    "soak.memory_growth.tmux",
     "soak.rps",
     "events.missed",
 )
@@ -136,6 +140,13 @@ async def _soak(
     return result, sent, readers
 
 
+def _growth(before: dict[str, Memory], after: dict[str, Memory], part: str) -> float:
+    if part not in before or part not in after:
+        msg = f"no {part} process found in the sleeve"
+        raise BenchError(msg)
+    return after[part].uss - before[part].uss
+
+
 def run(ctx: Context) -> list[Figure]:
     tmp = ctx.scratch("so")
     config = write_cli_config(
@@ -153,9 +164,9 @@ def run(ctx: Context) -> list[Figure]:
     try:
         start_sidecar(sc)
         wrk.run(sc.url + "/", 1, script)  # warm-up: first requests, lazy imports
-        before = memory(own_procs(sc))
+        before, parts_before = memory(own_procs(sc)), memory_by_kind(own_procs(sc))
         result, sent, readers = asyncio.run(_soak(sc.url, current, seconds, clients, script))
-        after = memory(own_procs(sc))
+        after, parts_after = memory(own_procs(sc)), memory_by_kind(own_procs(sc))
         # How long SIGTERM takes once the /events clients have gone (recorded, not a target).
         assert sc.proc is not None
         stopping = time.monotonic()
@@ -199,6 +210,20 @@ def run(ctx: Context) -> list[Figure]:
             [after.uss - before.uss],
             target=at_most(5, "≤5 MiB"),
             notes=f"before {before.uss:.1f} MiB, after {after.uss:.1f} MiB",
+        ),
+        Figure(
+            "soak.memory_growth.sidecar",
+            "soak: of which the Python processes (init + supervisor)",
+            "MiB",
+            [_growth(parts_before, parts_after, "sidecar")],
+            notes="heap high-water mark of the load and the /events clients",
+        ),
+        Figure(
+            "soak.memory_growth.tmux",
+            "soak: of which the tmux server (the printing CLI's scrollback)",
+            "MiB",
+            [_growth(parts_before, parts_after, "tmux")],
+            notes="grows with the pane's history up to history-limit (50,000 lines)",
         ),
         Figure(
             "soak.rps",

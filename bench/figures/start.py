@@ -50,7 +50,7 @@ def _floor(ctx: Context, ttyd: str) -> float:
 def run(ctx: Context) -> list[Figure]:
     ttyd = find_ttyd(ctx.scratch("bin"))
     got = interleave(
-        ctx.pick(2, 7),
+        ctx.pick(2, 11),
         {"sidecar": lambda: _sidecar(ctx), "floor": lambda: _floor(ctx, ttyd)},
     )
     floor = Baseline("tmux + ttyd script", got["floor"])
