@@ -697,13 +697,21 @@ class Mailbox:
         try:
             try:
                 _write_all(out, head)
-                offset = tail_from
-                while offset < size:  # the tail past the read limit, copied in bounded chunks
-                    chunk = os.pread(src, min(1 << 20, size - offset), offset)
-                    if not chunk:
+                offset = end = tail_from
+                while True:  # the tail past the read limit, copied in bounded chunks
+                    while offset < end:
+                        chunk = os.pread(src, min(1 << 20, end - offset), offset)
+                        if not chunk:
+                            break
+                        _write_all(out, chunk)
+                        offset += len(chunk)
+                    # Until it stops growing: a writer that ignores the lock (`cat >> outbox.md`)
+                    # may have appended since we read, and its message must not vanish with the
+                    # old file. Only the moment between this check and the rename stays open to
+                    # such writers; writers that take the lock never race here.
+                    end = max(size, os.fstat(src).st_size)
+                    if end <= offset:
                         break
-                    _write_all(out, chunk)
-                    offset += len(chunk)
                 os.fsync(out)
             finally:
                 os.close(out)
@@ -713,7 +721,7 @@ class Mailbox:
                 os.unlink(tmp, dir_fd=dfd)
             raise
         os.fsync(dfd)  # make the rename durable
-        logger.debug("%s rewritten (%d bytes)", self.path, len(head) + size - tail_from)
+        logger.debug("%s rewritten (%d bytes)", self.path, len(head) + offset - tail_from)
 
     def _drop_stale_temps(self, dfd: int) -> None:
         """Temp files of a rewrite killed before its rename (we hold the lock: none is live)."""

@@ -421,3 +421,22 @@ def test_offsets_known_from_a_read_are_not_trusted_after_an_outside_edit(
         f.write(render_messages([b, a, c]).encode())
     assert box.remove(["msg-a"]).removed == 1
     assert box.path.read_text() == render_messages([b, c])
+
+
+def test_a_message_appended_without_the_lock_during_a_rewrite_is_kept(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The append is injected at the moment the rewrite writes its temp file: a race with a
+    writer that ignores the lock (`cat >> outbox.md`) cannot be timed from outside."""
+    box = box_file(tmp_path, render_messages([msg("msg-1"), msg("msg-2")]))
+    real_write_all = needlecast._write_all
+
+    def racing_write_all(fd: int, data: bytes) -> None:
+        with open(box.path, "ab") as f:  # no lock, like a shell redirect
+            f.write(render_messages([msg("msg-late")]).encode())
+        monkeypatch.setattr(needlecast, "_write_all", real_write_all)
+        real_write_all(fd, data)
+
+    monkeypatch.setattr(needlecast, "_write_all", racing_write_all)
+    assert box.remove(["msg-1"]).removed == 1
+    assert [m.id for m in box.read().messages] == ["msg-2", "msg-late"]
