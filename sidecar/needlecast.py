@@ -471,6 +471,11 @@ class Mailbox:
     An append is one O_APPEND write plus fsync; before it, the writer records the file's size in
     the lock file (the journal) and clears it after. A journal left by a writer killed mid-write
     tells readers where the file really ends and makes the next writer cut the torn tail off.
+
+    Other writers (the CLI's tools) should take the same lock, e.g. ``flock
+    .needlecast/.outbox.md.lock sh -c 'cat msg.md >> .needlecast/outbox.md'``. One that does not
+    is carried over by a concurrent rewrite except in the instant before its rename, and a reader
+    may see its message half-written.
     """
 
     def __init__(self, workspace: Path, name: str, *, max_bytes: int = MAX_FILE_BYTES) -> None:
