@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 
 from tests.e2e import dockerenv, pngcheck
 from tests.e2e.anthropic_stub import REPLY_TEXT, AnthropicStub
+from tests.e2e.cdp import TERMINAL_TEXT_JS, Browser
 from tests.e2e.conftest import (
     Launcher,
     Sleeve,
@@ -162,35 +162,24 @@ def test_docker_exec_sidecar_status_and_outbox_work_and_a_written_message_is_ack
 async def test_dashboard_in_headless_chromium_shows_the_claude_code_terminal(
     claude: tuple[Launcher, Sleeve], artifacts: Path, tmp_path: Path
 ) -> None:
-    """The PNG is kept as artifacts/e2e/dashboard.png; the DOM is checked from --dump-dom."""
+    """The page is driven over DevTools: the embedded terminal's screen (xterm.js buffer) must
+    show Claude Code, then the PNG is taken and kept as artifacts/e2e/dashboard.png."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "chromium is installed by scripts/setup --test"
     _, sleeve = claude
     poll(lambda: _cli_up(sleeve, "claude-code"), 15, "claude-code running")
-    # Chromium's virtual time runs ahead of the CLI: shoot once the UI is on the tmux screen.
-    term = await TerminalClient.connect(f"ws://127.0.0.1:{sleeve.port}/terminal/ws")
-    try:
-        await term.wait_for("Claude Code", 30)
-    finally:
-        await term.close()
-    common = [
-        # ttyd's xterm.js draws with WebGL: without a GPU, Chromium needs SwiftShader allowed,
-        # or the terminal stays an empty grey box.
-        chromium, "--headless", "--no-sandbox", "--enable-unsafe-swiftshader",
-        "--use-angle=swiftshader", "--disable-quic",
-        "--no-first-run", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--window-size=1400,900", "--virtual-time-budget=8000",
-    ]  # fmt: skip
     shot = artifacts / "dashboard.png"
     shot.unlink(missing_ok=True)
-    subprocess.run(
-        [*common, f"--user-data-dir={tmp_path / 'a'}", f"--screenshot={shot}", f"{sleeve.url}/"],
-        capture_output=True, timeout=90, check=True,
-    )  # fmt: skip
-    dom = subprocess.run(
-        [*common, f"--user-data-dir={tmp_path / 'b'}", "--dump-dom", f"{sleeve.url}/"],
-        capture_output=True, text=True, timeout=90, check=True,
-    ).stdout  # fmt: skip
+    browser = await Browser.start(chromium, tmp_path / "profile", (1400, 900))
+    try:
+        await browser.open(f"{sleeve.url}/")
+        screen = await browser.wait_for_text(TERMINAL_TEXT_JS, ["Claude Code", "❯"], 30)
+        await browser.wait_for_text("document.getElementById('cli').textContent", ["claude"], 10)
+        await browser.screenshot(shot)
+        dom = await browser.evaluate("document.documentElement.outerHTML")
+    finally:
+        await browser.close()
+    assert "v2.1.330" in screen
     assert 'id="terminal"' in dom and 'src="terminal/"' in dom
     assert ">claude-code<" in dom
     assert GOAL in dom
