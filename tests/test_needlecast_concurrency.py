@@ -194,7 +194,9 @@ def test_kill_9_during_big_appends_never_shows_a_torn_message(tmp_path: pathlib.
     (tmp_path / ".needlecast").mkdir()
     path = tmp_path / ".needlecast" / "outbox.md"
     box = Mailbox(tmp_path, "outbox")
-    for _ in range(3):
+    journal = tmp_path / ".needlecast" / ".outbox.md.lock"
+    killed_mid_append = 0
+    for _ in range(5):
         path.write_bytes(b"")
         child = subprocess.Popen(
             [sys.executable, WRITER, "append-big", str(tmp_path), "8"], cwd=REPO
@@ -204,6 +206,7 @@ def test_kill_9_during_big_appends_never_shows_a_torn_message(tmp_path: pathlib.
             assert time.monotonic() < deadline
         child.send_signal(signal.SIGKILL)
         child.wait()
+        killed_mid_append += journal.read_bytes() != b""  # the writer died inside append()
         result = box.read()
         assert result.warnings == ()
         assert [m.id for m in result.messages] == [f"big-{i}" for i in range(len(result.messages))]
@@ -213,3 +216,4 @@ def test_kill_9_during_big_appends_never_shows_a_torn_message(tmp_path: pathlib.
         assert [m.id for m in after.messages][-1] == "after"
         assert len(after.messages) == len(result.messages) + 1
         assert os.path.getsize(path) == len(render_messages(after.messages).encode())
+    assert killed_mid_append  # the kills did land inside appends (about 9 in 10 do)
