@@ -245,29 +245,31 @@ class _Scan(NamedTuple):
 
 def _scan(data: bytes) -> _Scan:
     """Split a file into message segments by the boundary rule (see the module docstring)."""
-    opens: list[tuple[int, int, int, int, bool]] = []
+    size = len(data)
     top = _OPEN_AT_TOP.match(data)
-    matches = [top] if top else []
-    matches += _OPEN.finditer(data, top.end() if top else 0)
-    for m in matches:
-        header_start, header_end = m.span("header")
-        body_start = min(m.end() + 1, len(data))
-        opens.append((m.start("sep"), header_start, header_end, body_start, bool(m["fast"])))
+    matches = list(_OPEN.finditer(data, top.end() if top else 0))
+    if top:
+        matches.insert(0, top)
+    # Groups: 1 the opening separator, 2 the header, 3 the header if canonical (fast).
+    starts = [m.start(1) for m in matches]
     problems: list[tuple[int, str]] = []
-    tail = len(data)
+    tail = size
     # An opening line with no closing one anywhere after it: no match above.
-    after = opens[-1][3] - 1 if opens else 0
-    lost = _UNCLOSED_AT_TOP.match(data) if not opens else None
-    lost = lost or _UNCLOSED.search(data, after)
+    if matches:
+        lost = _UNCLOSED.search(data, matches[-1].end())
+    else:
+        lost = _UNCLOSED_AT_TOP.match(data) or _UNCLOSED.search(data)
     if lost:
-        tail = lost.start("sep")
+        tail = lost.start(1)
         problems.append((tail, "header is never closed by a '---' line; rest ignored"))
-    first = opens[0][0] if opens else tail
-    if data[:first].strip():
+    if data[: starts[0] if starts else tail].strip():
         problems.append((0, "text outside any message ignored"))
+    starts.append(tail)
     segments = [
-        _Segment(s, hs, he, bs, opens[k + 1][0] if k + 1 < len(opens) else tail, fast)
-        for k, (s, hs, he, bs, fast) in enumerate(opens)
+        _Segment(
+            starts[k], m.start(2), m.end(2), min(m.end() + 1, size), starts[k + 1], m.start(3) >= 0
+        )
+        for k, m in enumerate(matches)
     ]
     return _Scan(segments, tail, problems)
 
