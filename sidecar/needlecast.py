@@ -76,18 +76,18 @@ _ESCAPED = re.compile(r"^\\(?=\\*---[ \t]*\r?$)", re.MULTILINE)
 _PLAIN_VALUE = r"[A-Za-z][A-Za-z0-9_-]*|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z"
 _FAST_LINE = re.compile(rf"^([A-Za-z_][A-Za-z0-9_-]*): +({_PLAIN_VALUE}) *\r?$", re.MULTILINE)
 _PLAIN = re.compile(rf"(?:{_PLAIN_VALUE})\Z")
-_ID_LINE = re.compile(rf"^id: +({_PLAIN_VALUE}) *\r?$".encode(), re.MULTILINE)
 # One match per message: opening separator, a key line next, the header up to the next separator
-# (closing it). The header is `fast` when every line is a _FAST_LINE. Leading with the literal
-# "\n---" (not "^---") lets the regex engine skip through bodies fast; the first line of the file
-# has its own pattern. Separators that match nothing here are body text.
+# (closing it). The header is `fast` (canonical, as the writer makes it) when its first line is
+# the only `id:` line and every line is a _FAST_LINE; then group 4 is the id. Leading with the
+# literal "\n---" (not "^---") lets the regex engine skip through bodies fast; the first line of
+# the file has its own pattern. Separators that match nothing here are body text.
 _OPEN_BODY = (
-    rf"(?P<sep>{_SEP_LINE})\n(?={_KEY}:(?:[ \t\r\n]|\Z))"
-    rf"(?P<header>(?P<fast>(?:{_KEY}: +(?:{_PLAIN_VALUE}) *\r?\n)+)(?={_SEP_LINE})"
+    rf"({_SEP_LINE})\n(?={_KEY}:(?:[ \t\r\n]|\Z))"
+    rf"((id: +({_PLAIN_VALUE}) *\r?\n(?:(?!id:){_KEY}: +(?:{_PLAIN_VALUE}) *\r?\n)*)(?={_SEP_LINE})"
     rf"|.*?\n(?={_SEP_LINE}))"
     rf"{_SEP_LINE}"
 )
-_UNCLOSED_BODY = rf"(?P<sep>{_SEP_LINE})\n(?={_KEY}:(?:[ \t\r\n]|\Z))"
+_UNCLOSED_BODY = rf"({_SEP_LINE})\n(?={_KEY}:(?:[ \t\r\n]|\Z))"
 # Splitting works on the file's bytes (all delimiters are ASCII): offsets are byte offsets for
 # the rewrite, and only headers and bodies are decoded, one by one.
 _OPEN = re.compile(rf"\n{_OPEN_BODY}".encode(), re.MULTILINE | re.DOTALL)
@@ -99,6 +99,7 @@ _YAML_WORDS = frozenset(
     for word in ("yes", "no", "true", "false", "on", "off", "null")
     for form in (word, word.capitalize(), word.upper())
 )
+_YAML_WORDS_BYTES = frozenset(word.encode() for word in _YAML_WORDS)
 # Characters YAML or our line splitting treat as line breaks, and other controls: never in a header.
 _BAD_HEADER_CHARS = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029\ufeff\ud800-\udfff]")
 _YAML = YAMLHandler()  # python-frontmatter's YAML front matter loader
@@ -243,17 +244,15 @@ class _Scan(NamedTuple):
     problems: list[tuple[int, str]]  # (offset, warning)
 
 
-def _scan(data: bytes) -> _Scan:
-    """Split a file into message segments by the boundary rule (see the module docstring)."""
-    size = len(data)
+def _matches(data: bytes) -> tuple[list[re.Match[bytes]], int, list[tuple[int, str]]]:
+    """The _OPEN match of every message, where the last one ends (`tail`: the start of a header
+    never closed, else the end) and problems found on the way (offset, warning)."""
     top = _OPEN_AT_TOP.match(data)
     matches = list(_OPEN.finditer(data, top.end() if top else 0))
     if top:
         matches.insert(0, top)
-    # Groups: 1 the opening separator, 2 the header, 3 the header if canonical (fast).
-    starts = [m.start(1) for m in matches]
     problems: list[tuple[int, str]] = []
-    tail = size
+    tail = len(data)
     # An opening line with no closing one anywhere after it: no match above.
     if matches:
         lost = _UNCLOSED.search(data, matches[-1].end())
@@ -262,9 +261,18 @@ def _scan(data: bytes) -> _Scan:
     if lost:
         tail = lost.start(1)
         problems.append((tail, "header is never closed by a '---' line; rest ignored"))
-    if data[: starts[0] if starts else tail].strip():
+    if data[: matches[0].start(1) if matches else tail].strip():
         problems.append((0, "text outside any message ignored"))
+    return matches, tail, problems
+
+
+def _scan(data: bytes) -> _Scan:
+    """Split a file into message segments by the boundary rule (see the module docstring)."""
+    matches, tail, problems = _matches(data)
+    # Groups: 1 the opening separator, 2 the header, 3 the header if canonical, 4 its id.
+    starts = [m.start(1) for m in matches]
     starts.append(tail)
+    size = len(data)
     segments = [
         _Segment(
             starts[k], m.start(2), m.end(2), min(m.end() + 1, size), starts[k + 1], m.start(3) >= 0
@@ -345,8 +353,50 @@ class _Decoder:
             return piece.decode(errors="replace")
 
 
-def _parse_bytes(data: bytes, *, ids_only: bool = False) -> tuple[ParseResult, _Entries]:
-    """parse_messages plus the entries; `ids_only` skips everything a removal does not need."""
+def _read_header(
+    seg: _Segment, decode: _Decoder
+) -> tuple[dict[object, object] | None, str, str, int]:
+    """(fields or None, id, problem, byte offset of the problem in the header) of a segment;
+    a missing id is derived from the message's text."""
+    header = decode(seg.header_start, seg.header_end)
+    fields, problem, where = _load_header(header, seg.fast)
+    if fields is None:
+        return None, "", problem, len(header[:where].encode())  # YAML counts characters
+    ident, problem = _field(fields, "id")
+    if not ident:
+        ident = _derived_id(header, _strip_body(decode(seg.body_start, seg.end)))
+        problem = f"message has no id; it is given the id {ident}"
+    return fields, ident, problem, 0
+
+
+def _message_ids(data: bytes) -> _Entries:
+    """The entries _parse_bytes gives, without building messages (what a removal needs).
+    Canonical headers give their id straight from the regex: list operations, no loop."""
+    matches, tail, _ = _matches(data)
+    if not matches:
+        return []
+    starts = [m.start(1) for m in matches]
+    raw_ids = [m.group(4) for m in matches]
+    ends = [*starts[1:], tail]
+    if None not in raw_ids and _YAML_WORDS_BYTES.isdisjoint(raw_ids):
+        ids = b"\n".join(raw_ids).decode().split("\n")  # ASCII words, never a "\n"
+        return list(zip(starts, ends, ids, strict=True))
+    entries: _Entries = []
+    decode = _Decoder(data)
+    size = len(data)
+    for m, start, end, raw in zip(matches, starts, ends, raw_ids, strict=True):
+        if raw is not None and raw not in _YAML_WORDS_BYTES:
+            entries.append((start, end, raw.decode()))
+            continue
+        seg = _Segment(start, m.start(2), m.end(2), min(m.end() + 1, size), end, m.start(3) >= 0)
+        fields, ident, _, _ = _read_header(seg, decode)
+        if fields is not None:
+            entries.append((start, end, ident))
+    return entries
+
+
+def _parse_bytes(data: bytes) -> tuple[ParseResult, _Entries]:
+    """parse_messages plus the entries."""
     scan = _scan(data)
     problems = list(scan.problems)
     messages: list[Message] = []
@@ -355,24 +405,11 @@ def _parse_bytes(data: bytes, *, ids_only: bool = False) -> tuple[ParseResult, _
     duplicates: list[tuple[int, str, int]] = []  # (offset, id, offset of its first use)
     decode = _Decoder(data)
     for seg in scan.segments:
-        if ids_only and seg.fast:  # the id is the last `id:` line, as in the dict built below
-            ids = _ID_LINE.findall(data, seg.header_start, seg.header_end)
-            if ids and (ident := ids[-1].decode()) not in _YAML_WORDS:
-                entries.append((seg.start, seg.end, ident))
-                continue
-        header = decode(seg.header_start, seg.header_end)
-        fields, problem, where = _load_header(header, seg.fast)
+        fields, ident, problem, where = _read_header(seg, decode)
         if fields is None:
-            where = len(header[:where].encode())  # YAML counts characters; offsets are bytes
             problems.append((seg.header_start + where, f"message skipped: {problem}"))
             continue
-        ident, problem = _field(fields, "id")
-        if not ident:
-            ident = _derived_id(header, _strip_body(decode(seg.body_start, seg.end)))
-            problem = f"message has no id; it is given the id {ident}"
         entries.append((seg.start, seg.end, ident))
-        if ids_only:
-            continue
         if problem:
             problems.append((seg.start, problem))
         values: dict[str, str | None] = {}
@@ -403,8 +440,6 @@ def _parse_bytes(data: bytes, *, ids_only: bool = False) -> tuple[ParseResult, _
                 thread=values["thread"],
             )
         )
-    if ids_only:
-        return ParseResult((), ()), entries
     if decode.bad >= 0:
         problems.append((decode.bad, "not UTF-8; bad bytes shown as U+FFFD"))
     return ParseResult(tuple(messages), _number_warnings(data, problems, duplicates)), entries
@@ -666,7 +701,7 @@ class Mailbox:
         index = self._index
         if index is None or not _index_fits(index, data, truncated):
             cut = _window_cut(data, truncated)
-            _, entries = _parse_bytes(data[:cut], ids_only=True)
+            entries = _message_ids(data[:cut])
             index = _Index(b"", truncated, cut, tuple(entries))
         kept: list[bytes] = []
         new_entries: list[tuple[int, int, str]] = []
