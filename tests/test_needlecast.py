@@ -440,3 +440,17 @@ def test_a_message_appended_without_the_lock_during_a_rewrite_is_kept(
     monkeypatch.setattr(needlecast, "_write_all", racing_write_all)
     assert box.remove(["msg-1"]).removed == 1
     assert [m.id for m in box.read().messages] == ["msg-2", "msg-late"]
+
+
+LINES = [
+    "---", "--- ", "---\r", "----", "\\---", "id: a", "id: b", "id: yes", "id:", "idx: q",
+    "from: x", "from: [x", "type: task", "to: null", "a: b: c", "x:y", "text", "", " ", "ü: x",
+    "id: 'q'", "time: 2026-01-01T00:00:00Z",
+]  # fmt: skip
+
+
+@given(st.lists(st.tuples(st.sampled_from(LINES), st.sampled_from(["\n", "\r\n"])), max_size=16))
+@settings(max_examples=400)
+def test_quick_id_scan_for_acks_agrees_with_the_full_parse(lines: list[tuple[str, str]]) -> None:
+    data = "".join(line + end for line, end in lines).encode()
+    assert needlecast._message_ids(data) == needlecast._parse_bytes(data)[1]
