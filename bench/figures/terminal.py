@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import secrets
 import time
 
@@ -23,6 +24,10 @@ from bench.procs import BenchError, running
 NAMES = ("terminal.echo",)
 TIMEOUT = 10.0
 KILL_LINE = b"0\x15"  # Ctrl-U: readline clears the line, so the prompt stays short
+# Escape sequences: CSI, OSC, and two-byte ones (as tests/e2e/ttyclient.py strips them).
+_ESCAPES = re.compile(
+    rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_()][0-9A-Za-z]?"
+)
 
 
 class Term:
@@ -40,18 +45,42 @@ class Term:
                     del self.output[: len(self.output) - (1 << 16)]
                 self.changed.set()
 
-    async def wait_for(self, needle: bytes, since: int) -> None:
-        deadline = time.monotonic() + TIMEOUT
-        while needle not in self.output[max(0, since - len(needle)) :]:
+    def seen(self, needle: bytes, since: int) -> bool:
+        """`needle` in the output since byte `since`: as sent, or with the escape sequences
+        taken out (a terminal may redraw a line with cursor moves in the middle)."""
+        recent = bytes(self.output[max(0, since - len(needle)) :])
+        return needle in recent or needle in _ESCAPES.sub(b"", recent)
+
+    async def wait_for(self, needle: bytes, since: int, timeout: float = TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.seen(needle, since):
             self.changed.clear()
             left = deadline - time.monotonic()
             if left <= 0:
-                msg = f"{needle!r} not echoed within {TIMEOUT}s"
+                tail = bytes(self.output[-300:])
+                msg = f"{needle!r} not echoed within {timeout}s; last output: {tail!r}"
                 raise BenchError(msg)
             try:
                 await asyncio.wait_for(self.changed.wait(), left)
             except TimeoutError:
                 continue
+
+    async def ready(self, tries: int = 10) -> None:
+        """Until a typed marker echoes: a login shell still reading its profile may swallow
+        input (a start-up command reading the terminal), which is not what is measured."""
+        for n in range(tries):
+            marker = f"r{n}{secrets.token_hex(4)}q".encode()
+            since = len(self.output)
+            await self.ws.send_bytes(b"0" + marker)
+            try:
+                await self.wait_for(marker, since, timeout=2.0)
+            except BenchError:
+                await self.ws.send_bytes(KILL_LINE)
+                continue
+            await self.ws.send_bytes(KILL_LINE)
+            return
+        msg = f"the shell never echoed what was typed ({tries} tries)"
+        raise BenchError(msg)
 
     async def echo(self, marker: str) -> float:
         """Milliseconds from sending `marker` to seeing it in the output."""
@@ -88,6 +117,8 @@ async def _measure(port: int, ttyd_port: int, rounds: int, warmup: int) -> dict[
     async with aiohttp.ClientSession() as session:
         terms = {name: await _connect(session, url) for name, url in urls.items()}
         try:
+            for term in terms.values():
+                await term.ready()
             for n in range(warmup + rounds):
                 for name, term in terms.items():
                     took = await term.echo(f"k{n}{name[0]}{secrets.token_hex(4)}q")
