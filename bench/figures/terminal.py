@@ -18,11 +18,13 @@ import time
 import aiohttp
 
 from bench.context import Context
-from bench.core import Baseline, Figure, ratio_at_most
+from bench.core import Baseline, Figure, at_most, ratio_at_most
 from bench.procs import BenchError, running
 
-NAMES = ("terminal.echo",)
+NAMES = ("terminal.echo", "terminal.lost")
 TIMEOUT = 10.0
+ROUND_TIMEOUT = 3.0  # a marker not echoed by then counts as a lost keystroke
+MAX_LOST = 3
 KILL_LINE = b"0\x15"  # Ctrl-U: readline clears the line, so the prompt stays short
 # Escape sequences: CSI, OSC, and two-byte ones (as tests/e2e/ttyclient.py strips them).
 _ESCAPES = re.compile(
@@ -36,6 +38,7 @@ class Term:
         self.output = bytearray()
         self.changed = asyncio.Event()
         self.reader = asyncio.create_task(self._read())
+        self.last_lost = b""
 
     async def _read(self) -> None:
         async for msg in self.ws:
@@ -65,29 +68,38 @@ class Term:
             except TimeoutError:
                 continue
 
-    async def ready(self, tries: int = 10) -> None:
-        """Until a typed marker echoes: a login shell still reading its profile may swallow
-        input (a start-up command reading the terminal), which is not what is measured."""
+    async def ready(self, streak: int = 3, tries: int = 15) -> None:
+        """Until `streak` typed markers in a row echo. Start-up is not what is measured: a
+        login shell reading its profile may swallow input, and a tmux client that has just
+        attached (ttyd starts one per connection) redraws the screen meanwhile."""
+        good = 0
         for n in range(tries):
             marker = f"r{n}{secrets.token_hex(4)}q".encode()
             since = len(self.output)
             await self.ws.send_bytes(b"0" + marker)
             try:
                 await self.wait_for(marker, since, timeout=2.0)
+                good += 1
             except BenchError:
-                await self.ws.send_bytes(KILL_LINE)
-                continue
+                good = 0
             await self.ws.send_bytes(KILL_LINE)
-            return
-        msg = f"the shell never echoed what was typed ({tries} tries)"
+            if good >= streak:
+                return
+        msg = f"the shell did not echo {streak} markers in a row ({tries} tries)"
         raise BenchError(msg)
 
-    async def echo(self, marker: str) -> float:
-        """Milliseconds from sending `marker` to seeing it in the output."""
+    async def echo(self, marker: str) -> float | None:
+        """Milliseconds from sending `marker` to seeing it in the output; None if it never
+        came back (the line is cleared either way)."""
         since = len(self.output)
         start = time.perf_counter()
         await self.ws.send_bytes(b"0" + marker.encode())
-        await self.wait_for(marker.encode(), since)
+        try:
+            await self.wait_for(marker.encode(), since, ROUND_TIMEOUT)
+        except BenchError:
+            self.last_lost = bytes(self.output[since:])[-400:]
+            await self.ws.send_bytes(KILL_LINE)
+            return None
         took = time.perf_counter() - start
         since = len(self.output)
         await self.ws.send_bytes(KILL_LINE)
@@ -108,32 +120,43 @@ async def _connect(session: aiohttp.ClientSession, url: str) -> Term:
     return Term(ws)  # the warm-up rounds wait for the shell's first prompt
 
 
-async def _measure(port: int, ttyd_port: int, rounds: int, warmup: int) -> dict[str, list[float]]:
+async def _measure(
+    port: int, ttyd_port: int, rounds: int, warmup: int
+) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
     urls = {
         "proxy": f"ws://127.0.0.1:{port}/terminal/ws",
         "direct": f"ws://127.0.0.1:{ttyd_port}/terminal/ws",
     }
     out: dict[str, list[float]] = {name: [] for name in urls}
+    lost: dict[str, list[str]] = {name: [] for name in urls}
     async with aiohttp.ClientSession() as session:
         terms = {name: await _connect(session, url) for name, url in urls.items()}
         try:
-            for term in terms.values():
-                await term.ready()
+            for _ in range(2):  # twice: the second client's attach can disturb the first
+                for term in terms.values():
+                    await term.ready()
             for n in range(warmup + rounds):
                 for name, term in terms.items():
-                    took = await term.echo(f"k{n}{name[0]}{secrets.token_hex(4)}q")
+                    while (
+                        took := await term.echo(f"k{n}{name[0]}{secrets.token_hex(4)}q")
+                    ) is None:
+                        # A keystroke that never came back: counted and shown, then typed again.
+                        lost[name].append(repr(term.last_lost))
+                        if sum(map(len, lost.values())) > MAX_LOST:
+                            msg = f"more than {MAX_LOST} keystrokes lost: {lost}"
+                            raise BenchError(msg)
                     if n >= warmup:
                         out[name].append(took)
         finally:
             for term in terms.values():
                 await term.ws.close()
                 term.reader.cancel()
-    return out
+    return out, lost
 
 
 def run(ctx: Context) -> list[Figure]:
     with running(ctx.scratch("te")) as sc:
-        got = asyncio.run(_measure(sc.port, sc.ttyd_port, ctx.pick(5, 40), ctx.pick(2, 5)))
+        got, lost = asyncio.run(_measure(sc.port, sc.ttyd_port, ctx.pick(5, 40), ctx.pick(2, 5)))
     return [
         Figure(
             "terminal.echo",
@@ -142,5 +165,14 @@ def run(ctx: Context) -> list[Figure]:
             got["proxy"],
             Baseline("ttyd directly", got["direct"]),
             ratio_at_most(1.5, "≤1.5× ttyd direct"),
-        )
+        ),
+        Figure(
+            "terminal.lost",
+            f"terminal: keystrokes not echoed within {ROUND_TIMEOUT:g} s (via /terminal/ws)",
+            "",
+            [float(len(lost["proxy"]))],
+            Baseline("ttyd directly", [float(len(lost["direct"]))]),
+            at_most(0, "0"),
+            extra={"lost_output_tails": lost},
+        ),
     ]
