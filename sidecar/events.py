@@ -37,10 +37,14 @@ class EventBus:
     def __init__(self, maxsize: int = 256) -> None:
         self._maxsize = maxsize
         self._subs: set[Subscription] = set()
+        self._closed = False
 
     def subscribe(self) -> Subscription:
         sub = Subscription(self._maxsize)
-        self._subs.add(sub)
+        if self._closed:
+            sub.dropped = True  # shutting down: the stream ends at once
+        else:
+            self._subs.add(sub)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
@@ -58,9 +62,18 @@ class EventBus:
             except asyncio.QueueFull:
                 # A reader this far behind is not reading: drop it and wake its handler.
                 log.warning("dropping an /events subscriber that stopped reading")
-                self._subs.discard(sub)
-                sub.dropped = True
-                while not sub.queue.empty():
-                    sub.queue.get_nowait()
-                sub.queue.put_nowait(None)
+                self._end(sub)
         return event
+
+    def close(self) -> None:
+        """End every stream (shutdown): each subscriber's next `get()` returns None."""
+        self._closed = True
+        for sub in list(self._subs):
+            self._end(sub)
+
+    def _end(self, sub: Subscription) -> None:
+        self._subs.discard(sub)
+        sub.dropped = True
+        while not sub.queue.empty():
+            sub.queue.get_nowait()
+        sub.queue.put_nowait(None)

@@ -9,6 +9,7 @@ process that starts nothing but the supervisor, so the supervisor's own waits st
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import signal
@@ -64,6 +65,9 @@ def run_as_init(work: Callable[[], int]) -> int:
     # Block first, then fork: a signal arriving in between stays pending for sigwaitinfo
     # instead of killing us through its default action (as PID 1 there is none at all).
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    # Objects inherited across fork stay out of the child's collections, so its collector does
+    # not write to (and unshare) every page it inherited from init.
+    gc.freeze()
     child = os.fork()
     if child == 0:
         code = 1

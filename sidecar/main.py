@@ -3,19 +3,25 @@ runs the supervisor plus the HTTP API in its child; other subcommands are API cl
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import os
-import signal
 import sys
+from typing import TYPE_CHECKING
 
 from sidecar.config import Config, ConfigError
 
+if TYPE_CHECKING:
+    from sidecar.clis import CLIDef
+
+# The init process (PID 1) stays small: asyncio, aiohttp and the rest are imported in its child
+# only. Whatever init has imported before the fork is a copy the supervisor does not need.
+
 log = logging.getLogger("sidecar")
+SHUTDOWN_TIMEOUT = 2.0  # seconds the API waits for requests still running at shutdown
 
 
-def _load(env: dict[str, str]) -> tuple[Config, dict[str, object]]:
+def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
     from sidecar.clis import load_registry
 
     config = Config.from_env(env)
@@ -23,14 +29,33 @@ def _load(env: dict[str, str]) -> tuple[Config, dict[str, object]]:
     registry = load_registry(
         config.cli_config, login_shell=shell if os.path.isabs(shell) else "/bin/bash"
     )
-    if config.cli not in registry:
-        msg = f"SLEEVE_CLI: unknown CLI {config.cli!r}; known: {', '.join(sorted(registry))}"
-        raise ConfigError(msg)
+    _prepare_state_dir(config)
     return config, dict(registry)
 
 
-async def serve(config: Config, registry: dict[str, object]) -> int:
+def _prepare_state_dir(config: Config) -> None:
+    """Create SIDECAR_STATE_DIR (0700) now, so an unusable one is a config error (exit 2)."""
+    state = config.state_dir
+    try:
+        state.mkdir(mode=0o700, parents=True, exist_ok=True)
+        state.chmod(0o700)
+        probe = state / ".probe"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        msg = f"SIDECAR_STATE_DIR: {state} is not a usable directory: {exc.strerror}"
+        raise ConfigError(msg) from None
+    # A unix socket path must fit in sun_path (108 bytes with its NUL).
+    if len(os.fsencode(config.tmux_socket)) > 107:
+        msg = f"SIDECAR_STATE_DIR: {state} is too long for a socket path inside it (max ~98 bytes)"
+        raise ConfigError(msg)
+
+
+async def serve(config: Config, registry: dict[str, CLIDef]) -> int:
     """Run until SIGTERM/SIGINT: API first (so /health answers at once), then the processes."""
+    import asyncio
+    import signal
+
     from aiohttp import web
 
     from sidecar.api import create_app
@@ -44,8 +69,17 @@ async def serve(config: Config, registry: dict[str, object]) -> int:
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP ignored"))
 
-    sup = Supervisor(config, registry, EventBus())  # type: ignore[arg-type]
-    runner = web.AppRunner(create_app(sup), access_log=None, handle_signals=False)
+    sup = Supervisor(config, registry, EventBus())
+    # handler_cancellation: a handler whose client went away is cancelled at once instead of
+    # holding its buffers; shutdown_timeout bounds how long shutdown waits for the rest (open
+    # streams are ended by the app's on_shutdown hooks first).
+    runner = web.AppRunner(
+        create_app(sup),
+        access_log=None,
+        handle_signals=False,
+        handler_cancellation=True,
+        shutdown_timeout=SHUTDOWN_TIMEOUT,
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     try:
@@ -74,8 +108,15 @@ def run(env: dict[str, str]) -> int:
     except ConfigError as exc:
         print(f"sidecar: {exc}", file=sys.stderr)
         return 2
+    if config.cli not in registry:
+        # Not fatal: the sidecar serves degraded (the terminal and /status say why) and a
+        # resleeve to a known CLI recovers, as supervisord keeps running with a FATAL program.
+        known = ", ".join(sorted(registry))
+        print(f"sidecar: SLEEVE_CLI: unknown CLI {config.cli!r}; known: {known}", file=sys.stderr)
 
     def work() -> int:
+        import asyncio
+
         from sidecar.logs import setup_logging
 
         setup_logging()

@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import AsyncIterator
 
 import aiohttp
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from sidecar.supervisor import ProcState, Supervisor
 from sidecar.ttyd import BASE_PATH
@@ -21,11 +22,13 @@ from sidecar.ttyd import BASE_PATH
 log = logging.getLogger(__name__)
 
 SESSION = web.AppKey("terminal_session", aiohttp.ClientSession)
+CLIENTS = web.AppKey("terminal_clients", weakref.WeakSet[web.WebSocketResponse])
 # ttyd's protocol: the first client message is a JSON object ({"AuthToken", "columns",
 # "rows"}); after it every frame starts with one command byte.
 INPUT, RESIZE = ord("0"), ord("1")
 VIEWER_ALLOWED = frozenset({ord("2"), ord("3")})  # pause / resume output: flow control only
 INIT_TIMEOUT = 10.0  # a client that never sends the init message is closed after this
+CLOSE_TIMEOUT = 1.0  # how long a closing WebSocket waits for the browser's close reply
 MAX_FRAME = 1 << 20
 HOP_HEADERS = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "upgrade", "content-length"}
@@ -94,9 +97,12 @@ async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse
     except (aiohttp.ClientError, OSError) as exc:
         log.warning("terminal: cannot reach ttyd: %s", exc)
         return _unavailable(sup)
-    client = web.WebSocketResponse(protocols=("tty",), heartbeat=20.0, max_msg_size=MAX_FRAME)
+    client = web.WebSocketResponse(
+        protocols=("tty",), heartbeat=20.0, max_msg_size=MAX_FRAME, timeout=CLOSE_TIMEOUT
+    )
     async with upstream:
         await client.prepare(request)
+        request.app[CLIENTS].add(client)
         viewer = request.get("role") == "viewer"
         log.info("terminal client connected (%s)", "view-only" if viewer else "read-write")
         tasks = [
@@ -164,6 +170,20 @@ def add_terminal_routes(app: web.Application, sup: Supervisor) -> None:
             return web.json_response({"error": "WebSocket upgrade required"}, status=400)
         return await page(request, sup)
 
+    async def close_clients(app: web.Application) -> None:
+        # Shutdown waits for every handler; an open terminal would hold it until its browser
+        # tab closes. 1001: going away.
+        open_now = app[CLIENTS]
+        clients = list(open_now)
+        await asyncio.gather(
+            *(
+                c.close(code=WSCloseCode.GOING_AWAY, message=b"sidecar shutting down")
+                for c in clients
+            )
+        )
+
+    app[CLIENTS] = weakref.WeakSet()
+    app.on_shutdown.append(close_clients)
     app.cleanup_ctx.append(_client_session)
     app.router.add_get(BASE_PATH, terminal)
     app.router.add_get(BASE_PATH + "/{tail:.*}", terminal)
