@@ -29,9 +29,14 @@ class CLIDef:
     resume_needs_history: bool = False
 
     def argv(self, *, resume: bool, has_history: bool) -> tuple[str, ...]:
-        if resume and self.resume and (has_history or not self.resume_needs_history):
-            return self.resume
-        return self.command
+        """The argv to run. `resume` asks for the resume argv (resleeve, restart, self-heal).
+        A CLI whose history can be checked resumes exactly when it has history, first start
+        included (a hard resleeve: a new container with the same history)."""
+        if self.resume is None:
+            return self.command
+        if self.resume_needs_history:
+            return self.resume if has_history else self.command
+        return self.resume if resume else self.command
 
 
 def _builtins(login_shell: str) -> dict[str, CLIDef]:

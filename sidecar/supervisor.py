@@ -27,7 +27,7 @@ from sidecar.clis import CLIDef, claude_has_history
 from sidecar.config import Config, RestartPolicy
 from sidecar.events import EventBus
 from sidecar.tmux import SESSION, PaneInfo, Tmux, TmuxError, recreate_socket
-from sidecar.ttyd import TtydNotFound, find_ttyd, ttyd_argv, wait_port
+from sidecar.ttyd import TtydNotFound, find_ttyd, port_free, ttyd_argv, wait_port
 from sidecar.watch import CurrentWatcher
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,12 @@ log = logging.getLogger(__name__)
 BACKOFF_START, BACKOFF_CAP = 1.0, 30.0
 # A CLI that stayed up this long is healthy again: its next failure starts the backoff anew.
 BACKOFF_RESET_AFTER = 10.0
+TTYD_READY_WITHIN = 5.0  # seconds from spawn until ttyd must accept connections
 TICK = 1.0  # the only periodic work: one stat of CURRENT.md and of the tmux socket
+# What the pane runs instead of a CLI that cannot start: the reason, kept on screen. (When a
+# pane dies, tmux 3.3a moves its screen into the history, so a browser attaching later would
+# see only "Pane is dead".) The reason is a positional parameter, never parsed as shell syntax.
+FATAL_PANE_SCRIPT = 'printf "sidecar: %s\\n" "$1"; exec sleep infinity'
 SECRET_VARS = ("SIDECAR_TOKEN", "SIDECAR_VIEW_TOKEN")
 
 
@@ -95,15 +100,28 @@ async def wait_exited(pids: list[int], timeout: float) -> set[int]:
             os.close(fd)
 
 
-def _collect_tree(root: int) -> list[psutil.Process]:
+def _start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _collect_tree(root: int, root_started: float | None) -> list[psutil.Process]:
     """The CLI's process tree: descendants of the pane process, plus anything still in its
-    session (a background job orphaned earlier has left the tree but not the session)."""
+    session (a background job orphaned earlier has left the tree but not the session).
+
+    The pane process is only taken for itself when its start time is still `root_started`: a
+    pane that died long ago may have left its pid to an unrelated process. Session members need
+    no such check, as the kernel never hands out a pid that is still some process's session id.
+    """
     procs: dict[int, psutil.Process] = {}
     try:
         top = psutil.Process(root)
-        procs[root] = top
-        for child in top.children(recursive=True):
-            procs[child.pid] = child
+        if root_started is not None and top.create_time() == root_started:
+            procs[root] = top
+            for child in top.children(recursive=True):
+                procs[child.pid] = child
     except psutil.NoSuchProcess:
         pass
     for pid in psutil.pids():
@@ -139,6 +157,7 @@ class Supervisor:
             config.tmux_socket, config.state_dir / "tmux.conf", config.state_dir / "cli.status"
         )
         self.pane: PaneInfo | None = None
+        self._pane_started: float | None = None  # the pane process's start time (pid reuse)
         self.resleeving = False
         self._stopping = False
         self._gen = 0  # bumped on every CLI launch; stale exit notices compare against it
@@ -186,8 +205,23 @@ class Supervisor:
             asyncio.get_running_loop().remove_reader(fd)
             os.close(fd)
 
-    def _cli_env(self, cli: CLIDef) -> dict[str, str]:
-        return dict(cli.env)
+    def _plan_launch(self, *, resume: bool) -> tuple[tuple[str, ...], dict[str, str], str | None]:
+        """argv and pane env of the current CLI, or the reason it cannot start."""
+        cli = self.registry.get(self.cli_name)
+        if cli is None:
+            known = ", ".join(sorted(self.registry))
+            fatal = (
+                f"unknown CLI {self.cli_name!r} (SLEEVE_CLI); known: {known}. "
+                'POST /resleeve {"cli": NAME} starts one'
+            )
+            return (), {}, fatal
+        argv = self._argv_for(cli, resume=resume)
+        env = dict(cli.env)
+        path = {**self.config.child_env, **env}.get("PATH", os.defpath)
+        if shutil.which(argv[0], path=path) is None:
+            fatal = f"{argv[0]!r} not found on PATH ({path}); the {cli.name} CLI is not installed"
+            return argv, env, fatal
+        return argv, env, None
 
     def _argv_for(self, cli: CLIDef, *, resume: bool) -> tuple[str, ...]:
         env = self.config.child_env
@@ -220,21 +254,18 @@ class Supervisor:
                 self.warnings.append(f"SLEEVE_GOAL not written to CURRENT.md: {exc.strerror}")
         self.current.get()
         async with self._cli_lock:
-            await self._launch_cli(resume=True, fresh_server=True)
+            await self._launch_cli(resume=False, fresh_server=True)
         self._spawn(self._run_ttyd(), "ttyd")
         self._spawn(self._tick(), "tick")
 
     async def _launch_cli(self, *, resume: bool, fresh_server: bool) -> None:
         """Start the current CLI in the pane (caller holds `_cli_lock`)."""
-        cli = self.registry[self.cli_name]
-        argv = self._argv_for(cli, resume=resume)
-        env = self._cli_env(cli)
-        path = {**self.config.child_env, **env}.get("PATH", os.defpath)
-        fatal = None
-        if shutil.which(argv[0], path=path) is None:
-            fatal = f"{argv[0]!r} not found on PATH ({path}); the {cli.name} CLI is not installed"
+        if self._stopping:
+            return
+        argv, env, fatal = self._plan_launch(resume=resume)
+        if fatal is not None:
             # The session must exist for the terminal; its pane says what is wrong.
-            argv, env = ("printf", "%s\\n", f"sidecar: {fatal}"), {}
+            argv, env = ("sh", "-c", FATAL_PANE_SCRIPT, "sidecar-fatal", fatal), {}
         self._gen += 1
         gen = self._gen
         self.cli = ProcStatus(ProcState.STARTING)
@@ -249,6 +280,7 @@ class Supervisor:
             self.bus.publish("error", message=self.cli.reason)
             return
         self.pane = pane
+        self._pane_started = _start_time(pane.pane_pid)
         if fresh_server:
             self._watch_pid(
                 "tmux",
@@ -258,13 +290,13 @@ class Supervisor:
         if fatal is not None:
             # FATAL: the placeholder pane exits at once; nothing restarts it.
             self.cli = ProcStatus(ProcState.FATAL, reason=fatal)
-            log.error("CLI %s cannot start: %s", cli.name, fatal)
-            self.bus.publish("error", message=fatal, cli=cli.name)
+            log.error("CLI %s cannot start: %s", self.cli_name, fatal)
+            self.bus.publish("error", message=fatal, cli=self.cli_name)
             return
         # STARTING -> RUNNING: the pane's waiter has started the CLI.
         pid = await self._cli_pid(pane.pane_pid)
         self.cli = ProcStatus(ProcState.RUNNING, pid=pid, started_at=time.monotonic())
-        log.info("CLI %s running as pid %s: %s", cli.name, pid, list(argv))
+        log.info("CLI %s running as pid %s: %s", self.cli_name, pid, list(argv))
         self._watch_pid(
             "cli", pane.pane_pid, lambda: self._spawn(self._on_cli_exit(gen), "cli-exit")
         )
@@ -337,7 +369,7 @@ class Supervisor:
             log.error("tmux server %d died; recreating the session", server_pid)
             self.bus.publish("error", message="tmux server died; session recreated")
             # Its pane's CLI got SIGHUP, but one that ignores it lives on as an orphan.
-            await self._stop_tree(self.pane.pane_pid)
+            await self._stop_pane_tree()
             self._cancel_backoff()
             await self._launch_cli(resume=True, fresh_server=True)
 
@@ -346,9 +378,11 @@ class Supervisor:
             self._backoff_task.cancel()
             self._backoff_task = None
 
-    async def _stop_tree(self, root: int) -> None:
+    async def _stop_pane_tree(self) -> None:
         """SIGTERM (and SIGHUP) to the whole CLI tree, SIGKILL what is left after the grace."""
-        procs = await asyncio.to_thread(_collect_tree, root)
+        if self.pane is None:
+            return
+        procs = await asyncio.to_thread(_collect_tree, self.pane.pane_pid, self._pane_started)
         if not procs:
             return
         _signal_all(procs, signal.SIGTERM)
@@ -392,7 +426,7 @@ class Supervisor:
                 self.cli = replace(self.cli, state=ProcState.STOPPING)
                 self._unwatch("cli")
                 if self.pane is not None:
-                    await self._stop_tree(self.pane.pane_pid)
+                    await self._stop_pane_tree()
                 self.cli_name = name
                 self._backoff_n = 0
                 await self._launch_cli(resume=True, fresh_server=self.pane is None)
@@ -421,39 +455,51 @@ class Supervisor:
                 log.error("%s", exc)
                 self.bus.publish("error", message=str(exc))
                 return
-            argv = ttyd_argv(
-                binary,
-                port=self.config.ttyd_port,
-                tmux_socket=self.config.tmux_socket,
-                session=SESSION,
-            )
+            started = time.monotonic()
             self.ttyd = ProcStatus(ProcState.STARTING)
+            code, problem = await self._ttyd_once(binary, started)
+            if self._stopping:
+                break
+            failures = 0 if time.monotonic() - started >= BACKOFF_RESET_AFTER else failures + 1
+            delay = min(BACKOFF_START * 2 ** max(failures - 1, 0), BACKOFF_CAP) if failures else 0.1
+            # STARTING/RUNNING -> BACKOFF: ttyd could not start or died; try again after the delay.
+            self.ttyd = ProcStatus(
+                ProcState.BACKOFF, exit_code=code, reason=f"{problem}; retry in {delay:g}s"
+            )
+            log.warning("ttyd: %s; retrying in %gs", problem, delay)
+            self.bus.publish("error", message=f"ttyd: {problem}; retrying")
+            await asyncio.sleep(delay)
+
+    async def _ttyd_once(self, binary: str, started: float) -> tuple[int | None, str]:
+        """Run ttyd until it exits; returns its exit code and what went wrong."""
+        port = self.config.ttyd_port
+        if not port_free("127.0.0.1", port):
+            # Checked first: another program's listener would pass the readiness probe, and
+            # /terminal would then proxy to it.
+            return None, f"TTYD_PORT {port} is in use by another program"
+        argv = ttyd_argv(binary, port=port, tmux_socket=self.config.tmux_socket, session=SESSION)
+        try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
             )
-            self._ttyd_proc = proc
-            self._spawn(self._forward_output(proc), "ttyd-log")
-            started = time.monotonic()
-            ready = await wait_port("127.0.0.1", self.config.ttyd_port, started + 5)
-            if ready and proc.returncode is None:
-                # STARTING -> RUNNING: ttyd accepts connections.
-                self.ttyd = ProcStatus(ProcState.RUNNING, pid=proc.pid, started_at=started)
-                log.info("ttyd running as pid %d on 127.0.0.1:%d", proc.pid, self.config.ttyd_port)
-            code = await proc.wait()
-            if self._stopping:
-                break
-            failures = 0 if time.monotonic() - started >= BACKOFF_RESET_AFTER else failures + 1
-            delay = min(BACKOFF_START * 2 ** max(failures - 1, 0), BACKOFF_CAP) if failures else 0.1
-            # RUNNING -> BACKOFF: ttyd died; start it again after the delay.
-            self.ttyd = ProcStatus(
-                ProcState.BACKOFF, exit_code=code, reason=f"exited {code}; restart in {delay:g}s"
-            )
-            log.warning("ttyd exited with %s; restarting in %gs", code, delay)
-            self.bus.publish("error", message=f"ttyd exited with {code}; restarting")
-            await asyncio.sleep(delay)
+        except OSError as exc:
+            return None, f"cannot start {binary}: {exc.strerror}"
+        self._ttyd_proc = proc
+        self._spawn(self._forward_output(proc), "ttyd-log")
+        ready = await wait_port("127.0.0.1", port, started + TTYD_READY_WITHIN)
+        if not ready and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+            return proc.returncode, f"not accepting connections within {TTYD_READY_WITHIN:g}s"
+        if proc.returncode is None:
+            # STARTING -> RUNNING: ttyd accepts connections.
+            self.ttyd = ProcStatus(ProcState.RUNNING, pid=proc.pid, started_at=started)
+            log.info("ttyd running as pid %d on 127.0.0.1:%d", proc.pid, port)
+        code = await proc.wait()
+        return code, f"exited with {code}"
 
     async def _forward_output(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
@@ -484,12 +530,15 @@ class Supervisor:
         self._stopping = True
         log.info("shutting down")
         self._cancel_backoff()
-        self._unwatch("cli")
         self._unwatch("tmux")
-        if self.pane is not None:
-            # -> STOPPING -> STOPPED
-            self.cli = replace(self.cli, state=ProcState.STOPPING)
-            await self._stop_tree(self.pane.pane_pid)
+        # A resleeve or heal under way finishes its stop first and then starts nothing
+        # (`_launch_cli` checks `_stopping`); only then is the pane's tree stopped here.
+        async with self._cli_lock:
+            self._unwatch("cli")
+            if self.pane is not None:
+                # -> STOPPING -> STOPPED
+                self.cli = replace(self.cli, state=ProcState.STOPPING)
+                await self._stop_pane_tree()
         proc = self._ttyd_proc
         if proc is not None and proc.returncode is None:
             proc.terminate()

@@ -12,6 +12,7 @@ import importlib.util
 import os
 import platform
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -85,6 +86,18 @@ def ttyd_argv(
     if writable:
         argv.append("--writable")
     return [*argv, *attach]
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether `port` can be bound on `host` now (SO_REUSEADDR, as ttyd binds it: a socket
+    left in TIME_WAIT by an earlier ttyd does not count as in use)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 async def wait_port(host: str, port: int, deadline: float) -> bool:

@@ -7,15 +7,22 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sidecar.clis import load_registry
 from sidecar.config import Config, ConfigError, RestartPolicy
-from tests.harness import REPO, free_port
+from tests.harness import REPO, Sidecar, free_port, wait_for
 
 BASE = {"SLEEVE_NAME": "alice", "SLEEVE_CLI": "shell"}
+
+
+def pane(sc: Sidecar) -> str:
+    socket_path = str(sc.state_dir / "tmux.sock")
+    argv = ["tmux", "-S", socket_path, "capture-pane", "-p", "-J", "-t", "main"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
 
 
 def run_sidecar(env: dict[str, str], tmp: Path) -> subprocess.CompletedProcess[str]:
@@ -77,8 +84,10 @@ def test_bad_values_name_the_variable(env: dict[str, str], variable: str) -> Non
     [
         ({"SLEEVE_CLI": "shell"}, "SLEEVE_NAME is required"),
         ({"SLEEVE_NAME": "a", "SLEEVE_CLI": ""}, "SLEEVE_CLI is required"),
-        ({**BASE, "SLEEVE_CLI": "vim-ai"}, "unknown CLI 'vim-ai'"),
         ({**BASE, "SIDECAR_PORT": "eighty"}, "SIDECAR_PORT must be an integer"),
+        ({**BASE, "SIDECAR_ALLOWED_ORIGINS": "evil.example"}, "SIDECAR_ALLOWED_ORIGINS"),
+        ({**BASE, "SIDECAR_STATE_DIR": "/proc/sidecar-state"}, "SIDECAR_STATE_DIR"),
+        ({**BASE, "SIDECAR_STATE_DIR": "/tmp/" + "d" * 120}, "SIDECAR_STATE_DIR: /tmp/ddd"),
     ],
 )
 def test_sidecar_run_exits_2_with_one_line_and_no_traceback(
@@ -167,3 +176,32 @@ def test_claude_resumes_only_when_it_has_history(tmp_path: Path) -> None:
     (history / "abc.jsonl").write_text("{}\n")
     assert claude_has_history(workspace, tmp_path, None)
     assert claude.argv(resume=True, has_history=True) == ("claude", "--continue")
+    # First start (resume=False) of a hard resleeve: the history decides, as on a resleeve.
+    assert claude.argv(resume=False, has_history=True) == ("claude", "--continue")
+
+
+def test_a_resume_argv_without_a_history_check_is_for_resleeves_only() -> None:
+    codex = load_registry(None)["codex"]
+    assert codex.argv(resume=False, has_history=False) == ("codex",)
+    assert codex.argv(resume=False, has_history=True) == ("codex",)
+    assert codex.argv(resume=True, has_history=False) == ("codex", "resume", "--last")
+
+
+def test_an_unknown_sleeve_cli_serves_degraded_and_a_resleeve_recovers(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    """Like supervisord's FATAL program: the sidecar keeps serving and says why; the envoy can
+    resleeve to a CLI that exists without losing the container."""
+    sc = make_sidecar(cli="vim-ai").start(wait_healthy=False)
+    status = sc.wait_status(lambda s: s["cli_state"] == "fatal", "CLI fatal")
+    assert sc.get("/health")[1]["status"] == "degraded"
+    assert not status["cli_running"]
+    assert status["cli"] == "vim-ai"
+    assert any("unknown CLI 'vim-ai'" in w and "shell" in w for w in status["warnings"])
+    assert "SLEEVE_CLI: unknown CLI 'vim-ai'" in sc.log()
+    # The terminal shows the reason too.
+    wait_for(lambda: "unknown CLI 'vim-ai'" in pane(sc), what="the reason in the pane")
+    assert sc.post("/resleeve", {})[0] == 400  # "again the same" is still unknown
+    assert sc.post("/resleeve", {"cli": "shell"})[0] == 202
+    sc.wait_status(lambda s: s["cli_running"] and s["cli"] == "shell", "shell running")
+    assert sc.get("/health")[1]["status"] == "healthy"

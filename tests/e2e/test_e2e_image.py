@@ -188,11 +188,6 @@ def test_cold_docker_run_answers_health_quickly_as_pid_1_and_turns_healthy(
     assert elapsed <= bound, f"cold docker run to /health 200 took {elapsed} s (busy={busy})"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the sidecar still exits 2 on an unknown SLEEVE_CLI (CONTRACT's config rule); the "
-    "image issue asks for a running container with /health degraded - remove this mark then",
-)
 def test_unknown_cli_keeps_container_running_with_health_degraded_and_says_why(
     engine: dockerenv.Engine, image: str
 ) -> None:

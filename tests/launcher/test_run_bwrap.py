@@ -122,10 +122,19 @@ def test_bwrap_run_starts_a_sidecar_as_pid_1_that_ps_shows_and_stop_ends(
 def test_a_sleeve_that_dies_at_start_up_is_reported_with_its_log_and_its_exit_code(
     project: Path, sleeve_proc: Callable[..., Result]
 ) -> None:
-    """The sidecar exits 2 on a bad configuration (CONTRACT.md); the waiter records the code."""
-    res = sleeve_proc("run", "--project", project, "--runtime", "bwrap", "--cli", "no-such-cli")
+    """The sidecar exits 2 on a bad configuration (CONTRACT.md); the waiter records the code.
+    (SIDECAR_* variables pass through to the sleeve, so a bad one reaches the sidecar.)"""
+    res = sleeve_proc(
+        "run",
+        "--project",
+        project,
+        "--runtime",
+        "bwrap",
+        "--shell",
+        extra_env={"SIDECAR_RESTART": "sometimes"},
+    )
     assert res.code == 1
-    assert "exited during start-up" in res.err and "SLEEVE_CLI" in res.err  # the log's tail
+    assert "exited during start-up" in res.err and "SIDECAR_RESTART" in res.err  # log's tail
     (run,) = json.loads(sleeve_proc("ps", "--json").out)
     assert (run["status"], run["exit_code"]) == ("failed (code 2)", 2)
     assert "failed (code 2)" in sleeve_proc("ps").out
