@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -16,8 +17,10 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from http.cookies import SimpleCookie
 from importlib import resources
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from aiohttp import ClientConnectionResetError, web
 
@@ -32,8 +35,12 @@ log = logging.getLogger(__name__)
 SUPERVISOR = web.AppKey("supervisor", Supervisor)
 MAX_BODY = 256 * 1024  # bytes; larger request bodies answer 413
 HEARTBEAT_EVERY = 15.0  # seconds between heartbeat lines on /events
+# A stream whose line cannot be handed to the kernel for this long has a client that stopped
+# reading (its socket buffer is full): it is dropped rather than held open for ever.
+EVENT_WRITE_TIMEOUT = 10.0
 EVENT_SNDBUF = 64 * 1024
 COOKIE = "sidecar_token"
+NEW_COOKIE = "sidecar_new_cookie"  # request key: the token to set as a cookie in the answer
 Role = Literal["admin", "viewer"]
 PUBLIC = frozenset({"/health"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -67,6 +74,53 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status == 413:
             message = f"request body too large (limit {MAX_BODY} bytes)"
         return error(exc.status, message, **headers)
+
+
+def _is_local_host(host: str) -> bool:
+    """An IP literal or localhost: a name no DNS answer can point elsewhere."""
+    try:
+        name = urlsplit(f"//{host}").hostname or ""
+        if name == "localhost" or name.endswith(".localhost"):
+            return True
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def make_origin_guard(
+    allowed: frozenset[str], have_token: bool
+) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Refuse what a web page elsewhere makes a browser send here (CSRF, WebSocket hijacking).
+
+    A browser names the page's origin on every WebSocket handshake and cross-origin-capable
+    request, and says it is a browser with Sec-Fetch-Site. Such a request passes when its origin
+    is this server's own (the Host it asked for) or listed in SIDECAR_ALLOWED_ORIGINS. With no
+    token set, a browser must also have asked for an IP address or localhost: a DNS name could
+    be rebound to this machine by the page that made the request. Clients that are not browsers
+    (the envoy, curl) send neither header and are not affected.
+    """
+
+    @web.middleware
+    async def origin_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        browser = origin is not None or "Sec-Fetch-Site" in request.headers
+        if not browser or "*" in allowed:
+            return await handler(request)
+        listed = origin is not None and origin.rstrip("/").lower() in allowed
+        if origin is not None and not listed:
+            own = urlsplit(origin).netloc.lower() == request.host.lower()
+            if origin == "null" or not own:
+                return error(403, f"cross-origin request from {origin} refused")
+        if not have_token and not listed and not _is_local_host(request.host):
+            return error(
+                403,
+                f"a browser asked for {request.host}, which is not an IP address or localhost; "
+                "set SIDECAR_TOKEN to serve browsers by name",
+            )
+        return await handler(request)
+
+    return origin_guard
 
 
 def _token_role(request: web.Request, tokens: dict[str, Role]) -> tuple[Role | None, str | None]:
@@ -123,13 +177,26 @@ def make_auth(
         if role == "viewer" and request.method not in ("GET", "HEAD"):
             return error(403, "the view token is read-only")
         request["role"] = role
-        response = await handler(request)
-        if "token" in request.query and used is not None and not response.prepared:
-            # A browser passes ?token= once; the cookie carries it from then on.
-            response.set_cookie(COOKIE, used, httponly=True, samesite="Strict", path="/")
-        return response
+        if "token" in request.query and used is not None:
+            # A browser passes ?token= once; the cookie carries it from then on. Set when the
+            # answer's headers go out (`_set_token_cookie`), streamed answers included.
+            request[NEW_COOKIE] = used
+        return await handler(request)
 
     return auth
+
+
+async def _set_token_cookie(request: web.Request, response: web.StreamResponse) -> None:
+    token = request.get(NEW_COOKIE)
+    if token is not None:
+        # This hook runs after aiohttp rendered the response's cookies: add the header itself.
+        cookie: SimpleCookie = SimpleCookie()
+        cookie[COOKIE] = token
+        morsel = cookie[COOKIE]
+        morsel["httponly"] = True
+        morsel["samesite"] = "Strict"
+        morsel["path"] = "/"
+        response.headers.add("Set-Cookie", morsel.OutputString())
 
 
 # ---- routes ----------------------------------------------------------------------------------
@@ -157,7 +224,7 @@ def status_body(sup: Supervisor) -> dict[str, Any]:
     running = sup.cli.state is ProcState.RUNNING
     warnings = [*sup.warnings, *state.warnings]
     for name, proc in (("CLI", sup.cli), ("ttyd", sup.ttyd)):
-        if proc.state is ProcState.FATAL and proc.reason:
+        if proc.state in (ProcState.FATAL, ProcState.BACKOFF) and proc.reason:
             warnings.append(f"{name}: {proc.reason}")
     return {
         "sleeve_id": sup.config.sleeve_name,
@@ -200,8 +267,8 @@ async def resleeve(request: web.Request) -> web.Response:
             if unknown:
                 return error(400, f"unknown fields: {', '.join(sorted(unknown))}")
             value = body.get("cli")
-            if value is not None and not isinstance(value, str):
-                return error(400, "cli must be a string")
+            if value is not None and (not isinstance(value, str) or not value):
+                return error(400, "cli must be a non-empty string")
             name = value
     try:
         chosen, _ = sup.begin_resleeve(name)
@@ -223,20 +290,25 @@ async def events(request: web.Request) -> web.StreamResponse:
         # A small kernel buffer per stream: a client that stops reading is noticed (and
         # dropped) after ~EVENT_SNDBUF bytes, not after megabytes of autotuned buffer.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, EVENT_SNDBUF)
+    response.force_close()  # a stream is the last answer on its connection
     try:
         await response.prepare(request)
         # A first line at once: the client knows the stream is live and subscribed.
-        await response.write(json.dumps({"type": "heartbeat", "time": utc_now()}).encode() + b"\n")
-        while True:
+        event: dict[str, Any] | None = {"type": "heartbeat", "time": utc_now()}
+        while event is not None:  # None: dropped for not reading, or shutting down
+            await asyncio.wait_for(
+                response.write(json.dumps(event).encode() + b"\n"), EVENT_WRITE_TIMEOUT
+            )
             try:
                 event = await asyncio.wait_for(sub.get(), HEARTBEAT_EVERY)
             except TimeoutError:
                 event = {"type": "heartbeat", "time": utc_now()}
-            if event is None:
-                break  # dropped for not reading
-            await response.write(json.dumps(event).encode() + b"\n")
     except (ConnectionError, ClientConnectionResetError):
         log.debug("an /events client went away")  # browsers close streams all the time
+    except TimeoutError:
+        log.warning("dropping an /events client that stopped reading")
+        if request.transport is not None:
+            request.transport.abort()  # what it did not read is of no use to it
     finally:
         sup.bus.unsubscribe(sub)
     return response
@@ -256,9 +328,21 @@ async def dashboard(request: web.Request) -> web.Response:
 def create_app(sup: Supervisor) -> web.Application:
     app = web.Application(
         client_max_size=MAX_BODY,
-        middlewares=[json_errors, make_auth(sup.config.token, sup.config.view_token)],
+        middlewares=[
+            json_errors,
+            make_origin_guard(sup.config.allowed_origins, have_token=bool(sup.config.token)),
+            make_auth(sup.config.token, sup.config.view_token),
+        ],
     )
     app[SUPERVISOR] = sup
+    app.on_response_prepare.append(_set_token_cookie)
+
+    async def end_event_streams(app: web.Application) -> None:
+        # Shutdown waits for every handler: an /events stream would otherwise hold it open
+        # until its client goes away.
+        sup.bus.close()
+
+    app.on_shutdown.append(end_event_streams)
     app.router.add_get("/health", health)
     app.router.add_get("/status", status)
     app.router.add_post("/resleeve", resleeve)

@@ -37,6 +37,8 @@ class Config:
     state_dir: Path = Path("/run/sidecar")
     token: str | None = None
     view_token: str | None = None
+    # Browser origins allowed besides the page's own (a reverse proxy's public origin); "*": any.
+    allowed_origins: frozenset[str] = frozenset()
     cli_config: Path | None = None
     restart: RestartPolicy = RestartPolicy.NO
     stop_grace: float = 5.0
@@ -122,6 +124,20 @@ class Config:
             msg = "SIDECAR_VIEW_TOKEN must differ from SIDECAR_TOKEN"
             raise ConfigError(msg)
 
+        allowed_origins = frozenset(
+            o.strip().rstrip("/").lower()
+            for o in (text("SIDECAR_ALLOWED_ORIGINS") or "").split(",")
+            if o.strip()
+        )
+        for origin in allowed_origins - {"*"}:
+            scheme, sep, rest = origin.partition("://")
+            if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
+                msg = (
+                    "SIDECAR_ALLOWED_ORIGINS must be comma-separated origins like "
+                    f"https://envoy.example:8443 (or *), got {origin!r}"
+                )
+                raise ConfigError(msg)
+
         return cls(
             sleeve_name=name,
             cli=cli.strip(),
@@ -134,6 +150,7 @@ class Config:
             state_dir=Path(text("SIDECAR_STATE_DIR") or "/run/sidecar").absolute(),
             token=token,
             view_token=view_token,
+            allowed_origins=allowed_origins,
             cli_config=Path(cli_config) if cli_config else None,
             restart=restart,
             stop_grace=grace,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import signal
 import socket
 import subprocess
 import time
@@ -106,6 +107,85 @@ def test_query_token_sets_an_httponly_strict_cookie_that_works(secured: Sidecar)
     assert secured.get("/status", headers={"Cookie": "sidecar_token=nope"})[0] == 401
 
 
+def test_query_token_on_the_streamed_terminal_page_sets_the_cookie_too(secured: Sidecar) -> None:
+    """ttyd's page is streamed through the proxy; its own requests (token, WebSocket) carry no
+    ?token=, so the cookie must come with the page itself."""
+    with urllib.request.urlopen(f"{secured.url}/terminal/?token={TOKEN}", timeout=10) as resp:
+        assert resp.status == 200
+        cookie = resp.headers["Set-Cookie"]
+    assert cookie is not None
+    assert cookie.startswith(f"sidecar_token={TOKEN};")
+    assert secured.get("/terminal/token", headers={"Cookie": cookie.split(";")[0]})[0] == 200
+
+
+# ---- browsers: origin checks ----------------------------------------------------------------
+
+
+def test_a_cross_origin_browser_request_is_refused(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar().start()
+    before = sc.status()["cli_pid"]
+    evil = {"Origin": "http://evil.example", "Content-Type": "text/plain"}
+    code, body = sc.post("/resleeve", raw=b"{}", headers=evil)
+    assert code == 403
+    assert "cross-origin" in body["error"]
+    code, _ = sc.post("/inbox", raw=b'{"from": "x", "type": "task", "content": "rm"}', headers=evil)
+    assert code == 403
+    assert sc.get("/inbox")[1]["messages"] == []
+    assert sc.get("/status", headers={"Origin": "null"})[0] == 403
+    assert sc.status()["cli_pid"] == before
+    # The page's own origin passes, and so do clients that are not browsers (no Origin).
+    own = {"Origin": f"http://127.0.0.1:{sc.port}"}
+    assert sc.post("/inbox", {"from": "x", "type": "task", "content": "hi"}, headers=own)[0] == 201
+    assert sc.post("/inbox", {"from": "x", "type": "task", "content": "hi"}, headers={})[0] == 201
+
+
+async def test_a_cross_origin_terminal_websocket_is_refused(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    sc = make_sidecar().start()
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await session.ws_connect(
+                sc.url + "/terminal/ws", protocols=("tty",), origin="http://evil.example"
+            )
+        assert refused.value.status == 403
+        ws = await session.ws_connect(
+            sc.url + "/terminal/ws", protocols=("tty",), origin=f"http://127.0.0.1:{sc.port}"
+        )
+        await ws.close()
+
+
+def test_without_a_token_browsers_must_use_an_address_not_a_name(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    """DNS rebinding: a page on evil.example re-points its name at 127.0.0.1 and is then
+    same-origin with us. Without a token only IP addresses and localhost serve browsers."""
+    sc = make_sidecar().start()
+    rebound = {"Host": f"evil.example:{sc.port}", "Origin": f"http://evil.example:{sc.port}"}
+    code, body = sc.post("/resleeve", raw=b"{}", headers=rebound)
+    assert code == 403
+    assert "SIDECAR_TOKEN" in body["error"]
+    fetch = {"Host": f"evil.example:{sc.port}", "Sec-Fetch-Site": "same-origin"}
+    assert sc.get("/status", headers=fetch)[0] == 403
+    # Not a browser (an envoy reaching the sleeve by its container name): served.
+    assert sc.get("/status", headers={"Host": f"sleeve-a:{sc.port}"})[0] == 200
+    local = {"Host": f"localhost:{sc.port}", "Origin": f"http://localhost:{sc.port}"}
+    assert sc.get("/status", headers=local)[0] == 200
+
+
+def test_allowed_origins_let_a_reverse_proxy_page_in(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar(
+        env_extra={"SIDECAR_TOKEN": TOKEN, "SIDECAR_ALLOWED_ORIGINS": "https://envoy.example"}
+    ).start()
+    proxied = {**bearer(TOKEN), "Host": "10.1.2.3:8080", "Origin": "https://envoy.example"}
+    assert sc.get("/status", headers=proxied)[0] == 200
+    other = {**proxied, "Origin": "https://other.example"}
+    assert sc.get("/status", headers=other)[0] == 403
+    # With a token, a browser may use a name: the token is what keeps other pages out.
+    named = {**bearer(TOKEN), "Host": "box.lan:8080", "Origin": "http://box.lan:8080"}
+    assert sc.get("/status", headers=named)[0] == 200
+
+
 # ---- errors and limits ------------------------------------------------------------------------
 
 
@@ -134,6 +214,7 @@ def test_oversized_body_is_413(make_sidecar: Callable[..., Sidecar]) -> None:
         (b'"shell"', "object"),
         (b'{"cli": 5}', "string"),
         (b'{"cli": ["shell"]}', "string"),
+        (b'{"cli": ""}', "non-empty"),
         (b'{"cli": "shell; touch /tmp/pwned"}', "unknown CLI"),
         (b'{"cli": "$(touch /tmp/pwned)"}', "unknown CLI"),
         (b'{"cli": "../../bin/sh"}', "unknown CLI"),
@@ -243,7 +324,7 @@ async def test_a_client_that_stops_reading_events_is_dropped_without_growing_mem
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: no autotuning
     sock.connect(("127.0.0.1", sc.port))
-    _, writer = await asyncio.open_connection(sock=sock)
+    reader, writer = await asyncio.open_connection(sock=sock)
     writer.write(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
     await writer.drain()
     rss_before = supervisor.memory_info().rss
@@ -260,7 +341,39 @@ async def test_a_client_that_stops_reading_events_is_dropped_without_growing_mem
     )
     assert supervisor.memory_info().rss - rss_before < 30 * 1024 * 1024
     assert sc.get("/health")[0] == 200
+    # Dropped means disconnected, not just unsubscribed: EOF once the client reads what was
+    # buffered (whether the handler saw the drop or gave up on a write that could not drain).
+    await asyncio.wait_for(reader.read(), 30)
     writer.close()
+
+
+async def test_sigterm_ends_event_streams_and_terminals_and_exits_0_within_grace(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    """An open dashboard (an /events stream and a terminal) must not hold up a `docker stop`:
+    shutdown ends both and exits 0 within SIDECAR_STOP_GRACE + 1 s."""
+    sc = make_sidecar().start()
+    assert sc.proc is not None
+    grace = float(sc.env()["SIDECAR_STOP_GRACE"])
+    async with aiohttp.ClientSession() as session:
+        events = await session.get(sc.url + "/events")
+        assert json.loads(await events.content.readline())["type"] == "heartbeat"
+        term = await connect(session, sc)
+        await term.type("echo still-here\r")
+        await term.wait_output("still-here")
+        started = time.monotonic()
+        sc.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(sc.proc.wait, 30)
+        elapsed = time.monotonic() - started
+        assert code == 0
+        assert elapsed < grace + 1, f"shutdown took {elapsed:.1f}s"
+        assert await asyncio.wait_for(events.content.read(), 5) == b""
+        ends = (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        for _ in range(1000):  # what was still on its way, then the close
+            if (await term.ws.receive(timeout=5)).type in ends:
+                break
+        else:
+            raise AssertionError("the terminal was never closed")
 
 
 # ---- terminal -------------------------------------------------------------------------------
@@ -410,7 +523,8 @@ def test_terminal_is_503_with_a_reason_while_ttyd_is_down(
         code, body = sc.get("/terminal/")
         assert code == 503
         assert "terminal unavailable" in body["error"]
-        assert sc.status()["ttyd_state"] != "running"
+        status = sc.wait_status(lambda s: s["ttyd_state"] == "backoff", "ttyd in backoff")
+        assert any(f"TTYD_PORT {sc.ttyd_port} is in use" in w for w in status["warnings"])
     # Port free again: ttyd comes back by itself.
     sc.wait_status(lambda s: s["ttyd_state"] == "running", "ttyd recovered", timeout=15)
     assert sc.get("/terminal/")[0] == 200
