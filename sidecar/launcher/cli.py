@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sidecar.launcher import engine, instances, launch
-from sidecar.launcher.fsutil import LauncherError, locked, private_dir
+from sidecar.launcher.fsutil import LauncherError, locked, private_home
 from sidecar.launcher.runtimes import RunPlan, audit, home_mounts, passthrough_env
 from sidecar.launcher.slots import Project, Slot, SlotState, prepare_home_files
 from sidecar.launcher.state import Run, StateStore, running_slots
@@ -53,15 +54,15 @@ class Settings:
         return cls(Path(os.path.abspath(home)), dict(env))
 
 
-def _project(args: argparse.Namespace, settings: Settings) -> Project:
+def _project(args: argparse.Namespace, settings: Settings, *, read_only: bool = False) -> Project:
     path = instances.project_path(args.project)
-    return Project(instances.canonical_root(path), settings.home)
+    return Project(instances.canonical_root(path), settings.home, read_only)
 
 
-def _observe(settings: Settings, *, docker: bool = False) -> list[Run]:
+def _observe(settings: Settings, *, docker: bool = False, read_only: bool = False) -> list[Run]:
     """Reconciled runs; docker is asked (once) only when it was asked for or could know."""
     docker = docker or launch.docker_in_use(settings.home, settings.env)
-    return launch.observe(settings.home, docker=docker)
+    return launch.observe(settings.home, docker=docker, read_only=read_only)
 
 
 def _print_json(data: object) -> None:
@@ -73,7 +74,7 @@ def _print_json(data: object) -> None:
 
 def cmd_create(args: argparse.Namespace, settings: Settings) -> int:
     project = _project(args, settings)
-    private_dir(settings.home)
+    private_home(settings.home)
     instances.ensure_instance(settings.home, project.root)
     slot = project.create()
     if args.json:
@@ -172,17 +173,17 @@ def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: 
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
-    project = _project(args, settings)
+    project = _project(args, settings, read_only=args.dry_run)  # --dry-run writes nothing
     runtime = launch.choose_runtime(args.runtime, dry_run=args.dry_run)
     home = settings.home
     if not args.dry_run:
-        private_dir(home)
+        private_home(home)
         project.ensure()
         instances.ensure_instance(home, project.root)
     # One global lock from slot choice to the record: two runs never pick the same slot.
     lock = contextlib.nullcontext() if args.dry_run else locked(home / "run.lock")
     with lock:
-        runs = _observe(settings, docker=runtime == "docker")
+        runs = _observe(settings, docker=runtime == "docker", read_only=args.dry_run)
         slot = launch.pick_slot(project, runs, args.slot, create=not args.dry_run)
         if not args.dry_run:
             prepare_home_files(slot)
@@ -255,7 +256,7 @@ def cmd_instances(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     print(f"{'sha16':16}  {'exists':6}  {'size':>7}  {'last used':10}  root")
     for i in found:
-        exists = "?" if i.root is None else ("yes" if i.root_exists else "no")
+        exists = "?" if i.root is None else {True: "yes", False: "no", None: "?"}[i.root_exists]
         root = "(no readable project-root)" if i.root is None else str(i.root)
         print(
             f"{i.sha:16}  {exists:6}  {_size(i.size):>7}  {instances.age(i.last_used):10}  {root}"
@@ -293,7 +294,11 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
         print(f"{args.image} is up to date (inputs {checksum[:12]}); --force rebuilds")
         return 0
     argv = engine.build_argv(args.image, context, dockerfile, checksum, build_args)
-    logger.info("building %s: %s", args.image, shlex.join(argv))
+    # Build args may hold secrets: the log line names them and leaves their values out.
+    shown = argv[:1] + [
+        a.partition("=")[0] if b == "--build-arg" else a for b, a in itertools.pairwise(argv)
+    ]
+    logger.info("building %s: %s", args.image, shlex.join(shown))
     return subprocess.run(argv, check=False).returncode
 
 

@@ -20,13 +20,37 @@ from sidecar.launcher.fsutil import LauncherError
 logger = logging.getLogger(__name__)
 
 INPUTS_LABEL = "sleeve.inputs"
+# Seconds a docker call may take: most answer at once, `docker run` may pull, `docker stop`
+# waits its grace period first.
 _TIMEOUT = 20
+_RUN_TIMEOUT = 120
+_STOP_MARGIN = 30
+_TRY_BWRAP = "; try `--runtime bwrap`"
 
 
 def _docker(args: list[str], timeout: float = _TIMEOUT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["docker", *args], capture_output=True, text=True, check=False, timeout=timeout
     )
+
+
+def _answered(
+    argv: list[str], timeout: float, hint: str = "", env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a docker `argv`; one that does not answer in `timeout` s is a LauncherError."""
+    try:
+        return subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+            env=None if env is None else dict(env),
+        )
+    except subprocess.TimeoutExpired as exc:
+        what = " ".join(argv[1:3] if argv[1] == "image" else argv[1:2])
+        msg = f"runtime docker: `docker {what}` did not answer in {timeout:g} s{hint}"
+        raise LauncherError(msg) from exc
 
 
 def engine_problem() -> str | None:
@@ -36,12 +60,10 @@ def engine_problem() -> str | None:
     try:
         out = _docker(["version", "--format", "{{.Server.Version}}"], timeout=10)
     except subprocess.TimeoutExpired:
-        return "runtime docker: the Docker engine did not answer in 10 s; try `--runtime bwrap`"
+        return f"runtime docker: the Docker engine did not answer in 10 s{_TRY_BWRAP}"
     if out.returncode != 0 or not out.stdout.strip():
         detail = (out.stderr.strip().splitlines() or ["no answer"])[-1]
-        return (
-            f"runtime docker: the Docker engine is not answering ({detail}); try `--runtime bwrap`"
-        )
+        return f"runtime docker: the Docker engine is not answering ({detail}){_TRY_BWRAP}"
     return None
 
 
@@ -107,16 +129,14 @@ def list_containers(home_label: str) -> list[Container] | None:
 
 
 def run(argv: list[str], env: Mapping[str, str]) -> None:
-    out = subprocess.run(
-        argv, capture_output=True, text=True, check=False, env=dict(env), timeout=120
-    )
+    out = _answered(argv, _RUN_TIMEOUT, _TRY_BWRAP, env)
     if out.returncode != 0:
         msg = f"runtime docker: `docker run` failed: {out.stderr.strip()}"
         raise LauncherError(msg)
 
 
 def stop(name: str, grace: int = 10) -> None:
-    out = _docker(["stop", "--time", str(grace), name], timeout=grace + 30)
+    out = _answered(["docker", "stop", "--time", str(grace), name], grace + _STOP_MARGIN)
     if out.returncode != 0:
         msg = f"runtime docker: cannot stop {name}: {out.stderr.strip()}"
         raise LauncherError(msg)
@@ -124,13 +144,13 @@ def stop(name: str, grace: int = 10) -> None:
 
 def container_state(name: str) -> str | None:
     """docker's State.Status of one container (`running`, `exited`, ...), None if unknown."""
-    out = _docker(["inspect", "--format", "{{.State.Status}}", name])
+    out = _answered(["docker", "inspect", "--format", "{{.State.Status}}", name], _TIMEOUT)
     return out.stdout.strip() if out.returncode == 0 else None
 
 
 def remove_stopped(name: str) -> None:
     """Free the name of a finished container; a running one is left alone (no --force)."""
-    _docker(["rm", name])
+    _answered(["docker", "rm", name], _TIMEOUT, _TRY_BWRAP)
 
 
 # -- build -----------------------------------------------------------------------------
@@ -195,9 +215,8 @@ def needs_build(current: str, existing: str | None, *, force: bool) -> bool:
 
 
 def image_checksum(image: str) -> str | None:
-    out = _docker(
-        ["image", "inspect", "--format", f'{{{{index .Config.Labels "{INPUTS_LABEL}"}}}}', image]
-    )
+    label = f'{{{{index .Config.Labels "{INPUTS_LABEL}"}}}}'
+    out = _answered(["docker", "image", "inspect", "--format", label, image], _TIMEOUT)
     if out.returncode != 0:
         return None
     value = out.stdout.strip()

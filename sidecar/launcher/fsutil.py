@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
@@ -16,15 +17,20 @@ from pathlib import Path
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
+logger = logging.getLogger(__name__)
+
 
 class LauncherError(Exception):
     """A problem the user can act on; the CLI prints the message and exits 1."""
 
 
 def private_dir(path: Path) -> Path:
-    """Create `path` (and parents) with mode 0700; an unwritable location is a LauncherError."""
+    """Create `path` and any missing parents, each 0700; an unwritable location is a LauncherError.
+
+    (`Path.mkdir(parents=True)` would give the parents the umask's mode, `projects/` say.)
+    """
     try:
-        path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        _make_private(path)
     except OSError as exc:
         msg = f"cannot create {path}: {exc.strerror or exc}"
         raise LauncherError(msg) from exc
@@ -32,6 +38,38 @@ def private_dir(path: Path) -> Path:
         msg = f"{path} is not writable"
         raise LauncherError(msg)
     return path
+
+
+def _make_private(path: Path) -> None:
+    if path.is_dir():
+        return
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileNotFoundError:
+        if path.parent == path:
+            raise
+        _make_private(path.parent)
+        _make_private(path)
+        return
+    except FileExistsError:
+        if path.is_dir():  # made by someone else meanwhile
+            return
+        raise
+    os.chmod(path, DIR_MODE)  # a umask may take bits even from 0700
+
+
+def private_home(home: Path) -> Path:
+    """`private_dir(home)`, and a pre-existing `$SLEEVE_HOME` of ours tightened to 0700."""
+    private_dir(home)
+    st = home.stat()
+    if st.st_uid == os.geteuid() and st.st_mode & 0o777 != DIR_MODE:
+        try:
+            os.chmod(home, DIR_MODE)
+        except OSError as exc:
+            logger.warning("cannot make %s private (0700): %s", home, exc.strerror or exc)
+        else:
+            logger.info("made %s private (0700; it was %o)", home, st.st_mode & 0o777)
+    return home
 
 
 @contextlib.contextmanager

@@ -80,17 +80,32 @@ class Instance:
     sha: str
     path: Path
     root: Path | None  # None: no readable project-root
-    root_exists: bool
+    root_exists: bool | None  # None: the OS would not say
     size: int
     last_used: float | None
 
 
 def _read_root(path: Path) -> Path | None:
+    """The recorded root; a trailing newline is `echo`'s (claudebox-bwrap writes it so), but
+    only the newline: a path may end in spaces."""
     try:
         raw = (path / ROOT_FILE).read_bytes()
     except OSError:
         return None
+    raw = raw.removesuffix(b"\n").removesuffix(b"\r") if raw.endswith(b"\n") else raw
     return Path(os.fsdecode(raw)) if raw else None
+
+
+def _exists(root: Path) -> bool | None:
+    """Whether `root` exists; None when the OS will not say (EACCES, ...): unknown is not gone."""
+    try:
+        os.stat(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        logger.debug("cannot stat %s: %s", root, exc)
+        return None
+    return True
 
 
 def _usage(path: Path) -> tuple[int, float | None]:
@@ -116,7 +131,7 @@ def list_instances(home: Path) -> list[Instance]:
             continue
         root = _read_root(entry)
         size, last = _usage(entry)
-        exists = root is not None and root.exists()
+        exists = False if root is None else _exists(root)
         found.append(Instance(entry.name, entry, root, exists, size, last))
     return found
 
@@ -145,7 +160,11 @@ def gc(home: Path, *, dry_run: bool = False) -> list[Path]:
         if root is None:
             logger.warning("gc: skipping %s: no readable %s", entry, ROOT_FILE)
             continue
-        if root.exists():
+        exists = _exists(root)
+        if exists is None:
+            logger.warning("gc: skipping %s: cannot tell whether %s exists", entry, root)
+            continue
+        if exists:
             continue
         if not dry_run:
             try:

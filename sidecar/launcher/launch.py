@@ -53,11 +53,14 @@ def home_label(home: Path) -> str:
     return hashlib.sha256(os.fsencode(str(home.resolve()))).hexdigest()[:12]
 
 
-def observe(home: Path, *, docker: bool, adopt_bwrap: bool = False) -> list[Run]:
-    """Recorded runs reconciled with reality, written back: at most one `docker ps`."""
+def observe(
+    home: Path, *, docker: bool, adopt_bwrap: bool = False, read_only: bool = False
+) -> list[Run]:
+    """Recorded runs reconciled with reality, written back unless `read_only`: at most one
+    `docker ps`."""
     containers = engine.list_containers(home_label(home)) if docker else None
     orphans = find_waiters(home) if adopt_bwrap else []
-    store = StateStore(home)
+    store = StateStore(home, read_only=read_only)
     if not store.path.exists() and not containers and not orphans:
         return []  # nothing recorded, nothing found: a listing creates no files
     with store.transaction() as runs:
@@ -73,7 +76,7 @@ def docker_in_use(home: Path, env: Mapping[str, str]) -> bool:
     if shutil.which("docker") is None:
         return False
     return bool(env.get("DOCKER_HOST")) or any(
-        r.runtime == "docker" for r in StateStore(home).read()
+        r.runtime == "docker" for r in StateStore(home).peek()
     )
 
 

@@ -97,6 +97,7 @@ class Project:
 
     root: Path
     home: Path
+    read_only: bool = False  # --dry-run: a corrupt counter is recomputed but not rewritten
 
     # Cached: derived from the frozen fields, and used in every per-slot path below.
     @functools.cached_property
@@ -133,11 +134,14 @@ class Project:
                 atomic_write(path_file, os.fsencode(str(self.root)) + b"\n")
 
     def read_counter(self) -> int:
-        """The recorded highest slot index; a missing or corrupt file is rebuilt, with a warning."""
+        """The recorded highest slot index; a missing or corrupt file is rebuilt, with a warning.
+
+        A value beyond RECOUNT_LIMIT is corrupt too: the id chain up to it would take forever.
+        """
         try:
             text = (self.dir / COUNTER_FILE).read_text().strip()
             value = int(text)
-            if value < 0:
+            if not 0 <= value <= RECOUNT_LIMIT:
                 raise ValueError(text)
         except FileNotFoundError:
             why = "missing"
@@ -153,7 +157,8 @@ class Project:
             why,
             value,
         )
-        atomic_write(self.dir / COUNTER_FILE, str(value))
+        if not self.read_only:
+            atomic_write(self.dir / COUNTER_FILE, str(value))
         return value
 
     def _slot_dirs(self) -> set[str]:
@@ -188,7 +193,7 @@ class Project:
             if prune:
                 while slots and slots[-1].state is SlotState.DEAD:
                     slots.pop()
-                if len(slots) != top:
+                if len(slots) != top and not self.read_only:
                     atomic_write(self.dir / COUNTER_FILE, str(len(slots)))
         return slots
 
@@ -211,6 +216,9 @@ class Project:
             index = next(
                 (i for i in range(1, top + 1) if not (self.dir / ids[i]).is_dir()), top + 1
             )
+            if index > RECOUNT_LIMIT:
+                msg = f"{self.root} already has {RECOUNT_LIMIT} slots; `sleeve rm N` frees one"
+                raise LauncherError(msg)
             path = self.dir / ids[index]
             for sub in ("", ".claude", ".config", ".cache"):
                 private_dir(path / sub)

@@ -1,7 +1,8 @@
 """`$SLEEVE_HOME/state.json`: the record of every run, and its reconciliation with reality.
 
 Every write is a read-modify-write under an flock on `state.lock`, written atomically. A
-corrupt file is set aside (`state.json.corrupt-<time>`) and rebuilt from what is running.
+corrupt file is set aside (`state.json.corrupt-<time>[.N]`, never over an older one) and
+rebuilt from what is running.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import psutil
 
 from sidecar.launcher.engine import Container
-from sidecar.launcher.fsutil import atomic_write, locked, private_dir
+from sidecar.launcher.fsutil import FILE_MODE, atomic_write, locked, private_home
 
 logger = logging.getLogger(__name__)
 
@@ -76,16 +77,26 @@ class Run:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+class _Malformed(ValueError):
+    pass
+
+
 class StateStore:
-    def __init__(self, home: Path) -> None:
+    """`read_only` (--dry-run): no lock, no writes; a corrupt file is left where it is."""
+
+    def __init__(self, home: Path, *, read_only: bool = False) -> None:
         self.home = home
         self.path = home / "state.json"
         self.lock_path = home / "state.lock"
+        self.read_only = read_only
 
     @contextmanager
     def transaction(self) -> Iterator[list[Run]]:
         """Yield the runs under the lock; whatever the block leaves in the list is written."""
-        private_dir(self.home)
+        if self.read_only:  # atomic writes: an unlocked read still sees one whole file
+            yield self._load()
+            return
+        private_home(self.home)
         with locked(self.lock_path):
             runs = self._load()
             before = [dataclasses.asdict(r) for r in runs]
@@ -102,7 +113,14 @@ class StateStore:
         with self.transaction() as runs:
             return list(runs)
 
-    def _load(self) -> list[Run]:
+    def peek(self) -> list[Run]:
+        """The runs as recorded, without lock, writes or warnings (a malformed file: none)."""
+        try:
+            return self._parse()
+        except _Malformed:
+            return []
+
+    def _parse(self) -> list[Run]:
         try:
             text = self.path.read_bytes()
         except FileNotFoundError:
@@ -111,8 +129,16 @@ class StateStore:
             data = json.loads(text)
             return [Run.from_dict(item) for item in data["runs"]]
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # any malformed shape
-            aside = self.path.with_name(f"state.json.corrupt-{int(time.time())}")
-            os.replace(self.path, aside)
+            raise _Malformed(exc) from exc
+
+    def _load(self) -> list[Run]:
+        try:
+            return self._parse()
+        except _Malformed as exc:
+            if self.read_only:
+                logger.warning("%s is unreadable (%s); left as it is", self.path, exc)
+                return []
+            aside = self._set_aside()
             logger.warning(
                 "%s was unreadable (%s); kept it as %s and rebuilt it from what runs",
                 self.path,
@@ -120,6 +146,19 @@ class StateStore:
                 aside.name,
             )
             return []
+
+    def _set_aside(self) -> Path:
+        """Move the file to a `state.json.corrupt-<time>` name no earlier one has (O_EXCL)."""
+        stamp, n = int(time.time()), 0
+        while True:
+            aside = self.path.with_name(f"state.json.corrupt-{stamp}" + (f".{n}" if n else ""))
+            try:
+                os.close(os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
+            except FileExistsError:
+                n += 1
+                continue
+            os.replace(self.path, aside)  # over the placeholder we just made, nothing else
+            return aside
 
     def upsert(self, run: Run) -> None:
         """Record `run`, merging with a record of the same id (a fast waiter may be first)."""

@@ -3,13 +3,15 @@
 No Docker engine runs on the test machines (the image tests start a private one); this script
 records every call (argv + which variables it got) to $FAKE_DOCKER_LOG and answers like the
 client would. `run` starts a tiny real HTTP server on the published port, so `sleeve run`
-waits on a real /health, and records its pid in $FAKE_DOCKER_LOG.pids.
+waits on a real /health, and records its pid in $FAKE_DOCKER_LOG.pids. The commands named in
+$FAKE_DOCKER_HANG (comma-separated: `run,stop`) never answer, like a wedged engine.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -31,6 +33,8 @@ def main() -> int:
     with open(log, "a") as fh:
         fh.write(json.dumps({"argv": args, "env": sorted(os.environ)}) + "\n")
     command = args[0] if args else ""
+    if command and command in os.environ.get("FAKE_DOCKER_HANG", "").split(","):
+        signal.pause()  # until the caller's timeout kills us
     if command == "version":
         print("27.0.0")
     elif command == "ps":

@@ -6,13 +6,16 @@ import json
 import os
 import shlex
 import shutil
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from sidecar.launcher.instances import instance_dir
+from sidecar.launcher.launch import spawn_detached
 from sidecar.launcher.slots import Project
+from sidecar.launcher.state import Run, StateStore
 
 from .helpers import Result, mount_fields
 
@@ -159,3 +162,41 @@ def test_rm_in_a_project_never_created_creates_nothing(
     res = sleeve("rm", "1", "--project", project)
     assert res.code == 1 and "no slot 1" in res.err
     assert not Project(project, home).dir.exists()
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+@pytest.mark.usefixtures("umask_022")
+@pytest.mark.parametrize("existing", [False, True], ids=["new-home", "home-0755"])
+def test_every_dir_under_sleeve_home_is_0700_and_every_file_0600_under_umask_022(
+    existing: bool, home: Path, project: Path, sleeve: Callable[..., Result]
+) -> None:
+    """Intermediate dirs (`projects/`, `instances/`, `logs/`) too, and a loose home is tightened."""
+    if existing:
+        home.mkdir(mode=0o755)
+        home.chmod(0o755)
+    assert sleeve("create", "--project", project).code == 0
+    run = Run("r1", Project(project, home).key, 1, "x", "bwrap", "shell")
+    StateStore(home).upsert(run)
+    pid, _ = spawn_detached([sys.executable, "-c", ""], os.environ, home / "logs" / "r1.log")
+    os.waitpid(pid, 0)
+    modes = {p: oct(p.stat().st_mode & 0o777) for p in [home, *home.rglob("*")]}
+    assert {"projects", "instances", "logs", "state.json"} <= {p.name for p in modes}
+    wrong = {p: m for p, m in modes.items() if m != ("0o700" if p.is_dir() else "0o600")}
+    assert not wrong
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand the home to another user")
+def test_a_sleeve_home_of_another_user_is_left_as_it_is(
+    home: Path, project: Path, sleeve: Callable[..., Result]
+) -> None:
+    home.mkdir()
+    home.chmod(0o755)
+    os.chown(home, 65534, 65534)
+    assert sleeve("create", "--project", project).code == 0
+    assert oct(home.stat().st_mode & 0o777) == "0o755"

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.launcher import engine
 from sidecar.launcher.launch import free_port, home_label
 from sidecar.launcher.slots import Project
 from sidecar.launcher.state import RUNNING, Run, StateStore
@@ -124,3 +125,81 @@ def test_listings_ask_docker_once_however_many_slots_run(
         assert f"label=sleeve.home={home_label(home)}" in calls[0]
     slots = json.loads(sleeve_proc("slots", "--project", project, "--json", extra_env=env).out)
     assert [s["running"] for s in slots["slots"]] == [True] * 5
+
+
+HANG_TIMEOUT = 2.0  # what the wedged call gets instead of 20-120 s; the fake answers in ~0.1 s
+
+
+@pytest.mark.parametrize(
+    ("hang", "command", "expected"),
+    [
+        ("rm", "run", "`docker rm` did not answer in 2 s; try `--runtime bwrap`"),
+        ("run", "run", "`docker run` did not answer in 2 s; try `--runtime bwrap`"),
+        ("inspect", "run", "`docker inspect` did not answer in 2 s"),
+        ("stop", "stop", "`docker stop` did not answer in 2 s"),
+        ("image", "build", "`docker image inspect` did not answer in 2 s"),
+    ],
+)
+def test_a_docker_call_that_never_answers_is_a_one_line_error(
+    *,
+    hang: str,
+    command: str,
+    expected: str,
+    home: Path,
+    project: Path,
+    tmp_path: Path,
+    docker: FakeDocker,
+    sleeve: Callable[..., Result],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A wedged engine: the fake `docker` (the OS seam) never answers `hang`.
+
+    In-process so the timeouts can be shortened; the client is found through PATH, so PATH
+    is set for this process too.
+    """
+    for name in ("_TIMEOUT", "_RUN_TIMEOUT", "_STOP_MARGIN"):
+        monkeypatch.setattr(engine, name, HANG_TIMEOUT)
+    env = {**docker.env, "FAKE_DOCKER_HANG": hang}
+    if command == "run":
+        args: tuple[str | Path, ...] = ("run", "--project", project, "--runtime", "docker")
+    elif command == "stop":
+        proj = Project(project, home)
+        name = proj.container_name(proj.slot_path(1).name)
+        StateStore(home).upsert(
+            Run("r1", proj.key, 1, "x", "docker", "shell", port=1, container=name, status=RUNNING)
+        )
+        env["FAKE_DOCKER_PS"] = ps_line(name, "running", "Up", proj.key, slot=1, port=1)
+        args = ("stop", "1", "--project", project, "--grace", "0")
+    else:
+        (tmp_path / "Dockerfile").write_text("FROM scratch\n")
+        args = ("build", "--context", tmp_path, "--file", tmp_path / "Dockerfile")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    res = sleeve(*args, extra_env=env)
+    assert res.code == 1
+    assert res.err.startswith("sleeve: runtime docker: ") and expected in res.err
+    if hang != "inspect":  # there the start-up error adds the log's tail
+        assert res.err.count("\n") == 1, res.err
+    assert hang in [c["argv"][0] for c in docker.calls()]
+
+
+def test_build_logs_build_arg_names_never_their_values(
+    tmp_path: Path, docker: FakeDocker, sleeve_proc: Callable[..., Result]
+) -> None:
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nARG TOKEN\n")
+    res = sleeve_proc(
+        "-v",
+        "build",
+        "--context",
+        tmp_path,
+        "--file",
+        tmp_path / "Dockerfile",
+        "--build-arg",
+        f"TOKEN={SECRET}",
+        extra_env=docker.env,
+    )
+    assert res.code == 0, res.err
+    assert "building sleeve:latest: docker build" in res.err and "--build-arg TOKEN " in res.err
+    assert SECRET not in res.err + res.out
+    (build,) = [c["argv"] for c in docker.calls() if c["argv"][0] == "build"]
+    assert f"TOKEN={SECRET}" in build  # docker itself still gets the value

@@ -14,7 +14,7 @@ import pytest
 
 from sidecar.launcher.instances import canonical_root, ensure_instance, instance_dir, sha16
 
-from .helpers import Result
+from .helpers import REPO, SLEEVE, Result
 
 
 def git(*args: str | Path, cwd: Path) -> None:
@@ -139,3 +139,51 @@ def test_instances_lists_size_and_missing_roots(
     assert listed["size"] == 2000 + len(str(root))
     assert listed["last_used"] == 1000
     assert listed["exists"] is False
+
+
+def test_gc_reads_project_root_without_echos_trailing_newline(
+    home: Path, tmp_path: Path, sleeve: Callable[..., Result]
+) -> None:
+    """claudebox-bwrap writes project-root with `echo`: `\\n` (or `\\r\\n`) is not the path's,
+    but trailing spaces are."""
+    live, spaced, gone = tmp_path / "live", tmp_path / "ends in spaces  ", tmp_path / "gone"
+    live.mkdir()
+    spaced.mkdir()
+    written = {"a" * 16: f"{live}\n", "b" * 16: f"{spaced}\r\n", "c" * 16: f"{gone}\n"}
+    for sha, text in written.items():
+        (home / "instances" / sha).mkdir(parents=True)
+        (home / "instances" / sha / "project-root").write_bytes(text.encode())
+
+    res = sleeve("gc")
+    assert res.code == 0
+    assert res.err == f"removed {gone}\n"
+    assert sorted(p.name for p in (home / "instances").iterdir()) == ["a" * 16, "b" * 16]
+    listing = json.loads(sleeve("instances", "--json").out)
+    assert [(i["root"], i["exists"]) for i in listing] == [(str(live), True), (str(spaced), True)]
+
+
+def test_gc_skips_an_instance_whose_root_it_cannot_stat(
+    home: Path, tmp_path: Path, env: dict[str, str]
+) -> None:
+    """A real EACCES: the root sits in a 000 dir. As root, `sleeve gc` runs without the
+    DAC-override capabilities (setpriv), so the permission bits bind it like anyone else."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root needs setpriv to drop CAP_DAC_OVERRIDE")
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    sealed = tmp_path / "sealed"
+    (sealed / "proj").mkdir(parents=True)
+    hidden, gone = ensure_instance(home, sealed / "proj"), ensure_instance(home, tmp_path / "gone")
+    sealed.chmod(0)
+    try:
+        out = subprocess.run(
+            [*prefix, *SLEEVE, "gc"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+    finally:
+        sealed.chmod(0o700)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    assert f"gc: skipping {hidden}: cannot tell whether {sealed / 'proj'} exists" in out.stderr
+    assert f"removed {tmp_path / 'gone'}" in out.stderr  # the rest of gc still happens
+    assert hidden.is_dir() and not gone.exists()

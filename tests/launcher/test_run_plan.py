@@ -7,12 +7,15 @@ import json
 import os
 import shlex
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import pytest
 
-from sidecar.launcher.slots import Project, slot_chain
+from sidecar.launcher.slots import COUNTER_FILE, Project, slot_chain
 from sidecar.launcher.state import RUNNING, Run, StateStore
 
 from .helpers import Result, mount_fields
@@ -159,3 +162,44 @@ def test_slot_option_and_all_busy_message(
     assert res.code == 1 and "no slot 3" in res.err
     slots = json.loads(sleeve("slots", "--project", project, "--json").out)["slots"]
     assert [s["running"] for s in slots] == [True, True]
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every path under `root` (and itself) with its mode, mtime and content (atime aside)."""
+    found = {}
+    for path in [root, *sorted(root.rglob("*"))]:
+        st = path.lstat()
+        data = path.read_bytes() if path.is_file() and not path.is_symlink() else b""
+        found[str(path.relative_to(root))] = (st.st_mode, st.st_mtime_ns, data)
+    return found
+
+
+@pytest.mark.parametrize("state", ["stale", "corrupt"])
+def test_dry_run_writes_nothing_even_where_it_would_repair(
+    state: str,
+    home: Path,
+    project: Path,
+    sleeve: Callable[..., Result],
+    sleeve_proc: Callable[..., Result],
+) -> None:
+    """A corrupt counter and a state.json that reconciling would rewrite (a recorded run whose
+    process is gone) or set aside: the dry run warns, and $SLEEVE_HOME stays byte-for-byte."""
+    for _ in range(2):
+        sleeve("create", "--project", project)
+    proj = Project(project.resolve(), home)
+    (proj.dir / COUNTER_FILE).write_text("garbage")
+    if state == "stale":
+        gone = subprocess.Popen([sys.executable, "-c", ""])
+        gone.wait()
+        StateStore(home).upsert(
+            Run("r1", proj.key, 1, "x", "bwrap", "shell", pid=gone.pid, status=RUNNING)
+        )
+    else:
+        (home / "state.json").write_bytes(b'{"runs": [')
+    before = snapshot(home)
+    res = sleeve_proc("run", "--project", project, "--runtime", "bwrap", "--dry-run")
+    assert res.code == 0, res.err
+    assert "recomputed 2 from the slot directories" in res.err
+    if state == "corrupt":
+        assert "state.json is unreadable" in res.err
+    assert snapshot(home) == before

@@ -15,7 +15,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sidecar.launcher.slots import COUNTER_FILE, Project, cksum, slot_chain, slugify
+from sidecar.launcher.slots import (
+    COUNTER_FILE,
+    RECOUNT_LIMIT,
+    Project,
+    cksum,
+    slot_chain,
+    slugify,
+)
 from sidecar.launcher.state import RUNNING, Run, StateStore
 
 from .helpers import LIVES_UNTIL_KILLED, REPO, SLEEVE, Result
@@ -255,3 +262,33 @@ def test_rm_refuses_a_running_slot_unless_forced_which_stops_it_first(
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("command", ["slots", "create"])
+@pytest.mark.parametrize("content", ["4000000000", str(RECOUNT_LIMIT + 1)])
+def test_a_counter_beyond_the_recount_limit_is_corrupt_and_recomputed(
+    home: Path, project: Path, sleeve_proc: Callable[..., Result], command: str, content: str
+) -> None:
+    """A real process with a deadline: before the fix this built a 4e9-long id chain."""
+    for _ in range(3):
+        assert sleeve_proc("create", "--project", project).code == 0
+    proj = Project(project.resolve(), home)
+    (proj.dir / COUNTER_FILE).write_text(content)
+    res = sleeve_proc(command, "--project", project, "--json", timeout=30)
+    assert res.code == 0, res.err
+    assert "was corrupt; recomputed 3" in res.err
+    assert counter(proj) == (3 if command == "slots" else 4)
+
+
+def test_create_refuses_a_slot_beyond_the_recount_limit(
+    home: Path, project: Path, sleeve: Callable[..., Result]
+) -> None:
+    """The counter never goes where read_counter would call it corrupt."""
+    sleeve("create", "--project", project)
+    proj = Project(project.resolve(), home)
+    for slot_id in slot_chain(proj.root, RECOUNT_LIMIT)[2:]:
+        (proj.dir / slot_id).mkdir()
+    (proj.dir / COUNTER_FILE).write_text(str(RECOUNT_LIMIT))
+    res = sleeve("create", "--project", project)
+    assert res.code == 1 and f"already has {RECOUNT_LIMIT} slots" in res.err
+    assert counter(proj) == RECOUNT_LIMIT

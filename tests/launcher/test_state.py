@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -216,3 +217,22 @@ def test_garbage_state_is_rebuilt_from_the_runs_still_alive(
     finally:
         os.kill(pid, signal.SIGTERM)
         os.waitpid(pid, 0)
+
+
+def test_a_corrupt_state_never_overwrites_an_earlier_one_set_aside(
+    home: Path, sleeve: Callable[..., Result]
+) -> None:
+    """Two corruptions in one second: earlier files sit on every name `<time>` could give."""
+    home.mkdir(mode=0o700)
+    now = int(time.time())
+    decoys = {
+        home / f"state.json.corrupt-{t}": f"earlier {t}".encode() for t in range(now, now + 30)
+    }
+    for path, data in decoys.items():
+        path.write_bytes(data)
+    for garbage in (b"first {", b"second ["):
+        (home / "state.json").write_bytes(garbage)
+        assert sleeve("ps", "--json").code == 0
+    assert all(path.read_bytes() == data for path, data in decoys.items())
+    kept = {p.read_bytes() for p in home.glob("state.json.corrupt-*") if p not in decoys}
+    assert kept == {b"first {", b"second ["}
