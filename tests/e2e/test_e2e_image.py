@@ -142,18 +142,34 @@ def test_sidecar_only_change_rebuilds_without_reinstalling_node_or_the_cli(
 def test_build_without_network_or_vendored_ttyd_fails_naming_what_to_set(
     engine: dockerenv.Engine, base_image: str, tmp_path: Path
 ) -> None:
-    """No image/vendor/ttyd.x86_64 and GitHub unreachable: the error says which file or ARG."""
+    """No image/vendor/ttyd.x86_64 and upstream unreachable: the error says which file or ARG.
+    (A dead loopback URL stands for unreachable upstream, whatever this machine can reach.)"""
     ctx = _context_copy(tmp_path)
     (ctx / "image" / "vendor" / "ttyd.x86_64").unlink(missing_ok=True)
-    env = sleeve_env(engine, tmp_path / "home")
-    proc = subprocess.run(
-        [str(SLEEVE), "build", "--image", "sleeve-e2e-nottyd:latest", "--context", str(ctx)],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
+    out = _failed_build(engine, tmp_path, ctx, "TTYD_URL=http://127.0.0.1:9/ttyd.x86_64")
+    assert "could not download http://127.0.0.1:9/ttyd.x86_64" in out
     assert "image/vendor/ttyd.x86_64" in out
     assert "TTYD_URL" in out
+
+
+def test_a_vendored_ttyd_with_the_wrong_sha256_fails_the_build(
+    engine: dockerenv.Engine, base_image: str, tmp_path: Path
+) -> None:
+    ctx = _context_copy(tmp_path)
+    (ctx / "image" / "vendor" / "ttyd.x86_64").write_bytes(b"#!/bin/sh\necho not ttyd\n")
+    out = _failed_build(engine, tmp_path, ctx)
+    assert "expected 8a217c968aba172e0dbf3f34447218dc015bc4d5e59bf51db2f2cd12b7be4f55" in out
+    assert "TTYD_SHA256" in out
+
+
+def _failed_build(engine: dockerenv.Engine, tmp_path: Path, ctx: Path, *build_args: str) -> str:
+    argv = [str(SLEEVE), "build", "--image", "sleeve-e2e-nottyd:latest", "--context", str(ctx)]
+    for arg in build_args:
+        argv += ["--build-arg", arg]
+    env = sleeve_env(engine, tmp_path / "home")
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode != 0, "the build must fail"
+    return proc.stdout + proc.stderr
 
 
 def test_cold_docker_run_answers_health_quickly_as_pid_1_and_turns_healthy(
