@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import stat
@@ -44,7 +45,7 @@ def msg(ident: str, body: str = "hello", **kw: str | None) -> Message:
         "time": "2026-01-21T10:00:00Z",
         **kw,
     }
-    return Message(id=ident, body=body, **fields)  # type: ignore[arg-type]
+    return Message(id=ident, body=body, **fields)
 
 
 def box_file(tmp_path: pathlib.Path, text: str | bytes, name: str = "outbox") -> Mailbox:
@@ -276,6 +277,100 @@ def test_append_after_a_last_line_without_newline_keeps_both_messages(
     ]
 
 
+UNCLOSED_AT_END = "---\nid: x\nfrom: y\ntype: task\n"  # a writer killed before its closing ---
+
+
+def test_unclosed_header_at_the_end_does_not_swallow_the_next_append(
+    tmp_path: pathlib.Path,
+) -> None:
+    first, new = msg("msg-1"), msg("msg-new", "---\nid: fake\n---\nbody")
+    box = box_file(tmp_path, render_messages([first]) + UNCLOSED_AT_END)
+    box.append(new)
+    result = box.read()
+    assert list(result.messages) == [first, new]
+    (warning,) = result.warnings
+    assert warning.startswith("line 9: header is never closed")
+    # `x` is no message: acking it removes nothing (it used to remove msg-new with it).
+    assert box.remove(["x"]) == needlecast.RemoveResult(0, ("x",))
+    assert box.remove(["msg-new"]).removed == 1
+    assert box.path.read_text() == render_messages([first]) + UNCLOSED_AT_END + "\n"
+
+
+def test_unclosed_header_at_the_end_then_a_foreign_append_keeps_both(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A writer that ignores the lock and the blank line (`cat msg.md >> outbox.md`)."""
+    box = box_file(tmp_path, render_messages([msg("msg-1")]) + UNCLOSED_AT_END)
+    with open(box.path, "a") as f:
+        f.write(render_messages([msg("msg-new")]))
+    result = box.read()
+    assert list(result.messages) == [msg("msg-1"), msg("msg-new")]
+    assert result.warnings == (
+        "line 9: header is never closed by a '---' line (line 13 starts another header); skipped",
+    )
+
+
+BROKEN_HEADERS = {
+    "valid YAML": UNCLOSED_AT_END,
+    "invalid YAML": "---\nid: x\nfrom: [y\ntype: task\n",
+    "body without its ---": "---\nid: x\nfrom: y\nforgot the separator: this is the body\nok\n\n",
+    "blank line in it": "---\nid: x\n\nfrom: y\n---\nbody\n\n",
+    "CRLF": UNCLOSED_AT_END.replace("\n", "\r\n"),
+    "no id": "---\nfrom: y\ntype: task\n",
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN_HEADERS.values(), ids=BROKEN_HEADERS.keys())
+def test_unclosed_header_mid_file_is_reported_and_its_neighbours_read_and_acked_alone(
+    tmp_path: pathlib.Path, broken: str
+) -> None:
+    before, after = render_messages([msg("msg-1")]), render_messages([msg("msg-3", "key: v")])
+    text = before + broken + after
+    result = parse_messages(text)
+    assert list(result.messages) == [msg("msg-1"), msg("msg-3", "key: v")]
+    (warning,) = result.warnings
+    assert warning.startswith("line 9: header is never closed")
+    data = text.encode()
+    assert needlecast._message_ids(data) == needlecast._parse_bytes(data)[1]
+    box = box_file(tmp_path, text)
+    assert box.remove(["msg-3"]).removed == 1
+    assert box.path.read_bytes() == (before + broken).encode()
+    assert box.remove(["msg-1"]).removed == 1
+    assert box.path.read_bytes() == broken.encode()
+
+
+def test_unclosed_header_before_a_hand_written_message_without_id() -> None:
+    text = (
+        render_messages([msg("msg-1")]) + UNCLOSED_AT_END + "---\nfrom: bob\ntype: task\n---\nhi\n"
+    )
+    result = parse_messages(text)
+    assert [m.sender for m in result.messages] == ["alice", "bob"]
+    assert result.messages[1].body == "hi"
+    assert any(w.startswith("line 9: header is never closed") for w in result.warnings)
+
+
+def test_body_rule_right_after_a_key_value_body_line_stays_in_the_body() -> None:
+    """A chain with a separator left over and no contract field in its last header pairs up
+    from the start: `Status: done` underlined is a markdown heading, not a header."""
+    text = "---\nid: m1\nfrom: x\ntype: task\ntime: t\n---\nStatus: done\n---\nmore\n\n"
+    text += render_messages([msg("msg-2")])
+    result = parse_messages(text)
+    assert result.warnings == ()
+    assert [m.body for m in result.messages] == ["Status: done\n---\nmore", "hello"]
+
+
+@pytest.mark.parametrize("ending", ["", "\n", "\r\n", "\r", "\n\n", "\r\n\r\n", "\n\r\n"])
+def test_append_ends_a_hand_written_file_with_a_blank_line_and_its_last_body_reads_the_same(
+    tmp_path: pathlib.Path, ending: str
+) -> None:
+    box = box_file(tmp_path, SEED + "last line" + ending)
+    before = box.read().messages
+    box.append(msg("msg-new"))
+    assert box.path.read_bytes().endswith(render_messages([msg("msg-new")]).encode())
+    assert box.read().messages == (*before, msg("msg-new"))
+    assert box.read().warnings == ()
+
+
 # ---------------------------------------------------------------- limits and cache
 
 
@@ -445,7 +540,7 @@ def test_a_message_appended_without_the_lock_during_a_rewrite_is_kept(
 LINES = [
     "---", "--- ", "---\r", "----", "\\---", "id: a", "id: b", "id: yes", "id:", "idx: q",
     "from: x", "from: [x", "type: task", "to: null", "a: b: c", "x:y", "text", "", " ", "ü: x",
-    "id: 'q'", "time: 2026-01-01T00:00:00Z",
+    "id: 'q'", "time: 2026-01-01T00:00:00Z", "  - x", "# c", "- y", "Status: done",
 ]  # fmt: skip
 
 
@@ -453,4 +548,32 @@ LINES = [
 @settings(max_examples=400)
 def test_quick_id_scan_for_acks_agrees_with_the_full_parse(lines: list[tuple[str, str]]) -> None:
     data = "".join(line + end for line, end in lines).encode()
+    assert needlecast._message_ids(data) == needlecast._parse_bytes(data)[1]
+
+
+garbage_strategy = st.lists(
+    st.tuples(st.sampled_from(LINES), st.sampled_from(["\n", "\r\n"])), max_size=8
+).map(lambda lines: "".join(line + end for line, end in lines))
+
+
+@given(messages_strategy, st.lists(garbage_strategy, min_size=9, max_size=9))
+@settings(max_examples=400, deadline=None)
+def test_text_between_written_messages_never_loses_one(
+    messages: list[Message], garbage: list[str]
+) -> None:
+    """Any lines (unclosed headers, stray ---, key lines...) before, between and after written
+    messages: each written message is still read, in order, with its header as written and its
+    body as written (then the text after it when that text holds no message)."""
+    text = "".join(garbage[k] + render_messages([m]) for k, m in enumerate(messages))
+    text += garbage[len(messages)]
+    result = parse_messages(text)
+    read = iter(result.messages)
+    for k, m in enumerate(messages):
+        exact = garbage[k + 1] == ""
+        assert any(
+            dataclasses.replace(r, body=m.body) == m
+            and (r.body == m.body if exact else r.body.startswith(m.body))
+            for r in read
+        ), (m, result)
+    data = text.encode()
     assert needlecast._message_ids(data) == needlecast._parse_bytes(data)[1]
