@@ -1,4 +1,4 @@
-"""`scripts/bench [--quick] [--out PATH] [--only GROUP,...] [--docs PATH]`
+"""`scripts/bench [--quick] [--out PATH] [--only GROUP,...] [--docs PATH]...`
 
 Runs every figure group, prints the markdown table on stdout, writes the JSON (default
 `bench-results.json` in the current directory). A group that fails still lists its figures,
@@ -92,7 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", help=f"comma-separated groups to run (of: {', '.join(ORDER)})", default=""
     )
-    parser.add_argument("--docs", metavar="PATH", help="also put the table into this markdown file")
+    parser.add_argument(
+        "--docs",
+        metavar="PATH",
+        action="append",
+        default=[],
+        help="also put the table into this markdown file (repeatable)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(format="bench: %(message)s", stream=sys.stderr)
@@ -145,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log.info("wrote %s (%.0f s in all)", out, elapsed)
-    if args.docs:
-        heading = f"Latest {kind} run: {date}, {elapsed:.0f} s, {info['cpus']} CPUs, {load}."
-        write_docs(Path(args.docs), table, heading)
+    heading = f"Latest {kind} run: {date}, {elapsed:.0f} s, {info['cpus']} CPUs, {load}."
+    for doc in args.docs:
+        write_docs(Path(doc), table, heading)
     return 1 if any(f.error for f in figures) else 0
 
 
