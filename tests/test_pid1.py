@@ -3,15 +3,25 @@ PID 1 there, reaps orphans, keeps exit statuses exact, and stops cleanly on SIGT
 
 from __future__ import annotations
 
+import errno
+import json
+import os
 import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
 import psutil
 import pytest
 
-from tests.harness import Sidecar, py_cli, wait_for, write_cli_config
+from tests.harness import CLIS, REPO, Sidecar, py_cli, wait_for, write_cli_config
 
 UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
 
@@ -29,6 +39,10 @@ def ns_pid(proc: psutil.Process) -> int:
             return int(line.split()[-1])
     msg = "no NSpid line"
     raise AssertionError(msg)
+
+
+def read_pids(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()]
 
 
 def zombies(root: psutil.Process) -> list[int]:
@@ -77,7 +91,7 @@ def test_exit_statuses_stay_exact_under_the_reaper(in_namespace: Callable[..., S
     init = namespace_init(sc)
     [ttyd] = [p for p in init.children(recursive=True) if p.name() == "ttyd"]
     ttyd.kill()
-    wait_for(lambda: "ttyd exited with -9" in sc.log(), timeout=5, what="ttyd's exit status")
+    wait_for(lambda: "ttyd: exited with -9" in sc.log(), timeout=5, what="ttyd's exit status")
     sc.wait_status(lambda s: s["ttyd_state"] == "running", "ttyd back")
     # libtmux's subprocess calls still see real statuses: a resleeve works end to end.
     assert sc.post("/resleeve", {"cli": "shell"})[0] == 202
@@ -85,20 +99,162 @@ def test_exit_statuses_stay_exact_under_the_reaper(in_namespace: Callable[..., S
     assert "unknown child process" not in sc.log().lower()
 
 
-def test_sigterm_empties_the_namespace_within_grace(
+def run_init_program(tmp: Path, *args: str) -> tuple[int, list[dict[str, Any]]]:
+    """tests/clis/init_statuses.py as PID 1 of a fresh namespace: its exit code, its JSON lines."""
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
+    proc = subprocess.run(
+        [*UNSHARE, sys.executable, str(CLIS / "init_statuses.py"), *args],
+        env=env,
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no report; stdout {proc.stdout!r} stderr {proc.stderr!r}"
+    return proc.returncode, lines
+
+
+def test_run_as_init_keeps_exit_statuses_exact_while_it_reaps_a_stream_of_orphans(
+    short_tmp: Path,
+) -> None:
+    """While init reaps orphans (a factory makes them all along, and a tmux server daemonizes
+    into one), `work` sees exact statuses from `subprocess.run` (3, in a thread as libtmux runs
+    it), asyncio's `create_subprocess_exec` (5) and libtmux (`has-session` of a missing session:
+    1). A reaper that shared work's process would turn those into 0 (subprocess's answer to a
+    stolen child) and 255 (asyncio's); work then exits 1 and prints every mismatch."""
+    code, lines = run_init_program(short_tmp, "statuses", str(short_tmp))
+    report = lines[-1]
+    assert report["init_pid"] == 1  # run_as_init ran as the namespace's PID 1
+    assert report["work_ppid"] == 1  # and work was its child
+    assert report["bad"] == []
+    assert report["orphans"] >= 50  # orphans really were dying all along
+    assert report["code"] == 0
+    assert code == 0
+
+
+@pytest.mark.parametrize("signo", [signal.SIGKILL, signal.SIGUSR1])
+def test_run_as_init_returns_128_plus_n_when_work_dies_by_signal_n(
+    short_tmp: Path, signo: signal.Signals
+) -> None:
+    code, lines = run_init_program(short_tmp, "signal", str(int(signo)))
+    assert lines[0] == {"work_ppid": 1}
+    assert lines[-1] == {"init_pid": 1, "code": 128 + signo}
+    assert code == 128 + signo
+
+
+# The kernel's process connector (netlink, CN_PROC): exit events with kernel timestamps.
+NETLINK_CONNECTOR, CN_IDX_PROC, CN_VAL_PROC = 11, 1, 1
+PROC_CN_MCAST_LISTEN, PROC_EVENT_EXIT, NLMSG_DONE = 1, 0x80000000, 3
+SO_RCVBUFFORCE = 33
+NLMSG_HDR, CN_MSG_HDR = struct.Struct("=IHHII"), struct.Struct("=IIIIHH")
+EVENT_HDR, EXIT_DATA = struct.Struct("=IIQ"), struct.Struct("=IIII")
+
+
+class KernelExits:
+    """Every thread exit on the machine as the kernel reports it (needs root): for each, the
+    thread id, its process id, the wait status and the kernel's timestamp, so the order in
+    which processes ended is the kernel's, not whatever order a poller happened to notice."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 64 << 20)
+        self.sock.bind((0, CN_IDX_PROC))
+        self.sock.settimeout(0.1)
+        op = struct.pack("=I", PROC_CN_MCAST_LISTEN)
+        cn = CN_MSG_HDR.pack(CN_IDX_PROC, CN_VAL_PROC, 0, 0, len(op), 0) + op
+        self.sock.send(NLMSG_HDR.pack(NLMSG_HDR.size + len(cn), NLMSG_DONE, 0, 0, 0) + cn)
+        self.events: list[tuple[int, int, int, int]] = []  # (timestamp_ns, tid, pid, status)
+        self.lost = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        offset = NLMSG_HDR.size + CN_MSG_HDR.size
+        while not self._done.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue  # the wake-up to look at _done
+            except OSError as exc:
+                if exc.errno == errno.ENOBUFS:
+                    self.lost = True
+                    continue
+                raise
+            what, _cpu, stamp = EVENT_HDR.unpack_from(data, offset)
+            if what == PROC_EVENT_EXIT:
+                tid, pid, status, _ = EXIT_DATA.unpack_from(data, offset + EVENT_HDR.size)
+                self.events.append((stamp, tid, pid, status))
+
+    def of(self, pid: int) -> list[tuple[int, int, int, int]]:
+        return [e for e in list(self.events) if e[2] == pid]
+
+    def __enter__(self) -> KernelExits:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._done.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kernel's process connector needs root")
+def test_sigterm_stops_every_process_it_started_before_the_supervisor_exits(
     in_namespace: Callable[..., Sidecar], short_tmp: Path
 ) -> None:
+    """When PID 1 exits, the kernel SIGKILLs whatever is left in its namespace, so "nothing is
+    left afterwards" proves nothing. The witness is the kernel's own record of exits (the
+    netlink process connector: exact order, exit statuses). The kernel kills a namespace's
+    processes only when its PID 1 exits, which is after the supervisor has ended; so the CLI,
+    its child (both ignore SIGHUP and SIGTERM), the pane's waiter and ttyd must have ended
+    strictly before the supervisor did, and tmux (told to exit, not waited for) must have ended
+    by itself with status 0, not by the kernel's SIGKILL (status 9)."""
     pids = short_tmp / "stubborn.pids"
     sc = in_namespace(
-        "stubborn", {"stubborn": py_cli("stubborn.py", str(pids))}, SIDECAR_STOP_GRACE="2"
+        "stubborn", {"stubborn": py_cli("stubborn.py", str(pids))}, SIDECAR_STOP_GRACE="1"
     ).start()
-    wait_for(pids.exists, what="stubborn CLI ready")
+    cli, cli_child = wait_for(lambda: pids.exists() and read_pids(pids), what="stubborn CLI ready")
     init = namespace_init(sc)
-    members = [init, *init.children(recursive=True)]
-    assert len(members) >= 5  # init, supervisor, tmux, ttyd, waiter, CLI, its child
-    started = time.monotonic()
-    init.send_signal(signal.SIGTERM)
-    assert sc.proc is not None
-    assert sc.proc.wait(10) == 0
-    assert time.monotonic() - started <= 2 + 1
-    assert not [p for p in members if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    [supervisor] = [p for p in init.children() if "-m sidecar run" in " ".join(p.cmdline())]
+    members = [p for p in init.children(recursive=True) if p.pid != supervisor.pid]
+    started = {p.pid: p.name() for p in members}  # host pids: what the kernel reports
+    assert {cli, cli_child} <= {ns_pid(p) for p in members}  # the CLI wrote namespace pids
+    names = sorted(started.values())
+    assert "ttyd" in names and "sh" in names, names
+    assert any(n.startswith("tmux") for n in names), names
+    with KernelExits() as kernel:
+        begun = time.monotonic()
+        init.send_signal(signal.SIGTERM)
+        assert sc.proc is not None
+        assert sc.proc.wait(10) == 0
+        assert time.monotonic() - begun <= 1 + 2  # the grace, plus ttyd and tmux
+        everyone = [*started, supervisor.pid, init.pid]
+        wait_for(
+            lambda: all(kernel.of(pid) for pid in everyone),
+            timeout=5,
+            what=f"the kernel's exit events of {everyone} (events lost: {kernel.lost})",
+        )
+    # The supervisor has ended once its last thread has; from then on init may exit and the
+    # kernel SIGKILL whatever is left.
+    supervisor_ended = max(stamp for stamp, *_ in kernel.of(supervisor.pid))
+    assert supervisor_ended < max(stamp for stamp, *_ in kernel.of(init.pid))
+    ended = {pid: max(kernel.of(pid)) for pid in started}  # (stamp, tid, pid, wait status)
+    # Shutdown waits for the CLI tree and for ttyd, so they end strictly before it does.
+    late = {
+        f"{started[pid]} {pid}": f"{(stamp - supervisor_ended) / 1e6:.1f} ms after, status {status}"
+        for pid, (stamp, _, _, status) in ended.items()
+        if not started[pid].startswith("tmux") and stamp >= supervisor_ended
+    }
+    assert not late, f"outlived the supervisor, left for the kernel to kill: {late}"
+    # tmux is told to exit (kill-server) and then ends by itself: exit status 0. Left to the
+    # kernel it would be SIGKILLed (status 9) when init exits.
+    [tmux_status] = [st for pid, (*_, st) in ended.items() if started[pid].startswith("tmux")]
+    assert tmux_status == 0, ended
+    assert "SIGKILL to 2 processes" in sc.log()  # the stubborn pair, after the grace
