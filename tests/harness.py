@@ -89,6 +89,19 @@ def py_cli(script: str, *args: str) -> dict[str, Any]:
     return {"command": [sys.executable, str(CLIS / script), *args]}
 
 
+def stubborn_starts(path: Path) -> list[dict[str, Any]]:
+    """tests/clis/stubborn.py's JSON lines, one per start (a line still being written is left
+    for the next look)."""
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.split("\n")[:-1]]
+
+
+def stubborn_pids(path: Path) -> list[int] | None:
+    """The latest stubborn CLI's [pid, child pid], None before it is ready."""
+    starts = stubborn_starts(path)
+    return [starts[-1]["pid"], starts[-1]["child"]] if starts else None
+
+
 @dataclass
 class Sidecar:
     """A sidecar started as a real process (optionally wrapped, e.g. in `unshare`)."""

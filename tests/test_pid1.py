@@ -21,7 +21,15 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.harness import CLIS, REPO, Sidecar, py_cli, wait_for, write_cli_config
+from tests.harness import (
+    CLIS,
+    REPO,
+    Sidecar,
+    py_cli,
+    stubborn_pids,
+    wait_for,
+    write_cli_config,
+)
 
 UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
 
@@ -39,10 +47,6 @@ def ns_pid(proc: psutil.Process) -> int:
             return int(line.split()[-1])
     msg = "no NSpid line"
     raise AssertionError(msg)
-
-
-def read_pids(path: Path) -> list[int]:
-    return [int(x) for x in path.read_text().split()]
 
 
 def zombies(root: psutil.Process) -> list[int]:
@@ -220,7 +224,7 @@ def test_sigterm_stops_every_process_it_started_before_the_supervisor_exits(
     sc = in_namespace(
         "stubborn", {"stubborn": py_cli("stubborn.py", str(pids))}, SIDECAR_STOP_GRACE="1"
     ).start()
-    cli, cli_child = wait_for(lambda: pids.exists() and read_pids(pids), what="stubborn CLI ready")
+    cli, cli_child = wait_for(lambda: stubborn_pids(pids), what="stubborn CLI ready")
     init = namespace_init(sc)
     [supervisor] = [p for p in init.children() if "-m sidecar run" in " ".join(p.cmdline())]
     members = [p for p in init.children(recursive=True) if p.pid != supervisor.pid]

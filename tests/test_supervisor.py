@@ -18,12 +18,18 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import psutil
 
-from tests.harness import Sidecar, py_cli, wait_for, write_cli_config
+from tests.harness import (
+    Sidecar,
+    py_cli,
+    stubborn_pids,
+    stubborn_starts,
+    wait_for,
+    write_cli_config,
+)
 
 
 def read_pids(path: Path) -> list[int]:
@@ -117,7 +123,7 @@ def test_resleeve_kills_a_tree_that_ignores_sighup_and_sigterm(
     sc = make_sidecar(
         cli="stubborn", env_extra={"SIDECAR_CLI_CONFIG": str(config), "SIDECAR_STOP_GRACE": "1"}
     ).start()
-    old = wait_for(lambda: pids_file.exists() and read_pids(pids_file), what="stubborn CLI ready")
+    old = wait_for(lambda: stubborn_pids(pids_file), what="stubborn CLI ready")
     assert sc.status()["cli_pid"] == old[0]
 
     code, body = sc.post("/resleeve", {"cli": "pidfile"})
@@ -268,7 +274,7 @@ def test_sigterm_stops_everything_marks_killed_and_exits_0(
         },
     )
     sc.start()
-    cli_pids = wait_for(lambda: pids_file.exists() and read_pids(pids_file), what="CLI ready")
+    cli_pids = wait_for(lambda: stubborn_pids(pids_file), what="CLI ready")
     assert sc.proc is not None
     ours = [p.pid for p in psutil.Process(sc.proc.pid).children(recursive=True)]
     started = time.monotonic()
@@ -411,12 +417,6 @@ def tmux_on(sock: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def records(path: Path) -> list[dict[str, Any]]:
-    """recorder.py's JSON lines (a line still being written is left for the next look)."""
-    text = path.read_text() if path.exists() else ""
-    return [json.loads(line) for line in text.split("\n")[:-1]]
-
-
 async def terminal_shows(sc: Sidecar, needle: str, timeout: float = 10.0) -> None:
     """A ttyd-protocol WebSocket through /terminal/ws (ttyd runs a new `tmux attach` for it)
     receives `needle` from the pane, while a tmux client is attached on the sidecar's socket."""
@@ -445,15 +445,15 @@ async def test_kill_9_of_the_tmux_server_heals_within_2s_with_the_resume_argv(
     /health says healthy. The CLI ignores SIGHUP and SIGTERM (as does its child), so it would
     outlive its tmux server as an orphan unless the sidecar stops it; the grace is 1 s."""
     record = short_tmp / "starts.jsonl"
-    command = py_cli("recorder.py", str(record), "fresh")["command"]
+    command = py_cli("stubborn.py", str(record), "fresh")["command"]
     resume = [*command[:-1], "resumed"]
     config = write_cli_config(
-        short_tmp / "clis.yaml", {"recorder": {"command": command, "resume": resume}}
+        short_tmp / "clis.yaml", {"stubborn": {"command": command, "resume": resume}}
     )
     sc = make_sidecar(
-        cli="recorder", env_extra={"SIDECAR_CLI_CONFIG": str(config), "SIDECAR_STOP_GRACE": "1"}
+        cli="stubborn", env_extra={"SIDECAR_CLI_CONFIG": str(config), "SIDECAR_STOP_GRACE": "1"}
     ).start()
-    [first] = wait_for(lambda: records(record), what="first CLI recorded")
+    [first] = wait_for(lambda: stubborn_starts(record), what="first CLI recorded")
     assert first["argv"] == command[1:]  # a first start does not resume (README)
     old = [first["pid"], first["child"]]
     assert sc.status()["cli_pid"] == first["pid"]
@@ -471,13 +471,13 @@ async def test_kill_9_of_the_tmux_server_heals_within_2s_with_the_resume_argv(
     # (a) The old CLI and its child were stopped before the new session started.
     assert gone(old), [psutil.Process(p).status() for p in old if psutil.pid_exists(p)]
     # (b) The new CLI was started with the resume argv.
-    second = wait_for(lambda: records(record)[1:], what="second CLI recorded")[0]
+    second = wait_for(lambda: stubborn_starts(record)[1:], what="second CLI recorded")[0]
     assert second["pid"] == status["cli_pid"]
     assert second["argv"] == resume[1:]
     assert server.pid not in [p.pid for p in psutil.Process(second["pid"]).parents()]
     assert sc.get("/health")[1]["status"] == "healthy"
     # (c) The web terminal shows the new session.
-    await terminal_shows(sc, f"recorder {second['pid']} ready")
+    await terminal_shows(sc, f"stubborn {second['pid']} ready")
 
 
 def attach_shows(sc: Sidecar, needle: str, timeout: float = 10.0) -> None:
