@@ -27,7 +27,7 @@ from sidecar.clis import CLIDef, claude_has_history
 from sidecar.config import Config, RestartPolicy
 from sidecar.events import EventBus
 from sidecar.tmux import SESSION, PaneInfo, Tmux, TmuxError, recreate_socket
-from sidecar.ttyd import TtydNotFound, find_ttyd, port_free, ttyd_argv, wait_port
+from sidecar.ttyd import Credential, TtydNotFound, find_ttyd, port_free, ttyd_argv, wait_port
 from sidecar.watch import CurrentWatcher
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,8 @@ class Supervisor:
         self._backoff_task: asyncio.Task[None] | None = None
         self._pidfds: dict[str, int] = {}
         self._ttyd_proc: asyncio.subprocess.Process | None = None
+        # The running ttyd's --credential (new on every start); only the /terminal proxy uses it.
+        self.ttyd_credential: Credential | None = None
 
     # ---- helpers -------------------------------------------------------------------------
 
@@ -477,7 +479,15 @@ class Supervisor:
             # Checked first: another program's listener would pass the readiness probe, and
             # /terminal would then proxy to it.
             return None, f"TTYD_PORT {port} is in use by another program"
-        argv = ttyd_argv(binary, port=port, tmux_socket=self.config.tmux_socket, session=SESSION)
+        credential = Credential.new()
+        argv = ttyd_argv(
+            binary,
+            port=port,
+            tmux_socket=self.config.tmux_socket,
+            session=SESSION,
+            credential=credential,
+        )
+        self.ttyd_credential = credential
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -488,7 +498,7 @@ class Supervisor:
         except OSError as exc:
             return None, f"cannot start {binary}: {exc.strerror}"
         self._ttyd_proc = proc
-        self._spawn(self._forward_output(proc), "ttyd-log")
+        self._spawn(self._forward_output(proc, credential), "ttyd-log")
         ready = await wait_port("127.0.0.1", port, started + TTYD_READY_WITHIN)
         if not ready and proc.returncode is None:
             proc.kill()
@@ -501,10 +511,14 @@ class Supervisor:
         code = await proc.wait()
         return code, f"exited with {code}"
 
-    async def _forward_output(self, proc: asyncio.subprocess.Process) -> None:
+    async def _forward_output(
+        self, proc: asyncio.subprocess.Process, credential: Credential
+    ) -> None:
         assert proc.stdout is not None
         async for raw in proc.stdout:
-            line = raw.decode("utf-8", "replace").rstrip()
+            # ttyd prints its credential at start-up, at a debug level above ours (3): redacted
+            # anyway, should the level ever change.
+            line = credential.redact(raw.decode("utf-8", "replace").rstrip())
             if line:
                 log.info("ttyd: %s", line)
 
@@ -549,6 +563,11 @@ class Supervisor:
                 await proc.wait()
         self.ttyd = replace(self.ttyd, state=ProcState.STOPPED)
         await asyncio.to_thread(self.tmux.kill_server)
+        if self.pane is not None:
+            # kill-server returns once the tmux client is done; the server exits a moment later.
+            # Wait for it, so that it never outlives us (as PID 1's last act, that would leave
+            # it to the kernel's SIGKILL).
+            await wait_exited([self.pane.server_pid], 2.0)
         self.cli = replace(self.cli, state=ProcState.STOPPED)
         try:
             await asyncio.to_thread(cstack.write_status, self.current.path, "killed")

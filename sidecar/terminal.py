@@ -1,14 +1,22 @@
 """`/terminal`: ttyd proxied through the sidecar's own port, so ttyd is never exposed.
 
-The page and its assets are fetched from ttyd (which runs with `--base-path /terminal`); the
-WebSocket (subprotocol `tty`) is relayed frame for frame. A viewer's input and resize frames
-are dropped here, so a view token can watch the CLI but never type or reshape its window.
+The page is fetched from ttyd (which runs with `--base-path /terminal`); the WebSocket
+(subprotocol `tty`) is relayed frame for frame. A viewer's input and resize frames are dropped
+here, so a view token can watch the CLI but never type or reshape its window.
+
+ttyd runs with a random credential (see `sidecar.ttyd.Credential`) that never leaves this
+process: the proxy adds it to every request to ttyd and puts it into the WebSocket's init
+message, and answers the page's `/terminal/token` itself with an empty token (ttyd's own
+answer is the credential). Only ttyd's page is proxied: ttyd 1.7.7 serves nothing else (its
+page is self-contained), and it normalises paths (`%74oken`, `x/../token`, `token;x` all reach
+its `/token`), so forwarding any other path could hand out the credential.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import weakref
 from collections.abc import AsyncIterator
@@ -17,7 +25,7 @@ import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from sidecar.supervisor import ProcState, Supervisor
-from sidecar.ttyd import BASE_PATH
+from sidecar.ttyd import BASE_PATH, Credential
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +43,11 @@ HOP_HEADERS = frozenset(
 )
 
 
+def _running(sup: Supervisor) -> Credential | None:
+    """The running ttyd's credential; None while ttyd is not running."""
+    return sup.ttyd_credential if sup.ttyd.state is ProcState.RUNNING else None
+
+
 def _unavailable(sup: Supervisor) -> web.Response:
     reason = sup.ttyd.reason or f"ttyd is {sup.ttyd.state.value}"
     return web.json_response(
@@ -42,30 +55,55 @@ def _unavailable(sup: Supervisor) -> web.Response:
     )
 
 
-def allowed_from_viewer(data: bytes | str, first: bool) -> bool:
-    """Whether a frame from a view-only client may pass on to ttyd."""
+def allowed_from_viewer(data: bytes | str) -> bool:
+    """Whether a frame (after the init message) from a view-only client may pass on to ttyd."""
     raw = data.encode() if isinstance(data, str) else data
-    if first:
-        return raw[:1] == b"{"  # the init message (size is ignored by tmux: ignore-size)
     return bool(raw) and raw[0] in VIEWER_ALLOWED
 
 
+def authenticated_init(data: bytes | str, credential: Credential) -> str | None:
+    """The client's init message with ttyd's credential as its AuthToken; None when it is not
+    a JSON object (such a message must never reach ttyd). The size passes as sent: tmux
+    ignores it (ignore-size)."""
+    try:
+        init = json.loads(data)
+    except (ValueError, RecursionError):  # also UnicodeDecodeError; deep nesting
+        return None
+    if not isinstance(init, dict):
+        return None
+    init["AuthToken"] = credential.token
+    return json.dumps(init)
+
+
 async def _relay_to_ttyd(
-    client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse, viewer: bool
+    client: web.WebSocketResponse,
+    upstream: aiohttp.ClientWebSocketResponse,
+    viewer: bool,
+    credential: Credential,
 ) -> None:
-    first = True
+    try:
+        msg = await client.receive(timeout=INIT_TIMEOUT)
+    except TimeoutError:
+        log.info("terminal client sent no init message in %ss; closing", INIT_TIMEOUT)
+        return
+    if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+        return  # close, error
+    init = authenticated_init(msg.data, credential)
+    if init is None:
+        log.info("terminal client's first message is not ttyd's JSON init; closing")
+        await client.close(code=WSCloseCode.POLICY_VIOLATION, message=b"expected the init message")
+        return
+    # ttyd's page sends it as a binary frame, other clients as text: kept as it came.
+    if msg.type is WSMsgType.TEXT:
+        await upstream.send_str(init)
+    else:
+        await upstream.send_bytes(init.encode())
     while True:
-        try:
-            msg = await client.receive(timeout=INIT_TIMEOUT if first else None)
-        except TimeoutError:
-            log.info("terminal client sent no init message in %ss; closing", INIT_TIMEOUT)
-            return
+        msg = await client.receive()
         if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
             return  # close, error
-        if viewer and not allowed_from_viewer(msg.data, first):
-            first = False
+        if viewer and not allowed_from_viewer(msg.data):
             continue
-        first = False
         # Awaiting the send is the backpressure: we read no faster than ttyd accepts.
         if msg.type is WSMsgType.TEXT:
             await upstream.send_str(msg.data)
@@ -86,13 +124,18 @@ async def _relay_to_client(
 
 
 async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse:
-    if sup.ttyd.state is not ProcState.RUNNING:
+    credential = _running(sup)
+    if credential is None:
         return _unavailable(sup)
     session = request.app[SESSION]
     url = f"http://127.0.0.1:{sup.config.ttyd_port}{BASE_PATH}/ws"
     try:
         upstream = await session.ws_connect(
-            url, protocols=("tty",), max_msg_size=MAX_FRAME, autoping=True
+            url,
+            protocols=("tty",),
+            max_msg_size=MAX_FRAME,
+            autoping=True,
+            headers={"Authorization": credential.header},
         )
     except (aiohttp.ClientError, OSError) as exc:
         log.warning("terminal: cannot reach ttyd: %s", exc)
@@ -106,7 +149,7 @@ async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse
         viewer = request.get("role") == "viewer"
         log.info("terminal client connected (%s)", "view-only" if viewer else "read-write")
         tasks = [
-            asyncio.create_task(_relay_to_ttyd(client, upstream, viewer)),
+            asyncio.create_task(_relay_to_ttyd(client, upstream, viewer, credential)),
             asyncio.create_task(_relay_to_client(upstream, client)),
         ]
         try:
@@ -121,14 +164,15 @@ async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse
 
 
 async def page(request: web.Request, sup: Supervisor) -> web.StreamResponse:
-    """ttyd's page and its assets (GET only), streamed back."""
-    if sup.ttyd.state is not ProcState.RUNNING:
+    """ttyd's page (GET only), streamed back."""
+    credential = _running(sup)
+    if credential is None:
         return _unavailable(sup)
-    tail = request.match_info.get("tail", "")
-    url = f"http://127.0.0.1:{sup.config.ttyd_port}{BASE_PATH}/{tail}"
+    url = f"http://127.0.0.1:{sup.config.ttyd_port}{BASE_PATH}/"
     headers = {
         k: v for k, v in request.headers.items() if k.lower() in ("accept", "accept-encoding")
     }
+    headers["Authorization"] = credential.header
     try:
         async with request.app[SESSION].get(
             url, headers=headers, allow_redirects=False
@@ -166,8 +210,15 @@ def add_terminal_routes(app: web.Application, sup: Supervisor) -> None:
             # ttyd's page loads its token and WebSocket relative to /terminal/.
             query = f"?{request.query_string}" if request.query_string else ""
             return web.Response(status=302, headers={"Location": f"{BASE_PATH}/{query}"})
-        if request.match_info.get("tail") == "ws":
+        tail = request.match_info.get("tail")
+        if tail == "ws":
             return web.json_response({"error": "WebSocket upgrade required"}, status=400)
+        if tail == "token":
+            # The page asks for a token to put into its init message; ttyd's answer would be
+            # its credential. The proxy puts that in on the way instead.
+            return web.json_response({"token": ""}, headers={"Cache-Control": "no-store"})
+        if tail != "":
+            raise web.HTTPNotFound
         return await page(request, sup)
 
     async def close_clients(app: web.Application) -> None:

