@@ -262,8 +262,10 @@ def _schemas(cli_names: list[str]) -> dict[str, Any]:
 _ERRORS = {
     400: "bad request: malformed JSON or invalid fields",
     401: "missing or wrong token",
-    403: "the view token is read-only",
-    409: "conflict: a resleeve is already in progress, or the sidecar is shutting down",
+    403: "the view token is read-only, or a browser request from another origin (or, without a "
+    "token, from a page served by name rather than by address)",
+    409: "conflict: a resleeve is already in progress or the sidecar is shutting down; for "
+    "messages: `.needlecast/` or a message file is a symlink leading out of the workspace",
     507: "no room: the mailbox is full (ack messages) or the disk is",
     413: "request body too large",
     503: "the terminal (ttyd) is not available; retry after `Retry-After` seconds",
@@ -356,7 +358,7 @@ def _paths() -> dict[str, Any]:
                 "getOutbox",
                 "messages",
                 "Messages the sleeve wrote for the envoy (`.needlecast/outbox.md`)",
-                _responses({"200": _json(_ref("MessageList"), "the outbox")}, 401),
+                _responses({"200": _json(_ref("MessageList"), "the outbox")}, 401, 409),
             )
         },
         "/outbox/ack": {
@@ -364,7 +366,7 @@ def _paths() -> dict[str, Any]:
                 "ackOutbox",
                 "messages",
                 "Remove delivered messages from the outbox",
-                _responses({"200": _json(_ref("AckResult"), "removed")}, 400, 401, 403, 413),
+                _responses({"200": _json(_ref("AckResult"), "removed")}, 400, 401, 403, 409, 413),
                 description="Removes exactly the given ids; messages appended meanwhile stay.",
                 requestBody=_body(_ref("AckRequest")),
             )
@@ -374,14 +376,14 @@ def _paths() -> dict[str, Any]:
                 "getInbox",
                 "messages",
                 "Messages waiting for the sleeve (`.needlecast/inbox.md`)",
-                _responses({"200": _json(_ref("MessageList"), "the inbox")}, 401),
+                _responses({"200": _json(_ref("MessageList"), "the inbox")}, 401, 409),
             ),
             "post": _op(
                 "postInbox",
                 "messages",
                 "Deliver a message to the sleeve",
                 _responses(
-                    {"201": _json(_ref("MessageCreated"), "stored")}, 400, 401, 403, 413, 507
+                    {"201": _json(_ref("MessageCreated"), "stored")}, 400, 401, 403, 409, 413, 507
                 ),
                 description="The sidecar fills in `id` and the time.",
                 requestBody=_body(_ref("NewMessage")),
