@@ -332,7 +332,8 @@ def _paths() -> dict[str, Any]:
         "ttyd's web terminal, proxied (ttyd itself listens on loopback only). A WebSocket "
         "upgrade on `/terminal` or `/terminal/ws` with subprotocol `tty` is relayed to ttyd. "
         "A plain GET of `/terminal` redirects to `/terminal/`, whose relative URLs ttyd's page "
-        "needs; ttyd's assets are served below `/terminal/` too."
+        'needs; `/terminal/token` answers `{"token": ""}` (the proxy authenticates to '
+        "ttyd itself) and other paths below `/terminal/` are 404."
     )
     return {
         "/health": {
@@ -447,6 +448,27 @@ def _paths() -> dict[str, Any]:
                 "terminal",
                 "ttyd's page",
                 _responses({**_UPGRADE, "200": _html("ttyd's page")}, 401, 503),
+                description=terminal_text,
+            )
+        },
+        "/terminal/token": {
+            "get": _op(
+                "getTerminalToken",
+                "terminal",
+                "The token ttyd's page puts into its init message (always empty here)",
+                _responses(
+                    {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["token"],
+                                "properties": {"token": {"type": "string", "maxLength": 0}},
+                            },
+                            "an empty token",
+                        )
+                    },
+                    401,
+                ),
                 description=terminal_text,
             )
         },
