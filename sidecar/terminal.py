@@ -36,6 +36,10 @@ CLIENTS = web.AppKey("terminal_clients", weakref.WeakSet[web.WebSocketResponse])
 INPUT, RESIZE = ord("0"), ord("1")
 VIEWER_ALLOWED = frozenset({ord("2"), ord("3")})  # pause / resume output: flow control only
 INIT_TIMEOUT = 10.0  # a client that never sends the init message is closed after this
+OUTPUT = ord("0")  # ttyd -> client: terminal output
+# After the init message a client's frames wait (unread) until ttyd's first output frame, or
+# this long: see `_relay_to_ttyd`.
+FIRST_OUTPUT_TIMEOUT = 5.0
 CLOSE_TIMEOUT = 1.0  # how long a closing WebSocket waits for the browser's close reply
 MAX_FRAME = 1 << 20
 HOP_HEADERS = frozenset(
@@ -80,6 +84,7 @@ async def _relay_to_ttyd(
     upstream: aiohttp.ClientWebSocketResponse,
     viewer: bool,
     credential: Credential,
+    first_output: asyncio.Event,
 ) -> None:
     try:
         msg = await client.receive(timeout=INIT_TIMEOUT)
@@ -98,6 +103,19 @@ async def _relay_to_ttyd(
         await upstream.send_str(init)
     else:
         await upstream.send_bytes(init.encode())
+    # ttyd starts `tmux attach` on the init message, on a pty in canonical mode (ICANON, ECHO,
+    # ISIG, ICRNL) until the tmux server takes the tty over and makes it raw. Input that ttyd
+    # writes before then is the kernel's line discipline's, not tmux's: echoed back, \r turned
+    # into \n, a line longer than 4095 bytes cut short, ^U/^W/DEL edited away, ^C/^Z/^\ sent
+    # as signals. tmux writes its first output only after the switch, so the client's frames
+    # stay unread (in aiohttp's buffer; the client's TCP window is the backpressure) until
+    # ttyd's first output frame, or FIRST_OUTPUT_TIMEOUT (then they go as they would have).
+    try:
+        await asyncio.wait_for(first_output.wait(), FIRST_OUTPUT_TIMEOUT)
+    except TimeoutError:
+        log.info(
+            "terminal: no output from ttyd in %ss; relaying input anyway", FIRST_OUTPUT_TIMEOUT
+        )
     while True:
         msg = await client.receive()
         if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
@@ -112,10 +130,14 @@ async def _relay_to_ttyd(
 
 
 async def _relay_to_client(
-    upstream: aiohttp.ClientWebSocketResponse, client: web.WebSocketResponse
+    upstream: aiohttp.ClientWebSocketResponse,
+    client: web.WebSocketResponse,
+    first_output: asyncio.Event,
 ) -> None:
     async for msg in upstream:
         if msg.type is WSMsgType.BINARY:
+            if msg.data[:1] == bytes((OUTPUT,)):
+                first_output.set()
             await client.send_bytes(msg.data)
         elif msg.type is WSMsgType.TEXT:
             await client.send_str(msg.data)
@@ -148,9 +170,10 @@ async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse
         request.app[CLIENTS].add(client)
         viewer = request.get("role") == "viewer"
         log.info("terminal client connected (%s)", "view-only" if viewer else "read-write")
+        first_output = asyncio.Event()
         tasks = [
-            asyncio.create_task(_relay_to_ttyd(client, upstream, viewer, credential)),
-            asyncio.create_task(_relay_to_client(upstream, client)),
+            asyncio.create_task(_relay_to_ttyd(client, upstream, viewer, credential, first_output)),
+            asyncio.create_task(_relay_to_client(upstream, client, first_output)),
         ]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -486,6 +486,30 @@ async def test_a_client_that_never_sends_init_is_closed(
     assert sc.get("/health")[0] == 200
 
 
+async def test_a_long_line_typed_right_after_init_reaches_the_shell_whole(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    """ttyd starts `tmux attach` on the init message, and until the tmux server has made that
+    pty raw, what ttyd writes into it is edited by the kernel's canonical line discipline: a
+    line longer than 4095 bytes loses its end (and ^C is a signal, \\r becomes \\n). The proxy
+    holds a client's frames until ttyd's first output, which tmux writes only once the pty is
+    raw. Without that, 29 of 30 fresh connections lost the end of this line."""
+    sc = make_sidecar().start()
+    await asyncio.to_thread(wait_for, lambda: pane_text(sc).strip(), what="the shell's prompt")
+    async with aiohttp.ClientSession() as session:
+        for _ in range(10):  # fresh connections: each one's tmux attach races its input
+            marker = uuid.uuid4().hex[:12]
+            ws = await session.ws_connect(sc.url + "/terminal/ws", protocols=("tty",))
+            term = Term(ws)
+            await ws.send_str(json.dumps({"AuthToken": "", "columns": 200, "rows": 50}))
+            # Typed at once, right behind the init message. The prompt it sets appears only
+            # when the shell has run all of it and reads the next line (so the next round's
+            # line cannot meet the pane's own tty between two prompts).
+            await term.type(f': {"x" * 5000}; PS1="ok-$((40+2))-{marker}> "\r')
+            await term.wait_output(f"ok-42-{marker}> ")
+            await ws.close()
+
+
 def find_ttyd_credential(sc: Sidecar) -> tuple[int, str] | None:
     """The running ttyd's pid and `--credential` (user:password), read from
     /proc/<pid>/cmdline; None while no ttyd runs."""
@@ -508,7 +532,8 @@ def ttyd_credential(sc: Sidecar) -> tuple[int, str]:
 
 async def wait_attached(sc: Sidecar) -> None:
     """Until ttyd's `tmux attach` is a client of the session: keys typed before it has put its
-    terminal into raw mode are echoed by the pty and then thrown away."""
+    terminal into raw mode are the kernel line discipline's (echoed at once, edited, a long
+    line cut short). The proxy holds them until then; a client of ttyd itself must wait."""
     await asyncio.to_thread(
         wait_for, lambda: tmux(sc, "list-clients", "-t", "main").strip(), what="a tmux client"
     )

@@ -8,6 +8,14 @@ ttyd's protocol (subprotocol `tty`): the client's first message is JSON
 ttyd runs with a per-start `--credential` that only the proxy knows; the direct baseline reads
 it from ttyd's argv (this runs as the same user) and sends what the proxy sends: the Basic
 header on the handshake and the credential as the init message's AuthToken.
+
+Two clients type into one shell, in turn. A round first clears the line (Ctrl-U, then an untimed
+marker, in one frame, until that marker echoes), then times one marker typed alone. Either way a
+client's last keys are a marker whose echo it has seen: nothing it typed is still on its way to
+the shell when the other client types. (A Ctrl-U sent after the timed marker, unwaited for, was:
+tmux queues each client's keys separately, so the proxied client's next marker could reach the
+shell before the direct client's Ctrl-U sent earlier, which then wiped it out unechoed: the
+keystroke "lost" in about one short run in eight.)
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ NAMES = ("terminal.echo", "terminal.lost")
 TIMEOUT = 10.0
 ROUND_TIMEOUT = 3.0  # a marker not echoed by then counts as a lost keystroke
 MAX_LOST = 3
-KILL_LINE = b"0\x15"  # Ctrl-U: readline clears the line, so the prompt stays short
+KILL_LINE = b"\x15"  # Ctrl-U: readline clears the line
 # Escape sequences: CSI, OSC, and two-byte ones (as tests/e2e/ttyclient.py strips them).
 _ESCAPES = re.compile(
     rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_()][0-9A-Za-z]?"
@@ -75,6 +83,39 @@ class Term:
             except TimeoutError:
                 continue
 
+    async def typed(self, keys: bytes, marker: bytes, timeout: float) -> float | None:
+        """Type `keys`; seconds until `marker` is in the output, None if not within `timeout`
+        (what came meanwhile is kept in `last_lost`)."""
+        since = len(self.output)
+        start = time.perf_counter()
+        await self.ws.send_bytes(b"0" + keys)
+        try:
+            await self.wait_for(marker, since, timeout)
+        except BenchError:
+            self.last_lost = bytes(self.output[since:])[-400:]
+            return None
+        return time.perf_counter() - start
+
+    async def cleared(self, marker: bytes, timeout: float) -> bool:
+        """Ctrl-U (readline clears the line, so the prompt stays short) and `marker`, in one
+        frame: once the marker echoes, the Ctrl-U and every key before it have been read."""
+        return await self.typed(KILL_LINE + marker, marker, timeout) is not None
+
+    async def drawn(self) -> None:
+        """Until the terminal's first output. ttyd starts `tmux attach` on the init message,
+        and tmux draws only once it has made the pty raw; keys typed before that are the
+        kernel line discipline's, which echoes them itself (a false echo) and takes Ctrl-U as
+        its own. A terminal on a screen starts typing after it has drawn, too."""
+        deadline = time.monotonic() + TIMEOUT
+        while not self.output:
+            self.changed.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                msg = f"no output within {TIMEOUT}s of the init message"
+                raise BenchError(msg)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), left)
+
     async def ready(self, streak: int = 3, tries: int = 15) -> None:
         """Until `streak` typed markers in a row echo. Start-up is not what is measured: a
         login shell reading its profile may swallow input, and a tmux client that has just
@@ -82,40 +123,19 @@ class Term:
         good = 0
         for n in range(tries):
             marker = f"r{n}{secrets.token_hex(4)}q".encode()
-            since = len(self.output)
-            await self.ws.send_bytes(b"0" + marker)
-            try:
-                await self.wait_for(marker, since, timeout=2.0)
-                good += 1
-            except BenchError:
-                good = 0
-            await self.ws.send_bytes(KILL_LINE)
+            good = good + 1 if await self.cleared(marker, 2.0) else 0
             if good >= streak:
                 return
         msg = f"the shell did not echo {streak} markers in a row ({tries} tries)"
         raise BenchError(msg)
 
     async def echo(self, marker: str) -> float | None:
-        """Milliseconds from sending `marker` to seeing it in the output; None if it never
-        came back (the line is cleared either way)."""
-        since = len(self.output)
-        start = time.perf_counter()
-        await self.ws.send_bytes(b"0" + marker.encode())
-        try:
-            await self.wait_for(marker.encode(), since, ROUND_TIMEOUT)
-        except BenchError:
-            self.last_lost = bytes(self.output[since:])[-400:]
-            await self.ws.send_bytes(KILL_LINE)
+        """Milliseconds from typing `marker` (on a line just cleared) to seeing it in the
+        output; None if it, or the clearing, never came back."""
+        if not await self.cleared(f"c{secrets.token_hex(4)}q".encode(), ROUND_TIMEOUT):
             return None
-        took = time.perf_counter() - start
-        since = len(self.output)
-        await self.ws.send_bytes(KILL_LINE)
-        # Let the line clear before the next round (no error if the redraw came already).
-        self.changed.clear()
-        if len(self.output) == since:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), 1.0)
-        return took * 1000
+        took = await self.typed(marker.encode(), marker.encode(), ROUND_TIMEOUT)
+        return None if took is None else took * 1000
 
 
 def ttyd_token(sc: Sidecar) -> str:
@@ -138,7 +158,9 @@ async def _connect(session: aiohttp.ClientSession, url: str, token: str) -> Term
         msg = f"{url} did not accept the tty subprotocol"
         raise BenchError(msg)
     await ws.send_str(json.dumps({"AuthToken": token, "columns": 200, "rows": 50}))
-    return Term(ws)  # the warm-up rounds wait for the shell's first prompt
+    term = Term(ws)
+    await term.drawn()
+    return term  # the warm-up rounds wait for the shell's first prompt
 
 
 async def _measure(
