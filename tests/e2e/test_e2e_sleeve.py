@@ -192,6 +192,21 @@ async def test_dashboard_in_headless_chromium_shows_the_claude_code_terminal(
     assert logo > 300, f"no Claude Code logo in the terminal ({logo} px); see {shot}"
 
 
+def test_the_launched_sleeve_turns_healthy_in_dockers_own_check(
+    claude: tuple[Launcher, Sleeve],
+) -> None:
+    """Step 1's `healthy`, for the sleeve `sleeve run` started with the image's own HEALTHCHECK
+    (30 s interval: `sleeve run` passes no health options). The tests above usually take that
+    long already; otherwise this waits for the first probe."""
+    lch, sleeve = claude
+
+    def health() -> str:
+        fmt = "{{.State.Health.Status}}"
+        return lch.engine.docker("inspect", "--format", fmt, sleeve.container).stdout.strip()
+
+    assert poll(lambda: health() == "healthy" or None, 75, "docker health healthy", interval=1)
+
+
 def test_hard_resleeve_keeps_cstack_and_the_cli_history(
     claude: tuple[Launcher, Sleeve],
 ) -> None:
