@@ -4,6 +4,7 @@ written in Python. Standard library only, so it imports fast and anywhere.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import urllib.error
@@ -104,7 +105,15 @@ class SidecarClient:
             raise ClientError(f"GET /events: {exc.code} {exc.reason}", exc.code) from None
         except (urllib.error.URLError, OSError) as exc:
             raise ClientError(f"cannot reach the sidecar at {self.base_url}: {exc}") from None
+        # Read with read1, not line iteration: iterating a chunked response takes a stream
+        # that breaks off (no closing chunk) for its regular end.
+        pending = b""
         with resp:
-            for line in resp:
-                if line.strip():
-                    yield json.loads(line)
+            try:
+                while chunk := resp.read1(1 << 16):
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    yield from (json.loads(line) for line in lines if line.strip())
+            except (http.client.HTTPException, OSError) as exc:
+                # The sidecar went away mid-stream (killed, or it dropped a client too slow).
+                msg = f"the event stream from {self.base_url} broke off: {exc!r}"
+                raise ClientError(msg) from None

@@ -113,6 +113,37 @@ def test_events_prints_ndjson(make_sidecar: Callable[..., Sidecar]) -> None:
         proc.stdout.close()
 
 
+def test_events_ends_with_exit_0_on_shutdown_and_one_line_when_the_sidecar_dies(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    def follow(sc: Sidecar) -> subprocess.Popen[str]:
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "SIDECAR_PORT": str(sc.port)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "events"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["type"] == "heartbeat"  # subscribed
+        return proc
+
+    polite = make_sidecar().start()
+    proc = follow(polite)
+    assert polite.stop() == 0
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err  # the stream ended as a stream ends
+
+    killed = make_sidecar().start()
+    proc = follow(killed)
+    killed.kill_everything()  # SIGKILL: the stream breaks off mid-way
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 1
+    assert "broke off" in err
+    assert "Traceback" not in err
+
+
 def test_attach_without_a_sidecar_says_why(make_sidecar: Callable[..., Sidecar]) -> None:
     sc = make_sidecar()
     result = sidecar_cmd(sc, "attach")
