@@ -1,20 +1,20 @@
 """The dashboard at GET / in a real headless Chromium against a real sidecar: the page fills in
-from the API, and its embedded terminal connects through the /terminal proxy."""
+from the API, and its embedded terminal connects through the /terminal proxy and shows the pane."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.cdp import TERMINAL_TEXT_JS, Browser
 from tests.e2e.pngcheck import count_near, read_png
-from tests.harness import REPO, Sidecar, wait_for
+from tests.harness import REPO, Sidecar
 
 TOKEN = "dash-token-1234567890"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -24,49 +24,6 @@ pytestmark = [
         CHROMIUM is None and os.environ.get("CI") != "true", reason="chromium not installed"
     ),
 ]
-
-
-def chromium(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    assert CHROMIUM, "chromium is required (scripts/setup --test installs it)"
-    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
-        argv = [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            "--window-size=1200,900",
-            *args,
-        ]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-class Texts(HTMLParser):
-    """Text content by element id, from Chromium's --dump-dom output."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stack: list[str | None] = []
-        self.text: dict[str, str] = {}
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in ("meta", "link", "br", "input", "img", "hr"):
-            return
-        self.stack.append(dict(attrs).get("id"))
-
-    def handle_endtag(self, tag: str) -> None:
-        if self.stack and tag not in ("meta", "link", "br", "input", "img", "hr"):
-            self.stack.pop()
-
-    def handle_data(self, data: str) -> None:
-        for ident in self.stack:
-            if ident:
-                self.text[ident] = self.text.get(ident, "") + data
 
 
 @pytest.fixture
@@ -100,41 +57,50 @@ def dashboard_sidecar(make_sidecar: Callable[..., Sidecar]) -> Sidecar:
     return sc
 
 
-def test_dashboard_dom_shows_status_progress_blockers_and_outbox(
-    dashboard_sidecar: Sidecar,
+FIELDS_JS = """
+JSON.stringify(Object.fromEntries(
+  ['sleeve-id', 'cli', 'health', 'status', 'task', 'progress', 'blockers', 'outbox']
+    .map(id => [id, (document.getElementById(id) || {}).textContent || ''])))
+"""
+
+
+async def test_dashboard_shows_status_progress_blockers_outbox_and_the_live_terminal(
+    dashboard_sidecar: Sidecar, tmp_path: Path
 ) -> None:
+    """Chromium driven over DevTools: every panel filled in from the API, and the embedded
+    terminal's own screen (its xterm.js buffer) showing the pane's known text; then the PNG is
+    kept as artifacts/dashboard.png and checked to be the dark page with light text."""
     sc = dashboard_sidecar
-    result = chromium("--virtual-time-budget=8000", "--dump-dom", f"{sc.url}/?token={TOKEN}")
-    assert result.returncode == 0, result.stderr[-2000:]
-    texts = Texts()
-    texts.feed(result.stdout)
-    assert "test-sleeve" in texts.text.get("sleeve-id", "")
-    assert "shell" in texts.text.get("cli", "")
-    assert "healthy" in texts.text.get("health", "")
-    assert "working" in texts.text.get("status", "")
-    assert "Ship the dashboard" in texts.text.get("task", "")
-    assert "1/2" in texts.text.get("progress", "")
-    assert "waiting for fonts" in texts.text.get("blockers", "")
-    assert "Dashboard milestone reached." in texts.text.get("outbox", "")
-    assert 'id="terminal"' in result.stdout
-    # The embedded terminal opened its WebSocket through the proxy.
-    assert "terminal client connected (read-write)" in sc.log()
-
-
-def test_dashboard_screenshot_shows_the_terminal(dashboard_sidecar: Sidecar) -> None:
-    sc = dashboard_sidecar
+    assert CHROMIUM, "chromium is required (scripts/setup --test installs it)"
     artifacts = Path(os.environ.get("SIDECAR_ARTIFACTS", REPO / "artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)
     shot = artifacts / "dashboard.png"
     shot.unlink(missing_ok=True)
-    result = chromium(
-        "--virtual-time-budget=8000", f"--screenshot={shot}", f"{sc.url}/?token={TOKEN}"
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    wait_for(shot.exists, what="screenshot written")
+    browser = await Browser.start(CHROMIUM, tmp_path / "profile", (1200, 900))
+    try:
+        await browser.open(f"{sc.url}/?token={TOKEN}")
+        await browser.wait_for_text(TERMINAL_TEXT_JS, ["KNOWN-PANE-TEXT"], 30)
+        wanted = ["test-sleeve", "healthy", "Ship the dashboard", "1/2", "waiting for fonts"]
+        fields = json.loads(
+            await browser.wait_for_text(FIELDS_JS, [*wanted, "Dashboard milestone reached."], 15)
+        )
+        await browser.screenshot(shot)
+        dom = await browser.evaluate("document.documentElement.outerHTML")
+    finally:
+        await browser.close()
+    assert "test-sleeve" in fields["sleeve-id"]
+    assert "shell" in fields["cli"]
+    assert "healthy" in fields["health"]
+    assert "working" in fields["status"]
+    assert "Ship the dashboard" in fields["task"]
+    assert "1/2" in fields["progress"]
+    assert "waiting for fonts" in fields["blockers"]
+    assert "Dashboard milestone reached." in fields["outbox"]
+    assert 'id="terminal"' in dom
+    # The terminal connected through the proxy, with the cookie the ?token= visit set.
+    assert "terminal client connected (read-write)" in sc.log()
     width, height, rows = read_png(shot)
-    assert (width, height) == (1200, 900)
+    assert width == 1200  # the viewport of a 1200x900 window
     # The page is dark with light text; an empty or error page would be near-uniform.
     assert count_near(rows, (13, 17, 23), tolerance=12) > width * height // 10
     assert count_near(rows, (214, 221, 230), tolerance=60) > 500
-    assert "terminal client connected" in sc.log()
