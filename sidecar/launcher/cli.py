@@ -59,10 +59,14 @@ def _project(args: argparse.Namespace, settings: Settings, *, read_only: bool = 
     return Project(instances.canonical_root(path), settings.home, read_only)
 
 
-def _observe(settings: Settings, *, docker: bool = False, read_only: bool = False) -> list[Run]:
-    """Reconciled runs; docker is asked (once) only when it was asked for or could know."""
+def _observe(
+    settings: Settings, *, docker: bool = False, read_only: bool = False, adopt: bool = False
+) -> list[Run]:
+    """Reconciled runs; docker is asked (once) only when it was asked for or could know.
+    `adopt`: also bwrap sleeves nobody recorded (state.json lost): what a command that starts
+    or removes something must not overlook."""
     docker = docker or launch.docker_in_use(settings.home, settings.env)
-    return launch.observe(settings.home, docker=docker, read_only=read_only)
+    return launch.observe(settings.home, docker=docker, read_only=read_only, adopt_bwrap=adopt)
 
 
 def _print_json(data: object) -> None:
@@ -117,23 +121,25 @@ def cmd_slots(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _active_run(settings: Settings, project: Project, index: int) -> Run | None:
-    runs = _observe(settings)
+    runs = _observe(settings, adopt=True)
     return running_slots(runs, project.key).get(index)
 
 
 def cmd_rm(args: argparse.Namespace, settings: Settings) -> int:
     project = _project(args, settings)
     project.get(args.slot)  # an unknown index fails before anything is stopped
-    run = _active_run(settings, project, args.slot)
-    if run is not None:
-        if not args.force:
-            msg = (
-                f"slot {args.slot} is running ({run.runtime}); "
-                f"`sleeve stop {args.slot}` first, or `sleeve rm {args.slot} --force`"
-            )
-            raise LauncherError(msg)
-        launch.stop(settings.home, run)
-    slot = project.remove(args.slot)
+    # The run lock: a `sleeve run` cannot pick this slot between the check and the removal.
+    with locked(settings.home / "run.lock"):
+        run = _active_run(settings, project, args.slot)
+        if run is not None:
+            if not args.force:
+                msg = (
+                    f"slot {args.slot} is running ({run.runtime}); "
+                    f"`sleeve stop {args.slot}` first, or `sleeve rm {args.slot} --force`"
+                )
+                raise LauncherError(msg)
+            launch.stop(settings.home, run)
+        slot = project.remove(args.slot)
     print(f"removed slot {slot.index} ({slot.id})")
     return 0
 
@@ -183,7 +189,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     # One global lock from slot choice to the record: two runs never pick the same slot.
     lock = contextlib.nullcontext() if args.dry_run else locked(home / "run.lock")
     with lock:
-        runs = _observe(settings, docker=runtime == "docker", read_only=args.dry_run)
+        runs = _observe(settings, docker=runtime == "docker", read_only=args.dry_run, adopt=True)
         slot = launch.pick_slot(project, runs, args.slot, create=not args.dry_run)
         if not args.dry_run:
             prepare_home_files(slot)

@@ -107,6 +107,17 @@ def test_bwrap_run_starts_a_sidecar_as_pid_1_that_ps_shows_and_stop_ends(
         slots = json.loads(sleeve_proc("slots", "--project", project, "--json").out)["slots"]
         assert slots[0]["running"] and slots[0]["runtime"] == "bwrap"
 
+        # state.json lost: the running sleeve is found all the same by everything that could
+        # otherwise start a second one on the same slot or delete its credentials.
+        (home / "state.json").unlink()
+        rm = sleeve_proc("rm", "1", "--project", project)
+        assert rm.code == 1 and "slot 1 is running" in rm.err, rm.err
+        assert slot_dir.is_dir()
+        again = sleeve_proc(
+            "run", "--project", project, "--runtime", "bwrap", "--shell", "--slot", "1"
+        )
+        assert again.code == 1 and "running" in again.err, again.err
+
         stop = sleeve_proc("stop", "1", "--project", project)
         assert stop.code == 0, stop.err
         wait_until(lambda: not waiter.is_running() or waiter.status() == psutil.STATUS_ZOMBIE)
