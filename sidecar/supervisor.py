@@ -26,6 +26,7 @@ from sidecar import cstack
 from sidecar.clis import CLIDef, claude_has_history
 from sidecar.config import Config, RestartPolicy
 from sidecar.events import EventBus
+from sidecar.proc import start_time
 from sidecar.tmux import SESSION, PaneInfo, Tmux, TmuxError, recreate_socket
 from sidecar.ttyd import Credential, TtydNotFound, find_ttyd, port_free, ttyd_argv, wait_port
 from sidecar.watch import CurrentWatcher
@@ -100,13 +101,6 @@ async def wait_exited(pids: list[int], timeout: float) -> set[int]:
             os.close(fd)
 
 
-def _start_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return None
-
-
 def _collect_tree(root: int, root_started: float | None) -> list[psutil.Process]:
     """The CLI's process tree: descendants of the pane process, plus anything still in its
     session (a background job orphaned earlier has left the tree but not the session).
@@ -118,7 +112,7 @@ def _collect_tree(root: int, root_started: float | None) -> list[psutil.Process]
     procs: dict[int, psutil.Process] = {}
     try:
         top = psutil.Process(root)
-        if root_started is not None and top.create_time() == root_started:
+        if root_started is not None and start_time(root) == root_started:
             procs[root] = top
             for child in top.children(recursive=True):
                 procs[child.pid] = child
@@ -282,7 +276,7 @@ class Supervisor:
             self.bus.publish("error", message=self.cli.reason)
             return
         self.pane = pane
-        self._pane_started = _start_time(pane.pane_pid)
+        self._pane_started = start_time(pane.pane_pid)
         if fresh_server:
             self._watch_pid(
                 "tmux",

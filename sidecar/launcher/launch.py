@@ -19,8 +19,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import psutil
-
 from sidecar.launcher import engine
 from sidecar.launcher.fsutil import FILE_MODE, LauncherError, private_dir
 from sidecar.launcher.runtimes import (
@@ -42,6 +40,7 @@ from sidecar.launcher.state import (
     running_slots,
 )
 from sidecar.launcher.waiter import WATCHED, find_waiters, waiter_argv
+from sidecar.proc import start_time
 
 logger = logging.getLogger(__name__)
 
@@ -148,10 +147,8 @@ def spawn_detached(argv: list[str], env: Mapping[str, str], log: Path) -> tuple[
         )
     finally:
         os.close(fd)
-    try:
-        return pid, psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return pid, None  # already gone: the waiter's own record says how it ended
+    # None if already gone: the waiter's own record says how it ended.
+    return pid, start_time(pid)
 
 
 def choose_runtime(wanted: str | None, *, dry_run: bool) -> str:

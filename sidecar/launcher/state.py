@@ -22,6 +22,7 @@ import psutil
 
 from sidecar.launcher.engine import Container
 from sidecar.launcher.fsutil import FILE_MODE, atomic_write, locked, private_home
+from sidecar.proc import start_time
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +33,6 @@ COMPLETED = "completed"
 STOPPED = "stopped"
 VANISHED = "failed (vanished)"
 ACTIVE = frozenset({STARTING, RUNNING})
-# psutil's create_time is derived from boot time + start ticks; equal processes agree to far
-# better than this, a reused pid practically never does.
-START_TIME_TOLERANCE = 0.05
 
 
 def failed(code: int) -> str:
@@ -59,7 +57,7 @@ class Run:
     port: int | None = None
     container: str | None = None  # docker
     pid: int | None = None  # bwrap: the waiter that owns the bwrap process
-    pid_start: float | None = None  # psutil create_time of `pid`, to detect pid reuse
+    pid_start: float | None = None  # `start_time(pid)`, to detect pid reuse
     started_at: float = field(default_factory=time.time)
     status: str = STARTING
     exit_code: int | None = None
@@ -200,13 +198,12 @@ class StateStore:
 def process_alive(pid: int, start: float | None) -> bool:
     """True if `pid` runs and is the same process (start time) we recorded."""
     try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
             return False
-        created = proc.create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
-    return start is None or abs(created - start) < START_TIME_TOLERANCE
+    now = start_time(pid)
+    return now is not None and (start is None or now == start)
 
 
 def reconcile(

@@ -21,6 +21,7 @@ from typing import NoReturn
 import psutil
 
 from sidecar.launcher.state import RUNNING, Run, StateStore
+from sidecar.proc import start_time
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def find_waiters(home: Path) -> list[Run]:
     """Runs of this `$SLEEVE_HOME` whose waiter is alive, read from the process table."""
     found = []
-    for proc in psutil.process_iter(["cmdline", "create_time"]):
+    for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
         if MODULE not in cmdline[1:3]:
             continue
@@ -136,7 +137,7 @@ def find_waiters(home: Path) -> list[Run]:
         run = _template(args)
         run.pid, run.pid_start, run.status, run.adopted = (
             proc.pid,
-            proc.info["create_time"],
+            start_time(proc.pid),
             RUNNING,
             True,
         )

@@ -17,6 +17,7 @@ import pytest
 
 from sidecar.launcher.slots import COUNTER_FILE, Project, slot_chain
 from sidecar.launcher.state import RUNNING, Run, StateStore
+from sidecar.proc import start_time
 
 from .helpers import Result, mount_fields
 
@@ -150,7 +151,7 @@ def test_slot_option_and_all_busy_message(
                 "bwrap",
                 "shell",
                 pid=me.pid,
-                pid_start=me.create_time(),
+                pid_start=start_time(me.pid),
                 status=RUNNING,
             )
         )

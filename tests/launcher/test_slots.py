@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
 
 from sidecar.launcher.slots import (
@@ -24,6 +23,7 @@ from sidecar.launcher.slots import (
     slugify,
 )
 from sidecar.launcher.state import RUNNING, Run, StateStore
+from sidecar.proc import start_time
 
 from .helpers import LIVES_UNTIL_KILLED, REPO, SLEEVE, Result
 
@@ -247,7 +247,7 @@ def test_rm_refuses_a_running_slot_unless_forced_which_stops_it_first(
     proj = Project(project.resolve(), home)
     child = subprocess.Popen(LIVES_UNTIL_KILLED)
     try:
-        start = psutil.Process(child.pid).create_time()
+        start = start_time(child.pid)
         run = Run("r1", proj.key, 1, proj.slot_path(1).name, "bwrap", "shell", pid=child.pid)
         run.pid_start, run.status = start, RUNNING
         StateStore(home).upsert(run)

@@ -26,6 +26,7 @@ from sidecar.launcher.state import (
     reconcile,
 )
 from sidecar.launcher.waiter import waiter_argv
+from sidecar.proc import start_time
 
 from .helpers import LIVES_UNTIL_KILLED, REPO, Result, wait_until
 
@@ -49,14 +50,14 @@ def bwrap_run(run_id: str, pid: int | None, start: float | None, **kw: object) -
 
 
 def test_a_live_recorded_process_stays_running(sleeper: subprocess.Popen[bytes]) -> None:
-    runs = [bwrap_run("a", sleeper.pid, psutil.Process(sleeper.pid).create_time())]
+    runs = [bwrap_run("a", sleeper.pid, start_time(sleeper.pid))]
     reconcile(runs, None)
     assert runs[0].status == RUNNING
 
 
 def test_a_recorded_process_that_is_gone_becomes_failed_vanished() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    start = psutil.Process(proc.pid).create_time()
+    start = start_time(proc.pid)
     proc.wait()
     runs = [bwrap_run("a", proc.pid, start)]
     reconcile(runs, None)
@@ -65,10 +66,25 @@ def test_a_recorded_process_that_is_gone_becomes_failed_vanished() -> None:
 
 def test_pid_reuse_is_detected_by_start_time(sleeper: subprocess.Popen[bytes]) -> None:
     # The pid is alive, but it is not the process we recorded (it started at another time).
-    start = psutil.Process(sleeper.pid).create_time()
+    start = start_time(sleeper.pid)
+    assert start is not None
     runs = [bwrap_run("a", sleeper.pid, start - 100.0)]
     reconcile(runs, None)
     assert runs[0].status == VANISHED
+
+
+def test_start_time_names_one_process_and_ignores_the_wall_clock(
+    sleeper: subprocess.Popen[bytes],
+) -> None:
+    """Boot-relative (/proc ticks): the value psutil gives moves with the wall clock's boot time,
+    this one is the kernel's count since boot, the same however often it is read."""
+    start = start_time(sleeper.pid)
+    assert start is not None and start == start_time(sleeper.pid)
+    assert 0 < start <= time.clock_gettime(time.CLOCK_BOOTTIME)
+    other = subprocess.Popen([sys.executable, "-c", "pass"])
+    other.wait()
+    assert start_time(other.pid) is None  # gone (reaped)
+    assert start_time(os.getpid()) != start  # another process, another start
 
 
 def test_docker_runs_are_reconciled_from_one_ps_listing() -> None:
