@@ -74,6 +74,11 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status == 413:
             message = f"request body too large (limit {MAX_BODY} bytes)"
         return error(exc.status, message, **headers)
+    except (asyncio.CancelledError, ConnectionError, ClientConnectionResetError):
+        raise  # the client went away: nobody to answer
+    except Exception:  # a bug: logged with its traceback, answered as JSON like every error
+        log.exception("%s %s failed", request.method, request.path)
+        return error(500, "internal error (the sidecar's log has the details)")
 
 
 def _is_local_host(host: str) -> bool:

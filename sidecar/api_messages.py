@@ -173,7 +173,7 @@ async def _post_inbox(request: web.Request) -> web.Response:
             raise _BadRequest(400, "body must be a JSON object")
         sender = _one_line(body, "from", required=True)
         kind = body.get("type")
-        if kind not in needlecast.MESSAGE_TYPES:
+        if not isinstance(kind, str) or kind not in needlecast.MESSAGE_TYPES:
             allowed = ", ".join(sorted(needlecast.MESSAGE_TYPES))
             raise _BadRequest(400, f"'type' must be one of: {allowed}")
         content = body.get("content")
