@@ -65,7 +65,7 @@ class Browser:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     msg = f"chromium did not open its DevTools port (exit {proc.poll()})"
                     raise RuntimeError(msg)
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # sleep-ok: polling a file, with a deadline
             port = int(port_file.read_text().split()[0])
             async with session.get(f"http://127.0.0.1:{port}/json/list") as resp:
                 targets = await resp.json()
@@ -110,7 +110,7 @@ class Browser:
             if time.monotonic() > deadline:
                 msg = f"{needles} not in the page within {timeout} s; it shows:\n{text[-1500:]}"
                 raise TimeoutError(msg)
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # sleep-ok: the interval of a deadline wait
 
     async def screenshot(self, path: Path) -> None:
         await self.evaluate(PAINTED_JS)

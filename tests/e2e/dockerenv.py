@@ -66,7 +66,7 @@ def file_lock(path: Path, timeout: float = 600.0) -> Iterator[None]:
                 if time.monotonic() > deadline:
                     msg = f"{path} is held by another run for more than {timeout:.0f} s"
                     raise TimeoutError(msg) from None
-                time.sleep(0.2)  # polling a lock held by another process
+                time.sleep(0.2)  # sleep-ok: polling a lock held by another process
         try:
             yield
         finally:
@@ -93,7 +93,7 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):  #
         if time.monotonic() > deadline:
             msg = f"timed out after {timeout:.1f} s waiting for {what}"
             raise TimeoutError(msg)
-        time.sleep(interval)
+        time.sleep(interval)  # sleep-ok: the interval of a deadline wait
 
 
 @dataclass
@@ -266,7 +266,7 @@ def start_engine(root: Path | None = None, timeout: float = 30.0) -> Engine:
             tail = paths["log"].read_text(errors="replace").splitlines()[-15:]
             msg = f"dockerd did not become ready ({' '.join(argv)}):\n" + "\n".join(tail)
             raise EngineUnavailableError(msg)
-        time.sleep(0.05)  # polling the engine's socket with a deadline
+        time.sleep(0.05)  # sleep-ok: polling the engine's socket with a deadline
     return engine
 
 

@@ -78,7 +78,7 @@ class TerminalClient:
                     f"{needle!r} not seen on the terminal within {timeout} s; last output:\n{tail}"
                 )
                 raise TimeoutError(msg)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # sleep-ok: the interval of a deadline wait
 
     async def type(self, text: str) -> None:
         await self._ws.send_bytes(b"0" + text.encode())
