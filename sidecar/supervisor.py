@@ -231,12 +231,12 @@ class Supervisor:
     # ---- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Start tmux with the CLI, then ttyd. The state dir exists already (0700): `main`
+        makes it before anything starts, so that an unusable one is a configuration error."""
         cfg = self.config
         for var in SECRET_VARS:
             # Children (tmux, the CLI, ttyd) must not inherit the API's tokens.
             os.environ.pop(var, None)
-        cfg.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        cfg.state_dir.chmod(0o700)
         try:
             cfg.workspace.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
