@@ -385,7 +385,10 @@ class Term:
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         self.ws = ws
-        self.output = b""
+        # A bytearray, searched only where it grew: a flood of output arrives as thousands of
+        # frames, and re-copying and re-scanning all of it per frame made a waiting test
+        # quadratic (minutes, on a loaded machine).
+        self.output = bytearray()
 
     async def init(self) -> None:
         await self.ws.send_str(json.dumps({"AuthToken": "", "columns": 120, "rows": 40}))
@@ -395,10 +398,12 @@ class Term:
 
     async def wait_output(self, needle: str, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
-        while needle.encode() not in self.output:
+        want, start = needle.encode(), 0
+        while self.output.find(want, start) < 0:
+            start = max(len(self.output) - len(want) + 1, 0)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AssertionError(f"{needle!r} not seen; got {self.output[-500:]!r}")
+                raise AssertionError(f"{needle!r} not seen; got {bytes(self.output[-500:])!r}")
             msg = await self.ws.receive(timeout=remaining)
             if msg.type is aiohttp.WSMsgType.BINARY and msg.data[:1] == b"0":
                 self.output += msg.data[1:]
@@ -694,11 +699,22 @@ async def test_flooding_input_and_a_stalled_reader_do_not_hurt_the_sidecar(
         for _ in range(2048):  # 2 MiB of input, as fast as the proxy takes it
             await flooder.ws.send_bytes(line)
         await flooder.type("\x03")
-        # Output the stalled reader never reads: 20 MB through the pane.
-        tmux(sc, "send-keys", "-t", "main", "yes | head -c 20000000", "Enter")
-        assert (await asyncio.to_thread(sc.get, "/health"))[0] == 200
+        # Once the ^C has ended `cat`, the shell reads again. (Typed sooner, a line races the
+        # ^C: the tty discards whatever input is queued when it turns ^C into SIGINT.)
+        await asyncio.to_thread(
+            wait_for,
+            lambda: (
+                tmux(sc, "display-message", "-p", "-t", "main", "#{pane_current_command}")
+                .strip()
+                .endswith("bash")
+            ),
+            30,
+            what="the flood's cat ended by ^C",
+        )
+        # Output the stalled reader never reads: 20 MB through the pane, then a marker.
         marker = uuid.uuid4().hex[:10]
-        await flooder.type(f"echo done-{marker}\r")
+        await flooder.type(f"yes | head -c 20000000; echo done-{marker}\r")
+        assert (await asyncio.to_thread(sc.get, "/health"))[0] == 200
         await flooder.wait_output(f"done-{marker}", timeout=60)
         assert supervisor.memory_info().rss - rss_before < 60 * 1024 * 1024
         await staller.ws.close()
