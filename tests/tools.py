@@ -1,0 +1,31 @@
+"""The one rule for a test whose tool is missing: outside CI a skip with the reason, in CI a
+failure (`scripts/setup --test` installs every tool, so a missing one in CI is a broken set-up,
+and CI must never go green by not running a test)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import NoReturn
+
+import pytest
+
+
+def in_ci() -> bool:
+    """`CI` set to anything but empty, `0` or `false` (any case)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
+
+
+def missing(reason: str) -> NoReturn:
+    """Skip (outside CI) or fail (in CI) the running test because `reason` is not available."""
+    if in_ci():
+        pytest.fail(f"in CI every tool must be installed: {reason}")
+    pytest.skip(reason)
+
+
+def require_executable(name: str, why: str = "") -> str:
+    """The path of executable `name` on PATH, or skip/fail the test as `missing` does."""
+    path = shutil.which(name)
+    if path is None:
+        missing(f"{name} is not installed{f' ({why})' if why else ''}")
+    return path
