@@ -27,7 +27,8 @@ from aiohttp import ClientConnectionResetError, web
 from sidecar.api_messages import add_message_routes
 from sidecar.events import utc_now
 from sidecar.openapi import openapi_spec
-from sidecar.supervisor import ProcState, ResleeveBusy, Supervisor, UnknownCLI
+from sidecar.states import ProcState
+from sidecar.supervisor import ResleeveBusy, Supervisor, UnknownCLI
 from sidecar.terminal import add_terminal_routes
 
 log = logging.getLogger(__name__)
@@ -228,7 +229,7 @@ def status_body(sup: Supervisor) -> dict[str, Any]:
     state = sup.current.get()
     running = sup.cli.state is ProcState.RUNNING
     warnings = [*sup.warnings, *state.warnings]
-    for name, proc in (("CLI", sup.cli), ("ttyd", sup.ttyd)):
+    for name, proc in (("CLI", sup.cli), ("ttyd", sup.ttyd.status)):
         if proc.state in (ProcState.FATAL, ProcState.BACKOFF) and proc.reason:
             warnings.append(f"{name}: {proc.reason}")
     return {
@@ -244,7 +245,7 @@ def status_body(sup: Supervisor) -> dict[str, Any]:
         "cli_state": sup.cli.state.value,
         "cli_exit_code": sup.cli.exit_code,
         "resleeving": sup.resleeving,
-        "ttyd_state": sup.ttyd.state.value,
+        "ttyd_state": sup.ttyd.status.state.value,
         "last_activity": _iso(_last_activity(sup)),
         "health": "healthy" if sup.healthy else "degraded",
         "repo": sup.config.repo,

@@ -8,15 +8,12 @@ are noticed through pidfds on the event loop, never by polling tmux.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
-import signal
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,32 +24,20 @@ from sidecar.clis import CLIDef, claude_has_history
 from sidecar.config import Config, RestartPolicy
 from sidecar.events import EventBus
 from sidecar.proc import start_time
+from sidecar.proctree import stop_tree, wait_exited
+from sidecar.states import BACKOFF_RESET_AFTER, ProcState, ProcStatus, backoff_delay
 from sidecar.tmux import SESSION, PaneInfo, Tmux, TmuxError, recreate_socket
-from sidecar.ttyd import Credential, TtydNotFound, find_ttyd, port_free, ttyd_argv, wait_port
+from sidecar.ttyd import TtydRunner
 from sidecar.watch import CurrentWatcher
 
 log = logging.getLogger(__name__)
 
-BACKOFF_START, BACKOFF_CAP = 1.0, 30.0
-# A CLI that stayed up this long is healthy again: its next failure starts the backoff anew.
-BACKOFF_RESET_AFTER = 10.0
-TTYD_READY_WITHIN = 5.0  # seconds from spawn until ttyd must accept connections
 TICK = 1.0  # the only periodic work: one stat of CURRENT.md and of the tmux socket
 # What the pane runs instead of a CLI that cannot start: the reason, kept on screen. (When a
 # pane dies, tmux 3.3a moves its screen into the history, so a browser attaching later would
 # see only "Pane is dead".) The reason is a positional parameter, never parsed as shell syntax.
 FATAL_PANE_SCRIPT = 'printf "sidecar: %s\\n" "$1"; exec sleep infinity'
 SECRET_VARS = ("SIDECAR_TOKEN", "SIDECAR_VIEW_TOKEN")
-
-
-class ProcState(Enum):
-    STOPPED = "stopped"
-    STARTING = "starting"
-    RUNNING = "running"
-    BACKOFF = "backoff"
-    STOPPING = "stopping"
-    EXITED = "exited"
-    FATAL = "fatal"
 
 
 class ResleeveBusy(Exception):
@@ -63,79 +48,6 @@ class UnknownCLI(Exception):
     """The requested CLI is not in the registry."""
 
 
-@dataclass(frozen=True)
-class ProcStatus:
-    state: ProcState = ProcState.STOPPED
-    pid: int | None = None
-    exit_code: int | None = None
-    reason: str | None = None
-    started_at: float | None = None  # time.monotonic()
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-async def wait_exited(pids: list[int], timeout: float) -> set[int]:
-    """Wait (on pidfds, no polling) until every pid has exited; return those still alive."""
-    loop = asyncio.get_running_loop()
-    waiters: dict[int, asyncio.Future[None]] = {}
-    fds: list[int] = []
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue  # already gone and reaped
-        fds.append(fd)
-        fut: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(fd, _resolve, fut)
-        waiters[pid] = fut
-    try:
-        if waiters:
-            await asyncio.wait(waiters.values(), timeout=timeout)
-        return {pid for pid, fut in waiters.items() if not fut.done()}
-    finally:
-        for fd in fds:
-            loop.remove_reader(fd)
-            os.close(fd)
-
-
-def _collect_tree(root: int, root_started: float | None) -> list[psutil.Process]:
-    """The CLI's process tree: descendants of the pane process, plus anything still in its
-    session (a background job orphaned earlier has left the tree but not the session).
-
-    The pane process is only taken for itself when its start time is still `root_started`: a
-    pane that died long ago may have left its pid to an unrelated process. Session members need
-    no such check, as the kernel never hands out a pid that is still some process's session id.
-    """
-    procs: dict[int, psutil.Process] = {}
-    try:
-        top = psutil.Process(root)
-        if root_started is not None and start_time(root) == root_started:
-            procs[root] = top
-            for child in top.children(recursive=True):
-                procs[child.pid] = child
-    except psutil.NoSuchProcess:
-        pass
-    for pid in psutil.pids():
-        if pid in procs or pid == os.getpid():
-            continue
-        try:
-            if os.getsid(pid) == root:
-                procs[pid] = psutil.Process(pid)
-        except (OSError, psutil.Error):
-            continue
-    return list(procs.values())
-
-
-def _signal_all(procs: list[psutil.Process], sig: int) -> None:
-    for proc in procs:
-        # psutil checks the create time first, so a recycled pid is never signalled.
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            proc.send_signal(sig)
-
-
 class Supervisor:
     def __init__(self, config: Config, registry: Mapping[str, CLIDef], bus: EventBus) -> None:
         self.config = config
@@ -143,7 +55,14 @@ class Supervisor:
         self.bus = bus
         self.cli_name = config.cli
         self.cli = ProcStatus()
-        self.ttyd = ProcStatus()
+        self.ttyd = TtydRunner(
+            port=config.ttyd_port,
+            tmux_socket=config.tmux_socket,
+            session=SESSION,
+            state_dir=config.state_dir,
+            path_env=config.child_env.get("PATH"),
+            bus=bus,
+        )
         self.started = time.monotonic()
         self.warnings: list[str] = []
         self.current = CurrentWatcher(config.workspace / ".cstack" / "CURRENT.md", bus)
@@ -160,9 +79,6 @@ class Supervisor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._backoff_task: asyncio.Task[None] | None = None
         self._pidfds: dict[str, int] = {}
-        self._ttyd_proc: asyncio.subprocess.Process | None = None
-        # The running ttyd's --credential (new on every start); only the /terminal proxy uses it.
-        self.ttyd_credential: Credential | None = None
 
     # ---- helpers -------------------------------------------------------------------------
 
@@ -249,9 +165,11 @@ class Supervisor:
             except OSError as exc:
                 self.warnings.append(f"SLEEVE_GOAL not written to CURRENT.md: {exc.strerror}")
         self.current.get()
+        # ttyd starts beside the CLI, not after it: it needs the tmux session only when a
+        # browser attaches, and /terminal must be usable as soon as /health says healthy.
+        self._spawn(self.ttyd.run(), "ttyd")
         async with self._cli_lock:
             await self._launch_cli(resume=False, fresh_server=True)
-        self._spawn(self._run_ttyd(), "ttyd")
         self._spawn(self._tick(), "tick")
 
     async def _launch_cli(self, *, resume: bool, fresh_server: bool) -> None:
@@ -312,8 +230,8 @@ class Supervisor:
         if policy is RestartPolicy.ALWAYS or (policy is RestartPolicy.ON_FAILURE and code != 0):
             if ran >= BACKOFF_RESET_AFTER:
                 self._backoff_n = 0
-            delay = min(BACKOFF_START * 2**self._backoff_n, BACKOFF_CAP)
             self._backoff_n += 1
+            delay = backoff_delay(self._backoff_n)
             # EXITED -> BACKOFF: wait, then start it again with its resume argv.
             self.cli = replace(
                 self.cli, state=ProcState.BACKOFF, reason=f"restarting in {delay:g}s"
@@ -375,23 +293,9 @@ class Supervisor:
             self._backoff_task = None
 
     async def _stop_pane_tree(self) -> None:
-        """SIGTERM (and SIGHUP) to the whole CLI tree, SIGKILL what is left after the grace."""
-        if self.pane is None:
-            return
-        procs = await asyncio.to_thread(_collect_tree, self.pane.pane_pid, self._pane_started)
-        if not procs:
-            return
-        _signal_all(procs, signal.SIGTERM)
-        # SIGHUP as a closing terminal would send it: an interactive shell ignores SIGTERM.
-        _signal_all(procs, signal.SIGHUP)
-        _signal_all(procs, signal.SIGCONT)  # a stopped process cannot act on either
-        alive = await wait_exited([p.pid for p in procs], self.config.stop_grace)
-        if alive:
-            log.warning(
-                "SIGKILL to %d processes that outlived %.1fs", len(alive), self.config.stop_grace
-            )
-            _signal_all([p for p in procs if p.pid in alive], signal.SIGKILL)
-            await wait_exited(list(alive), 5.0)
+        """The CLI's whole tree: SIGTERM/SIGHUP, SIGKILL what is left after the grace."""
+        if self.pane is not None:
+            await stop_tree(self.pane.pane_pid, self._pane_started, self.config.stop_grace)
 
     # ---- resleeve ------------------------------------------------------------------------
 
@@ -437,85 +341,6 @@ class Supervisor:
         finally:
             self.resleeving = False
 
-    # ---- ttyd ----------------------------------------------------------------------------
-
-    async def _run_ttyd(self) -> None:
-        failures = 0
-        while not self._stopping:
-            try:
-                binary = await asyncio.to_thread(
-                    find_ttyd, self.config.state_dir, self.config.child_env.get("PATH")
-                )
-            except TtydNotFound as exc:
-                self.ttyd = ProcStatus(ProcState.FATAL, reason=str(exc))
-                log.error("%s", exc)
-                self.bus.publish("error", message=str(exc))
-                return
-            started = time.monotonic()
-            self.ttyd = ProcStatus(ProcState.STARTING)
-            code, problem = await self._ttyd_once(binary, started)
-            if self._stopping:
-                break
-            failures = 0 if time.monotonic() - started >= BACKOFF_RESET_AFTER else failures + 1
-            delay = min(BACKOFF_START * 2 ** max(failures - 1, 0), BACKOFF_CAP) if failures else 0.1
-            # STARTING/RUNNING -> BACKOFF: ttyd could not start or died; try again after the delay.
-            self.ttyd = ProcStatus(
-                ProcState.BACKOFF, exit_code=code, reason=f"{problem}; retry in {delay:g}s"
-            )
-            log.warning("ttyd: %s; retrying in %gs", problem, delay)
-            self.bus.publish("error", message=f"ttyd: {problem}; retrying")
-            await asyncio.sleep(delay)
-
-    async def _ttyd_once(self, binary: str, started: float) -> tuple[int | None, str]:
-        """Run ttyd until it exits; returns its exit code and what went wrong."""
-        port = self.config.ttyd_port
-        if not port_free("127.0.0.1", port):
-            # Checked first: another program's listener would pass the readiness probe, and
-            # /terminal would then proxy to it.
-            return None, f"TTYD_PORT {port} is in use by another program"
-        credential = Credential.new()
-        argv = ttyd_argv(
-            binary,
-            port=port,
-            tmux_socket=self.config.tmux_socket,
-            session=SESSION,
-            credential=credential,
-        )
-        self.ttyd_credential = credential
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-            )
-        except OSError as exc:
-            return None, f"cannot start {binary}: {exc.strerror}"
-        self._ttyd_proc = proc
-        self._spawn(self._forward_output(proc, credential), "ttyd-log")
-        ready = await wait_port("127.0.0.1", port, started + TTYD_READY_WITHIN)
-        if not ready and proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-            return proc.returncode, f"not accepting connections within {TTYD_READY_WITHIN:g}s"
-        if proc.returncode is None:
-            # STARTING -> RUNNING: ttyd accepts connections.
-            self.ttyd = ProcStatus(ProcState.RUNNING, pid=proc.pid, started_at=started)
-            log.info("ttyd running as pid %d on 127.0.0.1:%d", proc.pid, port)
-        code = await proc.wait()
-        return code, f"exited with {code}"
-
-    async def _forward_output(
-        self, proc: asyncio.subprocess.Process, credential: Credential
-    ) -> None:
-        assert proc.stdout is not None
-        async for raw in proc.stdout:
-            # ttyd prints its credential at start-up, at a debug level above ours (3): redacted
-            # anyway, should the level ever change.
-            line = credential.redact(raw.decode("utf-8", "replace").rstrip())
-            if line:
-                log.info("ttyd: %s", line)
-
     # ---- periodic ------------------------------------------------------------------------
 
     async def _tick(self) -> None:
@@ -547,15 +372,7 @@ class Supervisor:
                 # -> STOPPING -> STOPPED
                 self.cli = replace(self.cli, state=ProcState.STOPPING)
                 await self._stop_pane_tree()
-        proc = self._ttyd_proc
-        if proc is not None and proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 2.0)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        self.ttyd = replace(self.ttyd, state=ProcState.STOPPED)
+        await self.ttyd.stop()
         await asyncio.to_thread(self.tmux.kill_server)
         if self.pane is not None:
             # kill-server returns once the tmux client is done; the server exits a moment later.

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from sidecar.supervisor import ProcState, Supervisor
+from sidecar.supervisor import Supervisor
 from sidecar.ttyd import BASE_PATH, Credential
 
 log = logging.getLogger(__name__)
@@ -47,13 +47,9 @@ HOP_HEADERS = frozenset(
 )
 
 
-def _running(sup: Supervisor) -> Credential | None:
-    """The running ttyd's credential; None while ttyd is not running."""
-    return sup.ttyd_credential if sup.ttyd.state is ProcState.RUNNING else None
-
-
 def _unavailable(sup: Supervisor) -> web.Response:
-    reason = sup.ttyd.reason or f"ttyd is {sup.ttyd.state.value}"
+    status = sup.ttyd.status
+    reason = status.reason or f"ttyd is {status.state.value}"
     return web.json_response(
         {"error": f"terminal unavailable: {reason}"}, status=503, headers={"Retry-After": "1"}
     )
@@ -146,7 +142,8 @@ async def _relay_to_client(
 
 
 async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse:
-    credential = _running(sup)
+    # While ttyd is starting (the sidecar itself has just started), wait for it a moment.
+    credential = await sup.ttyd.usable()
     if credential is None:
         return _unavailable(sup)
     session = request.app[SESSION]
@@ -188,7 +185,7 @@ async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse
 
 async def page(request: web.Request, sup: Supervisor) -> web.StreamResponse:
     """ttyd's page (GET only), streamed back."""
-    credential = _running(sup)
+    credential = await sup.ttyd.usable()
     if credential is None:
         return _unavailable(sup)
     url = f"http://127.0.0.1:{sup.config.ttyd_port}{BASE_PATH}/"

