@@ -1,13 +1,15 @@
-"""The HTTP API: `create_app()` wires routes, auth and JSON errors around a running Supervisor.
+"""The HTTP API: `create_app()` wires the route table, auth and JSON errors around a running
+Supervisor, and builds the OpenAPI document from the same table.
 
-This is the one place where errors become HTTP statuses. Request paths never fork a process:
-/status reads the supervisor's in-memory state plus two `stat` calls.
+This is the one place where errors become HTTP statuses (`json_errors`). Request paths never
+fork a process: /status reads the supervisor's in-memory state plus two `stat` calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import ipaddress
 import json
@@ -19,22 +21,34 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from http.cookies import SimpleCookie
 from importlib import resources
-from typing import Any, Literal
+from typing import Literal
 from urllib.parse import urlsplit
 
 from aiohttp import ClientConnectionResetError, web
+from msgspec import UnsetType
 
-from sidecar.api_messages import add_message_routes
-from sidecar.events import utc_now
-from sidecar.openapi import openapi_spec
+from sidecar import httpio, needlecast
+from sidecar.api_messages import message_operations
+from sidecar.contract import MAX_BODY_BYTES
+from sidecar.events import encode_line
+from sidecar.httpio import BadRequest, error
+from sidecar.openapi import HTML, NDJSON, Media, Operation, document
+from sidecar.shapes import (
+    HealthAnswer,
+    Heartbeat,
+    Progress,
+    ResleeveAccepted,
+    ResleeveRequest,
+    StatusAnswer,
+)
 from sidecar.states import ProcState
 from sidecar.supervisor import ResleeveBusy, Supervisor, UnknownCLI
-from sidecar.terminal import add_terminal_routes
+from sidecar.terminal import terminal_operations
 
 log = logging.getLogger(__name__)
 
 SUPERVISOR = web.AppKey("supervisor", Supervisor)
-MAX_BODY = 256 * 1024  # bytes; larger request bodies answer 413
+OPENAPI = web.AppKey("openapi", bytes)  # the document, encoded once
 HEARTBEAT_EVERY = 15.0  # seconds between heartbeat lines on /events
 # A stream whose line cannot be handed to the kernel for this long has a client that stopped
 # reading (its socket buffer is full): it is dropped rather than held open for ever.
@@ -45,10 +59,6 @@ NEW_COOKIE = "sidecar_new_cookie"  # request key: the token to set as a cookie i
 Role = Literal["admin", "viewer"]
 PUBLIC = frozenset({"/health"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def error(status: int, message: str, **headers: str) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers or None)
 
 
 def _iso(ts: float | None) -> str | None:
@@ -62,7 +72,8 @@ def _iso(ts: float | None) -> str | None:
 
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error the framework raises (404, 405, 413, ...) answers as `{"error": ...}`."""
+    """Errors become statuses here, and only here; every one answers `{"error": ...}`: what the
+    framework raises (404, 405, 413, ...) and what the handlers and the layers below raise."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -73,10 +84,24 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
             exc.reason if exc.text is None or exc.text.startswith(f"{exc.status}:") else exc.text
         )
         if exc.status == 413:
-            message = f"request body too large (limit {MAX_BODY} bytes)"
+            message = f"request body too large (limit {MAX_BODY_BYTES} bytes)"
         return error(exc.status, message, **headers)
+    except (BadRequest, UnknownCLI) as exc:
+        return error(400, str(exc))
+    except ResleeveBusy as exc:
+        return error(409, str(exc))
+    except needlecast.UnsafePathError as exc:
+        # The workspace is set up so that writing would leave it: a state problem, not the
+        # client's fault and not transient either.
+        return error(409, str(exc))
+    except needlecast.MailboxFullError as exc:
+        return error(507, f"{exc}; ack messages to make room")
     except (asyncio.CancelledError, ConnectionError, ClientConnectionResetError):
         raise  # the client went away: nobody to answer
+    except OSError as exc:  # a file the route needs (a message file): the disk, permissions
+        log.warning("%s %s: file I/O failed: %s", request.method, request.path, exc)
+        status = 507 if exc.errno == errno.ENOSPC else 500
+        return error(status, f"file I/O failed: {exc.strerror}")
     except Exception:  # a bug: logged with its traceback, answered as JSON like every error
         log.exception("%s %s failed", request.method, request.path)
         return error(500, "internal error (the sidecar's log has the details)")
@@ -211,7 +236,9 @@ async def _set_token_cookie(request: web.Request, response: web.StreamResponse) 
 async def health(request: web.Request) -> web.Response:
     sup = request.app[SUPERVISOR]
     uptime = int(time.monotonic() - sup.started)
-    return web.json_response({"status": "healthy" if sup.healthy else "degraded", "uptime": uptime})
+    return httpio.answer(
+        HealthAnswer(status="healthy" if sup.healthy else "degraded", uptime=uptime)
+    )
 
 
 def _last_activity(sup: Supervisor) -> float | None:
@@ -225,72 +252,50 @@ def _last_activity(sup: Supervisor) -> float | None:
     return max(known) if known else None
 
 
-def status_body(sup: Supervisor) -> dict[str, Any]:
+def status_body(sup: Supervisor) -> StatusAnswer:
     state = sup.current.get()
     running = sup.cli.state is ProcState.RUNNING
+    ttyd = sup.ttyd.status
     warnings = [*sup.warnings, *state.warnings]
-    for name, proc in (("CLI", sup.cli), ("ttyd", sup.ttyd.status)):
+    for name, proc in (("CLI", sup.cli), ("ttyd", ttyd)):
         if proc.state in (ProcState.FATAL, ProcState.BACKOFF) and proc.reason:
             warnings.append(f"{name}: {proc.reason}")
-    return {
-        "sleeve_id": sup.config.sleeve_name,
-        "status": state.status,
-        "current_task": state.task,
-        "progress": {"total": state.progress_total, "completed": state.progress_completed},
-        "blockers": list(state.blockers),
-        "next_steps": list(state.next_steps),
-        "cli": sup.cli_name,
-        "cli_pid": sup.cli.pid if running else None,
-        "cli_running": running,
-        "cli_state": sup.cli.state.value,
-        "cli_exit_code": sup.cli.exit_code,
-        "resleeving": sup.resleeving,
-        "ttyd_state": sup.ttyd.status.state.value,
-        "last_activity": _iso(_last_activity(sup)),
-        "health": "healthy" if sup.healthy else "degraded",
-        "repo": sup.config.repo,
-        "warnings": warnings,
-    }
+    return StatusAnswer(
+        sleeve_id=sup.config.sleeve_name,
+        status=state.status,  # type: ignore[arg-type]  # parse_current yields only known values
+        current_task=state.task,
+        progress=Progress(total=state.progress_total, completed=state.progress_completed),
+        blockers=list(state.blockers),
+        next_steps=list(state.next_steps),
+        cli=sup.cli_name,
+        cli_pid=sup.cli.pid if running else None,
+        cli_running=running,
+        cli_state=sup.cli.state,
+        cli_exit_code=sup.cli.exit_code,
+        resleeving=sup.resleeving,
+        ttyd_state=ttyd.state,
+        last_activity=_iso(_last_activity(sup)),
+        health="healthy" if sup.healthy else "degraded",
+        repo=sup.config.repo,
+        warnings=warnings,
+    )
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(status_body(request.app[SUPERVISOR]))
+    return httpio.answer(status_body(request.app[SUPERVISOR]))
 
 
 async def resleeve(request: web.Request) -> web.Response:
-    sup = request.app[SUPERVISOR]
-    name: str | None = None
-    if request.body_exists:
-        raw = await request.read()
-        if raw.strip():
-            try:
-                body = json.loads(raw)
-            except (ValueError, UnicodeDecodeError):
-                return error(400, 'body must be JSON, e.g. {"cli": "shell"}')
-            if not isinstance(body, dict):
-                return error(400, "body must be a JSON object")
-            unknown = set(body) - {"cli"}
-            if unknown:
-                return error(400, f"unknown fields: {', '.join(sorted(unknown))}")
-            value = body.get("cli")
-            if value is not None and (not isinstance(value, str) or not value):
-                return error(400, "cli must be a non-empty string")
-            name = value
-    try:
-        chosen, _ = sup.begin_resleeve(name)
-    except UnknownCLI as exc:
-        return error(400, str(exc))
-    except ResleeveBusy as exc:
-        return error(409, str(exc))
-    return web.json_response({"status": "resleeving", "cli": chosen}, status=202)
+    body = await httpio.read_optional_body(request, ResleeveRequest)
+    name = None if body is None or isinstance(body.cli, UnsetType) else body.cli
+    chosen, _ = request.app[SUPERVISOR].begin_resleeve(name)
+    return httpio.answer(ResleeveAccepted(status="resleeving", cli=chosen), status=202)
 
 
 async def events(request: web.Request) -> web.StreamResponse:
     sup = request.app[SUPERVISOR]
     sub = sup.bus.subscribe()
-    response = web.StreamResponse(
-        headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"}
-    )
+    response = web.StreamResponse(headers={"Content-Type": NDJSON, "Cache-Control": "no-store"})
     sock = request.transport.get_extra_info("socket") if request.transport else None
     if sock is not None:
         # A small kernel buffer per stream: a client that stops reading is noticed (and
@@ -300,15 +305,13 @@ async def events(request: web.Request) -> web.StreamResponse:
     try:
         await response.prepare(request)
         # A first line at once: the client knows the stream is live and subscribed.
-        event: dict[str, Any] | None = {"type": "heartbeat", "time": utc_now()}
-        while event is not None:  # None: dropped for not reading, or shutting down
-            await asyncio.wait_for(
-                response.write(json.dumps(event).encode() + b"\n"), EVENT_WRITE_TIMEOUT
-            )
+        line: bytes | None = encode_line(Heartbeat())
+        while line is not None:  # None: dropped for not reading, or shutting down
+            await asyncio.wait_for(response.write(line), EVENT_WRITE_TIMEOUT)
             try:
-                event = await asyncio.wait_for(sub.get(), HEARTBEAT_EVERY)
+                line = await asyncio.wait_for(sub.get(), HEARTBEAT_EVERY)
             except TimeoutError:
-                event = {"type": "heartbeat", "time": utc_now()}
+                line = encode_line(Heartbeat())
     except (ConnectionError, ClientConnectionResetError):
         log.debug("an /events client went away")  # browsers close streams all the time
     except TimeoutError:
@@ -321,7 +324,7 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(openapi_spec(cli_names=sorted(request.app[SUPERVISOR].registry)))
+    return httpio.raw_answer(request.app[OPENAPI])
 
 
 async def dashboard(request: web.Request) -> web.Response:
@@ -331,13 +334,89 @@ async def dashboard(request: web.Request) -> web.Response:
     )
 
 
+def core_operations() -> list[Operation]:
+    return [
+        Operation(
+            "GET",
+            "/health",
+            health,
+            "getHealth",
+            "status",
+            "Liveness: 200 whenever the sidecar runs",
+            {200: HealthAnswer},
+            description="Never needs a token; `degraded` means the CLI is not running.",
+            public=True,
+        ),
+        Operation(
+            "GET",
+            "/status",
+            status,
+            "getStatus",
+            "status",
+            "The sleeve's state: CURRENT.md, the CLI process and health",
+            {200: StatusAnswer},
+        ),
+        Operation(
+            "POST",
+            "/resleeve",
+            resleeve,
+            "resleeve",
+            "control",
+            "Restart the CLI, optionally as another CLI",
+            {202: ResleeveAccepted},
+            description="The body is optional; without `cli` the current CLI is stopped and "
+            "started again (with its resume command, if it has one). 400: an unknown CLI (the "
+            "message lists the known ones); 409: a resleeve is already in progress or the "
+            "sidecar is shutting down. Progress is reported on `/events` (`resleeve`).",
+            body=ResleeveRequest,
+            body_required=False,
+            errors=(400, 409),
+        ),
+        Operation(
+            "GET",
+            "/events",
+            events,
+            "getEvents",
+            "status",
+            "Event stream: one JSON object per line",
+            {
+                200: Media(
+                    "NDJSON stream that stays open; each line is an `Event`",
+                    NDJSON,
+                    {"$ref": "#/components/schemas/Event"},
+                )
+            },
+        ),
+        Operation(
+            "GET",
+            "/",
+            dashboard,
+            "getDashboard",
+            "meta",
+            "Dashboard page: status, progress, blockers, outbox, terminal",
+            {200: Media("the dashboard", HTML)},
+            description="Open it once as `/?token=<token>` when a token is configured.",
+        ),
+        Operation(
+            "GET",
+            "/openapi.json",
+            openapi,
+            "getOpenapi",
+            "meta",
+            "This description",
+            {200: Media("OpenAPI 3.1 document", httpio.JSON, {"type": "object"})},
+        ),
+    ]
+
+
 def create_app(sup: Supervisor) -> web.Application:
+    cfg = sup.config
     app = web.Application(
-        client_max_size=MAX_BODY,
+        client_max_size=MAX_BODY_BYTES,
         middlewares=[
             json_errors,
-            make_origin_guard(sup.config.allowed_origins, have_token=bool(sup.config.token)),
-            make_auth(sup.config.token, sup.config.view_token),
+            make_origin_guard(cfg.allowed_origins, have_token=bool(cfg.token)),
+            make_auth(cfg.token, cfg.view_token),
         ],
     )
     app[SUPERVISOR] = sup
@@ -349,12 +428,13 @@ def create_app(sup: Supervisor) -> web.Application:
         sup.bus.close()
 
     app.on_shutdown.append(end_event_streams)
-    app.router.add_get("/health", health)
-    app.router.add_get("/status", status)
-    app.router.add_post("/resleeve", resleeve)
-    app.router.add_get("/events", events)
-    app.router.add_get("/openapi.json", openapi)
-    app.router.add_get("/", dashboard)
-    add_message_routes(app, sup.config.workspace)
-    add_terminal_routes(app, sup)
+    operations = [
+        *core_operations(),
+        *message_operations(app, cfg.workspace),
+        *terminal_operations(app, sup),
+    ]
+    for op in operations:
+        app.router.add_route(op.method, op.path, op.handler)
+    spec = document(operations, cli_names=sup.registry, secured=bool(cfg.token or cfg.view_token))
+    app[OPENAPI] = json.dumps(spec).encode()
     return app

@@ -1,35 +1,31 @@
 """HTTP routes for needlecast messages: GET /outbox, POST /outbox/ack, GET /inbox, POST /inbox.
 
-Request checks and error statuses live here; file work is in `sidecar.needlecast` and runs in a
-worker thread (`asyncio.to_thread`), since it takes a file lock and may wait on other writers.
-
-Errors are `{"error": ...}`: 400 bad JSON or fields, 413 body over MAX_BODY_BYTES (256 KiB),
-409 `.needlecast/` or a message file is a symlink leading out of the workspace (nothing is read
-or written through it), 507 the mailbox is past its 16 MiB limit or the disk is full.
+Bodies and answers are the typed shapes of `sidecar.shapes`; file work is in the mailbox store
+and runs in a worker thread (`asyncio.to_thread`), since it takes a file lock and may wait on
+other writers. The store's errors become statuses in `sidecar.api` (409 a `.needlecast/` that
+leads out of the workspace, 507 a full mailbox or disk).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import errno
-import json
-import logging
 import pathlib
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aiohttp import web
+from msgspec import UnsetType
 
-from sidecar import needlecast
-from sidecar.needlecast import Mailbox, Message
-
-logger = logging.getLogger(__name__)
-
-#: Largest request body accepted by POST /inbox and POST /outbox/ack; past it: 413.
-MAX_BODY_BYTES = 256 * 1024
-#: Longest `from`, `to`, `thread` value (one line of text).
-MAX_NAME_CHARS = 256
+from sidecar import httpio, needlecast
+from sidecar.needlecast import Mailbox, Message, ParseResult
+from sidecar.openapi import Operation
+from sidecar.shapes import (
+    AckRequest,
+    AckResult,
+    MessageAnswer,
+    MessageCreated,
+    MessageList,
+    NewMessage,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,67 +37,16 @@ class Mailboxes:
 MAILBOXES = web.AppKey("needlecast_mailboxes", Mailboxes)
 
 
-def add_message_routes(app: web.Application, workspace: pathlib.Path) -> None:
-    """Register the four message routes; files live in `<workspace>/.needlecast/`."""
-    app[MAILBOXES] = Mailboxes(
-        inbox=Mailbox(workspace, "inbox"), outbox=Mailbox(workspace, "outbox")
+def message_answer(m: Message) -> MessageAnswer:
+    return MessageAnswer(
+        id=m.id,
+        from_=m.sender,
+        to=m.to,
+        thread=m.thread,
+        type=m.type,
+        content=m.body,
+        timestamp=m.time,
     )
-    app.router.add_get("/outbox", _Listing(app[MAILBOXES].outbox).handle)
-    app.router.add_post("/outbox/ack", _ack_outbox)
-    app.router.add_get("/inbox", _Listing(app[MAILBOXES].inbox).handle)
-    app.router.add_post("/inbox", _post_inbox)
-
-
-class _BadRequest(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
-
-
-async def _guarded(work: Callable[[], Awaitable[web.Response]]) -> web.Response:
-    """Turn the errors this module knows into JSON answers with a fitting status."""
-    try:
-        return await work()
-    except _BadRequest as exc:
-        return _error(exc.status, str(exc))
-    except needlecast.UnsafePathError as exc:
-        # The workspace is set up so that writing would leave it: a state problem, not the
-        # client's fault and not transient either.
-        return _error(409, str(exc))
-    except ValueError as exc:  # render_message refused a header value
-        return _error(400, f"message cannot be written: {exc}")
-    except needlecast.MailboxFullError as exc:
-        return _error(507, f"{exc}; ack messages to make room")
-    except OSError as exc:
-        logger.warning("message file I/O failed: %s", exc)
-        return _error(
-            507 if exc.errno == errno.ENOSPC else 500, f"message file I/O failed: {exc.strerror}"
-        )
-
-
-async def _read_json(request: web.Request) -> Any:
-    """The request's JSON body, read without ever holding more than MAX_BODY_BYTES."""
-    too_big = f"request body is larger than {MAX_BODY_BYTES} bytes"
-    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        raise _BadRequest(413, too_big)
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = await request.content.read(64 * 1024)
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise _BadRequest(413, too_big)
-        chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _BadRequest(400, f"body is not valid JSON: {exc}") from exc
 
 
 class _Listing:
@@ -114,85 +59,105 @@ class _Listing:
 
     def __init__(self, mailbox: Mailbox) -> None:
         self.mailbox = mailbox
-        self._last: tuple[needlecast.ParseResult, bytes] | None = None
+        self._last: tuple[ParseResult, bytes] | None = None
 
     def body(self) -> bytes:
         result = self.mailbox.read()
         last = self._last
         if last is not None and last[0] is result:
             return last[1]
-        encoded = json.dumps(
-            {
-                "messages": [m.to_json() for m in result.messages],
-                "warnings": list(result.warnings),
-                "truncated": result.truncated,
-            }
-        ).encode()
+        encoded = httpio.encode(
+            MessageList(
+                messages=[message_answer(m) for m in result.messages],
+                warnings=list(result.warnings),
+                truncated=result.truncated,
+            )
+        )
         self._last = (result, encoded)
         return encoded
 
     async def handle(self, request: web.Request) -> web.Response:
-        async def work() -> web.Response:
-            body = await asyncio.to_thread(self.body)
-            return web.Response(body=body, content_type="application/json")
-
-        return await _guarded(work)
+        return httpio.raw_answer(await asyncio.to_thread(self.body))
 
 
 async def _ack_outbox(request: web.Request) -> web.Response:
-    mailbox = request.app[MAILBOXES].outbox
-
-    async def work() -> web.Response:
-        body = await _read_json(request)
-        ids = body.get("ids") if isinstance(body, dict) else None
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            raise _BadRequest(400, 'body must be {"ids": [<message id>, ...]}')
-        result = await asyncio.to_thread(mailbox.remove, ids)
-        return web.json_response({"removed": result.removed, "unknown": len(result.unknown)})
-
-    return await _guarded(work)
+    body = await httpio.read_body(request, AckRequest)
+    result = await asyncio.to_thread(request.app[MAILBOXES].outbox.remove, body.ids)
+    return httpio.answer(AckResult(removed=result.removed, unknown=len(result.unknown)))
 
 
-def _one_line(body: dict[str, Any], key: str, *, required: bool) -> str | None:
-    value = body.get(key)
-    if value is None and not required:
+def _one_line(key: str, value: str | UnsetType) -> str | None:
+    if isinstance(value, UnsetType):
         return None
-    if not isinstance(value, str) or not value.strip():
-        raise _BadRequest(400, f"{key!r} must be a non-empty string")
-    if len(value) > MAX_NAME_CHARS or needlecast.has_bad_header_chars(value):
-        raise _BadRequest(400, f"{key!r} must be one line of printable text, <= {MAX_NAME_CHARS}")
+    # The schema's pattern is ECMA's; this is the exact rule a header value must follow.
+    if not value.strip() or needlecast.has_bad_header_chars(value):
+        msg = f"invalid body: `{key}` must be one line of printable text, not blank"
+        raise httpio.BadRequest(msg)
     return value
 
 
 async def _post_inbox(request: web.Request) -> web.Response:
-    mailbox = request.app[MAILBOXES].inbox
+    body = await httpio.read_body(request, NewMessage)
+    message = Message(
+        id=needlecast.new_message_id(),
+        sender=_one_line("from", body.from_),
+        type=body.type,
+        time=needlecast.utc_now(),
+        body=body.content,
+        to=_one_line("to", body.to),
+        thread=_one_line("thread", body.thread),
+    )
+    await asyncio.to_thread(request.app[MAILBOXES].inbox.append, message)
+    return httpio.answer(MessageCreated(id=message.id, timestamp=message.time or ""), status=201)
 
-    async def work() -> web.Response:
-        body = await _read_json(request)
-        if not isinstance(body, dict):
-            raise _BadRequest(400, "body must be a JSON object")
-        sender = _one_line(body, "from", required=True)
-        kind = body.get("type")
-        if not isinstance(kind, str) or kind not in needlecast.MESSAGE_TYPES:
-            allowed = ", ".join(sorted(needlecast.MESSAGE_TYPES))
-            raise _BadRequest(400, f"'type' must be one of: {allowed}")
-        content = body.get("content")
-        if not isinstance(content, str):
-            raise _BadRequest(400, "'content' must be a string")
-        try:
-            content.encode()
-        except UnicodeEncodeError as exc:
-            raise _BadRequest(400, "'content' holds a lone surrogate") from exc
-        message = Message(
-            id=needlecast.new_message_id(),
-            sender=sender,
-            type=kind,
-            time=needlecast.utc_now(),
-            body=content,
-            to=_one_line(body, "to", required=False),
-            thread=_one_line(body, "thread", required=False),
-        )
-        await asyncio.to_thread(mailbox.append, message)
-        return web.json_response({"id": message.id, "timestamp": message.time}, status=201)
 
-    return await _guarded(work)
+def message_operations(app: web.Application, workspace: pathlib.Path) -> list[Operation]:
+    """The four message routes; files live in `<workspace>/.needlecast/`."""
+    boxes = Mailboxes(inbox=Mailbox(workspace, "inbox"), outbox=Mailbox(workspace, "outbox"))
+    app[MAILBOXES] = boxes
+    return [
+        Operation(
+            "GET",
+            "/outbox",
+            _Listing(boxes.outbox).handle,
+            "getOutbox",
+            "messages",
+            "Messages the sleeve wrote for the envoy (`.needlecast/outbox.md`)",
+            {200: MessageList},
+            errors=(409,),
+        ),
+        Operation(
+            "POST",
+            "/outbox/ack",
+            _ack_outbox,
+            "ackOutbox",
+            "messages",
+            "Remove delivered messages from the outbox",
+            {200: AckResult},
+            description="Removes exactly the given ids; messages appended meanwhile stay.",
+            body=AckRequest,
+            errors=(400, 409),
+        ),
+        Operation(
+            "GET",
+            "/inbox",
+            _Listing(boxes.inbox).handle,
+            "getInbox",
+            "messages",
+            "Messages waiting for the sleeve (`.needlecast/inbox.md`)",
+            {200: MessageList},
+            errors=(409,),
+        ),
+        Operation(
+            "POST",
+            "/inbox",
+            _post_inbox,
+            "postInbox",
+            "messages",
+            "Deliver a message to the sleeve",
+            {201: MessageCreated},
+            description="The sidecar fills in `id` and the time.",
+            body=NewMessage,
+            errors=(400, 409, 507),
+        ),
+    ]

@@ -6,6 +6,7 @@ OpenAPI document, the client commands. Standard library only (the launcher impor
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Final, Literal, get_args
 
 #: Message types in `.needlecast/*.md` and `POST /inbox`.
@@ -23,3 +24,8 @@ Health = Literal["healthy", "degraded"]
 MAX_BODY_BYTES: Final = 256 * 1024
 #: Longest `from`, `to`, `thread` of a message (one line of printable text).
 MAX_NAME_CHARS: Final = 256
+
+
+def utc_now() -> str:
+    """RFC 3339 UTC time with milliseconds and a Z: the format of every time the API gives."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,33 +1,36 @@
 """In-process event bus behind `GET /events`: every subscriber gets every event, in order.
 
-Queues are bounded: a subscriber that stops reading is dropped (its stream ends) instead of
-growing memory without limit.
+An event is one of the typed `sidecar.shapes.Event` lines, encoded once when published (not once
+per subscriber). Queues are bounded: a subscriber that stops reading is dropped (its stream
+ends) instead of growing memory without limit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import UTC, datetime
-from typing import Any
+
+import msgspec
+
+from sidecar.shapes import Event
 
 log = logging.getLogger(__name__)
 
-EVENT_TYPES = ("progress-update", "completion", "cli-exit", "resleeve", "error")
+_encode = msgspec.json.Encoder().encode
 
 
-def utc_now() -> str:
-    """RFC 3339 UTC timestamp with a Z, the format of every time in the API."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def encode_line(event: Event) -> bytes:
+    """An event as one NDJSON line."""
+    return _encode(event) + b"\n"
 
 
 class Subscription:
     def __init__(self, maxsize: int) -> None:
-        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize)
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize)
         self.dropped = False
 
-    async def get(self) -> dict[str, Any] | None:
-        """The next event, or None once this subscriber has been dropped."""
+    async def get(self) -> bytes | None:
+        """The next event's line, or None once this subscriber has been dropped."""
         if self.dropped:
             return None
         return await self.queue.get()
@@ -54,11 +57,13 @@ class EventBus:
     def subscribers(self) -> int:
         return len(self._subs)
 
-    def publish(self, type_: str, **fields: Any) -> dict[str, Any]:
-        event: dict[str, Any] = {"type": type_, "time": utc_now(), **fields}
+    def publish(self, event: Event) -> Event:
+        if not self._subs:
+            return event
+        line = encode_line(event)
         for sub in list(self._subs):
             try:
-                sub.queue.put_nowait(event)
+                sub.queue.put_nowait(line)
             except asyncio.QueueFull:
                 # A reader this far behind is not reading: drop it and wake its handler.
                 log.warning("dropping an /events subscriber that stopped reading")

@@ -1,26 +1,26 @@
-"""The OpenAPI 3.0.3 description of the sidecar's HTTP API, served at `GET /openapi.json`.
+"""The OpenAPI 3.1 document served at `GET /openapi.json`, generated from the route table (each
+route module's `Operation`s) and the typed shapes in `sidecar.shapes`, so that the server and
+its description cannot drift: a handler decodes and encodes exactly the types named here.
 
-Built as plain data (no framework introspection) so it stays JSON-serialisable and testable;
-the only runtime input is the list of CLI names, which becomes the enum of `POST /resleeve`.
+Built once per app (it depends on the registry's CLI names and on whether a token is set, since
+it describes this sidecar, not sidecars in general).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, get_args
 
-from sidecar import __version__
+import msgspec
 
-__all__ = ["MESSAGE_TYPES", "STATUS_VALUES", "openapi_spec"]
+from sidecar import __version__, shapes
 
-OPENAPI_VERSION = "3.0.3"
-MESSAGE_TYPES = ("task", "question", "response", "milestone", "directive", "blocked")
-MAX_NAME_CHARS = 256  # longest `from` / `to` / `thread` accepted by POST /inbox
-STATUS_VALUES = ("idle", "working", "blocked", "done", "killed", "unknown")
-EVENT_TYPES = ("progress-update", "completion", "cli-exit", "resleeve", "error", "heartbeat")
-
+OPENAPI_VERSION = "3.1.0"
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
 HTML = "text/html"
+REF = "#/components/schemas/{name}"
 
 AUTH_TEXT = """\
 When `SIDECAR_TOKEN` is set, every route but `/health` needs the token, given as
@@ -28,259 +28,175 @@ When `SIDECAR_TOKEN` is set, every route but `/health` needs the token, given as
 GET routes (the terminal is shown but input and resize frames are dropped) and answers 403 on
 every other method. Browsers may pass the token once as `?token=<token>`; the answer then sets an
 HttpOnly cookie `sidecar_token` that carries it on later requests, including the WebSocket.
-With no token configured, no route asks for one."""
+With no token configured, no route asks for one (this document then lists no security)."""
 
 API_TEXT = f"""\
 HTTP API of a sleeve sidecar: the PID-1 supervisor that runs an AI coding CLI in tmux inside a
 container and exposes its state, messages and terminal.
 
 All JSON answers may gain fields in later versions; clients must ignore fields they do not know.
-Errors are always `{{"error": "<message>"}}`: 400 bad request body, 401 missing or wrong token,
-403 view token on a write, 404 unknown route, 405 wrong method (with `Allow`), 409 conflict,
-413 request body too large, 503 a part (ttyd) is not running.
+Errors are always `{{"error": "<message>"}}`: 400 bad request body (unknown fields, wrong types
+and nulls included; the message names the field), 401 missing or wrong token, 403 view token on
+a write or a browser request from another origin, 404 unknown route, 405 wrong method (with
+`Allow`), 409 conflict, 413 request body too large, 503 a part (ttyd) is not running.
 
 {AUTH_TEXT}"""
 
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {JSON: {"schema": schema}}}
-
-
-def _responses(ok: dict[str, dict[str, Any]], *errors: int) -> dict[str, Any]:
-    """Success answers plus the named error answers; `default` covers the rest (404/405/500)."""
-    out: dict[str, Any] = dict(ok)
-    for code in errors:
-        out[str(code)] = {"$ref": f"#/components/responses/E{code}"}
-    out["default"] = {"$ref": "#/components/responses/Error"}
-    return out
-
-
-def _body(schema: dict[str, Any], *, required: bool = True) -> dict[str, Any]:
-    return {"required": required, "content": {JSON: {"schema": schema}}}
-
-
-def _string_list(description: str) -> dict[str, Any]:
-    return {"type": "array", "items": {"type": "string"}, "description": description}
-
-
-def _nullable(type_: str, description: str, **extra: Any) -> dict[str, Any]:
-    return {"type": type_, "nullable": True, "description": description, **extra}
-
-
-def _one_line(description: str) -> dict[str, Any]:
-    # The header fields of a message file: one line of printable text.
-    return {
-        "type": "string",
-        "minLength": 1,
-        "maxLength": MAX_NAME_CHARS,
-        "pattern": "^[^\\x00-\\x1f\\x7f\\x85\\u2028\\u2029\\ufeff]*$",
-        "description": description,
-    }
-
-
-def _schemas(cli_names: list[str]) -> dict[str, Any]:
-    cli: dict[str, Any] = {"type": "string", "description": "CLI name from the registry"}
-    if cli_names:  # JSON Schema forbids an empty enum
-        cli["enum"] = list(cli_names)
-    return {
-        "Error": {
-            "type": "object",
-            "required": ["error"],
-            "properties": {"error": {"type": "string", "description": "what went wrong"}},
-            "additionalProperties": True,
-        },
-        "Health": {
-            "type": "object",
-            "required": ["status", "uptime"],
-            "properties": {
-                "status": {
-                    "type": "string",
-                    "enum": ["healthy", "degraded"],
-                    "description": "`degraded` while the CLI is not running",
-                },
-                "uptime": {"type": "integer", "minimum": 0, "description": "seconds"},
-            },
-            "additionalProperties": True,
-        },
-        "Progress": {
-            "type": "object",
-            "required": ["total", "completed"],
-            "properties": {
-                "total": {"type": "integer", "minimum": 0},
-                "completed": {"type": "integer", "minimum": 0},
-            },
-            "additionalProperties": True,
-        },
-        "Status": {
-            "type": "object",
-            "required": [
-                "sleeve_id",
-                "status",
-                "current_task",
-                "progress",
-                "blockers",
-                "cli",
-                "cli_pid",
-                "cli_running",
-                "last_activity",
-                "health",
-                "repo",
-                "warnings",
-            ],
-            "properties": {
-                "sleeve_id": {"type": "string", "description": "`SLEEVE_NAME`"},
-                "status": {
-                    "type": "string",
-                    "enum": list(STATUS_VALUES),
-                    "description": "from `.cstack/CURRENT.md`; `unknown` when it is missing "
-                    "or unreadable",
-                },
-                "current_task": _nullable("string", "the `## Task` section"),
-                "progress": _ref("Progress"),
-                "blockers": _string_list("items under `## Blockers`; `(none)` gives []"),
-                "next_steps": _string_list("items under `## Next Steps`"),
-                "cli": {"type": "string", "description": "name of the CLI in the sleeve"},
-                "cli_pid": _nullable("integer", "pid of the CLI while it runs"),
-                "cli_running": {"type": "boolean"},
-                "cli_state": {"type": "string", "description": "supervisor state of the CLI"},
-                "cli_exit_code": _nullable("integer", "exit code of the last CLI run"),
-                "resleeving": {"type": "boolean", "description": "a resleeve is in progress"},
-                "ttyd_state": {"type": "string", "description": "supervisor state of ttyd"},
-                "last_activity": _nullable(
-                    "string", "last change of CURRENT.md or terminal output", format="date-time"
-                ),
-                "health": {"type": "string", "enum": ["healthy", "degraded"]},
-                "repo": _nullable("string", "`SLEEVE_REPO`"),
-                "warnings": _string_list("problems worth a look (unreadable files, ...)"),
-            },
-            "additionalProperties": True,
-        },
-        "Message": {
-            "type": "object",
-            "description": "A message as read from its file. A hand-written file may lack "
-            "`from`, `type` or `time` (null here) or use another type; such messages are "
-            "passed through and named in `warnings`.",
-            "required": ["id", "from", "to", "thread", "type", "content", "timestamp"],
-            "properties": {
-                "id": {"type": "string"},
-                "from": _nullable("string", "sender"),
-                "to": _nullable("string", "recipient; null: the envoy decides"),
-                "thread": _nullable("string", "conversation this message belongs to"),
-                "type": _nullable("string", f"one of {', '.join(MESSAGE_TYPES)}"),
-                "content": {"type": "string", "description": "markdown body"},
-                "timestamp": _nullable("string", "the message's `time`", format="date-time"),
-            },
-            "additionalProperties": True,
-        },
-        "MessageList": {
-            "type": "object",
-            "required": ["messages"],
-            "properties": {
-                "messages": {"type": "array", "items": _ref("Message")},
-                "warnings": _string_list("problems in the message file (line N: ...)"),
-                "truncated": {
-                    "type": "boolean",
-                    "description": "the file is over the read limit; only its start was read",
-                },
-            },
-            "additionalProperties": True,
-        },
-        "NewMessage": {
-            "type": "object",
-            "required": ["from", "type", "content"],
-            "properties": {
-                "from": _one_line("sender"),
-                "type": {"type": "string", "enum": list(MESSAGE_TYPES)},
-                "content": {"type": "string"},
-                "to": {**_one_line("recipient"), "nullable": True},
-                "thread": {**_one_line("conversation id"), "nullable": True},
-            },
-            "additionalProperties": False,
-        },
-        "MessageCreated": {
-            "type": "object",
-            "required": ["id"],
-            "properties": {
-                "id": {"type": "string", "description": "id given to the message"},
-                "timestamp": {"type": "string", "format": "date-time"},
-            },
-            "additionalProperties": True,
-        },
-        "AckRequest": {
-            "type": "object",
-            "required": ["ids"],
-            "properties": {"ids": {"type": "array", "items": {"type": "string"}}},
-            "additionalProperties": False,
-        },
-        "AckResult": {
-            "type": "object",
-            "required": ["removed"],
-            "properties": {
-                "removed": {"type": "integer", "minimum": 0},
-                "unknown": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "description": "ids that were not in the outbox",
-                },
-            },
-            "additionalProperties": True,
-        },
-        "ResleeveRequest": {
-            "type": "object",
-            "properties": {"cli": cli},
-            "additionalProperties": False,
-        },
-        "ResleeveAccepted": {
-            "type": "object",
-            "required": ["status", "cli"],
-            "properties": {
-                "status": {"type": "string", "enum": ["resleeving"]},
-                "cli": {"type": "string"},
-            },
-            "additionalProperties": True,
-        },
-        "Event": {
-            "type": "object",
-            "description": "One line of `/events`. `progress-update` carries the new status, "
-            "task and progress; `completion` the finished `task`; `cli-exit` `cli`, "
-            "`exit_code` and `pid`; `resleeve` `phase`, `cli` and `previous`; `error` a "
-            "`message`; `heartbeat` (every 15 s of silence) only the time.",
-            "required": ["type", "time"],
-            "properties": {
-                "type": {"type": "string", "enum": list(EVENT_TYPES)},
-                "time": {"type": "string", "format": "date-time"},
-            },
-            "additionalProperties": True,
-        },
-    }
-
-
-_ERRORS = {
-    400: "bad request: malformed JSON or invalid fields",
+ERRORS = {
+    400: "bad request: malformed JSON, unknown fields, wrong types or values",
     401: "missing or wrong token",
     403: "the view token is read-only, or a browser request from another origin (or, without a "
     "token, from a page served by name rather than by address)",
-    409: "conflict: a resleeve is already in progress or the sidecar is shutting down; for "
-    "messages: `.needlecast/` or a message file is a symlink leading out of the workspace",
-    507: "no room: the mailbox is full (ack messages) or the disk is",
+    409: "conflict: the state does not allow it now (see the message)",
     413: "request body too large",
     503: "the terminal (ttyd) is not available; retry after `Retry-After` seconds",
+    507: "no room: the mailbox is full (ack messages) or the disk is",
+}
+
+TAGS = {
+    "status": "health, state and events",
+    "messages": "inbox and outbox (`.needlecast/`)",
+    "control": "resleeve",
+    "terminal": "the CLI's terminal (ttyd)",
+    "meta": "dashboard and this document",
 }
 
 
-def _components(cli_names: list[str]) -> dict[str, Any]:
-    responses: dict[str, Any] = {
-        f"E{code}": _json(_ref("Error"), text) for code, text in _ERRORS.items()
-    }
-    responses["Error"] = _json(_ref("Error"), "any other error (404, 405, 500)")
+@dataclass(frozen=True)
+class Media:
+    """An answer that is not a typed JSON body: a page, a stream, an upgrade."""
+
+    description: str
+    content_type: str | None = None  # None: no body (a redirect, a WebSocket upgrade)
+    schema: type | Mapping[str, Any] | None = None  # a shape (JSON Schema from it) or a schema
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One route: what aiohttp serves and what the document says about it, in one place."""
+
+    method: str
+    path: str
+    handler: Callable[..., Awaitable[Any]]
+    op_id: str
+    tag: str
+    summary: str
+    answers: Mapping[int, type | Media]
+    description: str = ""
+    body: type[shapes.Request] | None = None
+    body_required: bool = True
+    errors: tuple[int, ...] = ()
+    public: bool = False  # no token needed
+    extra_paths: tuple[str, ...] = field(default=())  # the same operation under other paths
+
+
+def _schemas(types: Iterable[Any]) -> dict[str, Any]:
+    _, components = msgspec.json.schema_components(tuple(types), ref_template=REF)
+    return components
+
+
+def _schema_of(kind: type | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(kind, Mapping):
+        return dict(kind)
+    return {"$ref": REF.format(name=kind.__name__)}
+
+
+def _answer(kind: type | Media) -> dict[str, Any]:
+    if isinstance(kind, Media):
+        out: dict[str, Any] = {"description": kind.description}
+        if kind.content_type is not None:
+            schema = {"type": "string"} if kind.schema is None else _schema_of(kind.schema)
+            out["content"] = {kind.content_type: {"schema": schema}}
+        return out
     return {
-        "schemas": _schemas(cli_names),
+        "description": (kind.__doc__ or kind.__name__).strip().splitlines()[0],
+        "content": {JSON: {"schema": _schema_of(kind)}},
+    }
+
+
+def _operation(op: Operation, *, secured: bool) -> dict[str, Any]:
+    # 403: a browser request from another origin, on any route (and the view token on writes).
+    errors = {*op.errors, 403}
+    if op.method != "GET":
+        errors.add(413)  # any body over the limit
+    if secured and not op.public:
+        errors.add(401)
+    responses: dict[str, Any] = {str(code): _answer(kind) for code, kind in op.answers.items()}
+    for code in sorted(errors):
+        responses[str(code)] = {"$ref": f"#/components/responses/E{code}"}
+    responses["default"] = {"$ref": "#/components/responses/Error"}
+    out: dict[str, Any] = {
+        "operationId": op.op_id,
+        "tags": [op.tag],
+        "summary": op.summary,
         "responses": responses,
-        "securitySchemes": {
+    }
+    if op.description:
+        out["description"] = op.description
+    if op.body is not None:
+        out["requestBody"] = {
+            "required": op.body_required,
+            "content": {JSON: {"schema": _schema_of(op.body)}},
+        }
+    if secured and op.public:
+        out["security"] = []
+    return out
+
+
+def document(
+    operations: Iterable[Operation], *, cli_names: Iterable[str], secured: bool
+) -> dict[str, Any]:
+    """The OpenAPI document for these routes. `cli_names` (the registry) become the enum of
+    /resleeve's `cli`; `secured` (a token is set) adds the security schemes and 401s."""
+    ops = list(operations)
+    used: list[Any] = [shapes.Error, *get_args(shapes.AnyEvent)]
+    for op in ops:
+        if op.body is not None:
+            used.append(op.body)
+        for kind in op.answers.values():
+            if isinstance(kind, Media):
+                if isinstance(kind.schema, type):
+                    used.append(kind.schema)
+            else:
+                used.append(kind)
+    schemas = _schemas(dict.fromkeys(used))
+    names = sorted(cli_names)
+    if names and "ResleeveRequest" in schemas:  # JSON Schema forbids an empty enum
+        schemas["ResleeveRequest"]["properties"]["cli"]["enum"] = names
+    schemas["Event"] = {
+        "description": "One line of `/events`: the object's `type` tells which.",
+        "oneOf": [_schema_of(t) for t in get_args(shapes.AnyEvent)],
+        "discriminator": {"propertyName": "type"},
+    }
+
+    paths: dict[str, dict[str, Any]] = {}
+    for op in ops:
+        for path in (op.path, *op.extra_paths):
+            paths.setdefault(path, {})[op.method.lower()] = _operation(op, secured=secured)
+
+    responses: dict[str, Any] = {
+        f"E{code}": {"description": text, "content": {JSON: {"schema": _schema_of(shapes.Error)}}}
+        for code, text in ERRORS.items()
+    }
+    responses["Error"] = {
+        "description": "any other error (404, 405, 500)",
+        "content": {JSON: {"schema": _schema_of(shapes.Error)}},
+    }
+    components: dict[str, Any] = {"schemas": schemas, "responses": responses}
+    doc: dict[str, Any] = {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "sleeve sidecar",
+            "version": __version__,
+            "description": API_TEXT,
+            "license": {"name": "MIT", "identifier": "MIT"},
+        },
+        "tags": [{"name": name, "description": text} for name, text in TAGS.items()],
+        "paths": paths,
+        "components": components,
+    }
+    if secured:
+        components["securitySchemes"] = {
             "bearer": {
                 "type": "http",
                 "scheme": "bearer",
@@ -299,226 +215,6 @@ def _components(cli_names: list[str]) -> dict[str, Any]:
                 "name": "sidecar_token",
                 "description": "set by the sidecar after a `?token=` request",
             },
-        },
-    }
-
-
-def _op(
-    op_id: str, tag: str, summary: str, responses: dict[str, Any], **extra: Any
-) -> dict[str, Any]:
-    return {
-        "operationId": op_id,
-        "tags": [tag],
-        "summary": summary,
-        "responses": responses,
-        **extra,
-    }
-
-
-def _html(description: str) -> dict[str, Any]:
-    return {"description": description, "content": {HTML: {"schema": {"type": "string"}}}}
-
-
-_UPGRADE = {
-    "101": {
-        "description": "WebSocket upgrade (`Upgrade: websocket`, subprotocol `tty`), relayed "
-        "frame for frame to ttyd; with the view token input and resize frames are dropped"
-    }
-}
-
-
-def _paths() -> dict[str, Any]:
-    terminal_text = (
-        "ttyd's web terminal, proxied (ttyd itself listens on loopback only). A WebSocket "
-        "upgrade on `/terminal` or `/terminal/ws` with subprotocol `tty` is relayed to ttyd. "
-        "A plain GET of `/terminal` redirects to `/terminal/`, whose relative URLs ttyd's page "
-        'needs; `/terminal/token` answers `{"token": ""}` (the proxy authenticates to '
-        "ttyd itself) and other paths below `/terminal/` are 404."
-    )
-    return {
-        "/health": {
-            "get": _op(
-                "getHealth",
-                "status",
-                "Liveness: 200 whenever the sidecar runs",
-                _responses({"200": _json(_ref("Health"), "sidecar health")}),
-                security=[],
-                description="Never needs a token; `degraded` means the CLI is not running.",
-            )
-        },
-        "/status": {
-            "get": _op(
-                "getStatus",
-                "status",
-                "The sleeve's state: CURRENT.md, the CLI process and health",
-                _responses({"200": _json(_ref("Status"), "current state")}, 401),
-            )
-        },
-        "/outbox": {
-            "get": _op(
-                "getOutbox",
-                "messages",
-                "Messages the sleeve wrote for the envoy (`.needlecast/outbox.md`)",
-                _responses({"200": _json(_ref("MessageList"), "the outbox")}, 401, 409),
-            )
-        },
-        "/outbox/ack": {
-            "post": _op(
-                "ackOutbox",
-                "messages",
-                "Remove delivered messages from the outbox",
-                _responses({"200": _json(_ref("AckResult"), "removed")}, 400, 401, 403, 409, 413),
-                description="Removes exactly the given ids; messages appended meanwhile stay.",
-                requestBody=_body(_ref("AckRequest")),
-            )
-        },
-        "/inbox": {
-            "get": _op(
-                "getInbox",
-                "messages",
-                "Messages waiting for the sleeve (`.needlecast/inbox.md`)",
-                _responses({"200": _json(_ref("MessageList"), "the inbox")}, 401, 409),
-            ),
-            "post": _op(
-                "postInbox",
-                "messages",
-                "Deliver a message to the sleeve",
-                _responses(
-                    {"201": _json(_ref("MessageCreated"), "stored")}, 400, 401, 403, 409, 413, 507
-                ),
-                description="The sidecar fills in `id` and the time.",
-                requestBody=_body(_ref("NewMessage")),
-            ),
-        },
-        "/resleeve": {
-            "post": _op(
-                "resleeve",
-                "control",
-                "Restart the CLI, optionally as another CLI",
-                _responses(
-                    {"202": _json(_ref("ResleeveAccepted"), "resleeve started")},
-                    400,
-                    401,
-                    403,
-                    409,
-                    413,
-                ),
-                description="The body is optional; without `cli` the current CLI is stopped and "
-                "started again (with its resume command, if it has one). Unknown fields are a "
-                "400. Progress is reported on `/events` (`resleeve`).",
-                requestBody=_body(_ref("ResleeveRequest"), required=False),
-            )
-        },
-        "/events": {
-            "get": _op(
-                "getEvents",
-                "status",
-                "Event stream: one JSON object per line",
-                _responses(
-                    {
-                        "200": {
-                            "description": "NDJSON stream that stays open; see `Event`",
-                            "content": {NDJSON: {"schema": _ref("Event")}},
-                        }
-                    },
-                    401,
-                ),
-            )
-        },
-        "/terminal": {
-            "get": _op(
-                "getTerminal",
-                "terminal",
-                "Web terminal (ttyd) or its WebSocket",
-                _responses(
-                    {
-                        **_UPGRADE,
-                        "200": _html("ttyd's page"),
-                        "302": {"description": "to `/terminal/`"},
-                    },
-                    401,
-                    503,
-                ),
-                description=terminal_text,
-            )
-        },
-        "/terminal/": {
-            "get": _op(
-                "getTerminalPage",
-                "terminal",
-                "ttyd's page",
-                _responses({**_UPGRADE, "200": _html("ttyd's page")}, 401, 503),
-                description=terminal_text,
-            )
-        },
-        "/terminal/token": {
-            "get": _op(
-                "getTerminalToken",
-                "terminal",
-                "The token ttyd's page puts into its init message (always empty here)",
-                _responses(
-                    {
-                        "200": _json(
-                            {
-                                "type": "object",
-                                "required": ["token"],
-                                "properties": {"token": {"type": "string", "maxLength": 0}},
-                            },
-                            "an empty token",
-                        )
-                    },
-                    401,
-                ),
-                description=terminal_text,
-            )
-        },
-        "/terminal/ws": {
-            "get": _op(
-                "getTerminalSocket",
-                "terminal",
-                "The terminal WebSocket (subprotocol `tty`)",
-                _responses(_UPGRADE, 400, 401, 503),
-                description="400 without `Upgrade: websocket`.",
-            )
-        },
-        "/": {
-            "get": _op(
-                "getDashboard",
-                "meta",
-                "Dashboard page: status, progress, blockers, outbox, terminal",
-                _responses({"200": _html("the dashboard")}, 401),
-                description="Open it once as `/?token=<token>` when a token is configured.",
-            )
-        },
-        "/openapi.json": {
-            "get": _op(
-                "getOpenapi",
-                "meta",
-                "This description",
-                _responses({"200": _json({"type": "object"}, "OpenAPI 3 document")}, 401),
-            )
-        },
-    }
-
-
-def openapi_spec(*, cli_names: list[str]) -> dict[str, Any]:
-    """The OpenAPI document; `cli_names` (the registry) become the `cli` enum of /resleeve."""
-    return {
-        "openapi": OPENAPI_VERSION,
-        "info": {
-            "title": "sleeve sidecar",
-            "version": __version__,
-            "description": API_TEXT,
-            "license": {"name": "MIT"},
-        },
-        "tags": [
-            {"name": "status", "description": "health, state and events"},
-            {"name": "messages", "description": "inbox and outbox (`.needlecast/`)"},
-            {"name": "control", "description": "resleeve"},
-            {"name": "terminal", "description": "the CLI's terminal (ttyd)"},
-            {"name": "meta", "description": "dashboard and this document"},
-        ],
-        "security": [{"bearer": []}, {"tokenQuery": []}, {"tokenCookie": []}],
-        "paths": _paths(),
-        "components": _components(cli_names),
-    }
+        }
+        doc["security"] = [{"bearer": []}, {"tokenQuery": []}, {"tokenCookie": []}]
+    return doc

@@ -25,6 +25,7 @@ from sidecar.config import Config, RestartPolicy
 from sidecar.events import EventBus
 from sidecar.proc import start_time
 from sidecar.proctree import stop_tree, wait_exited
+from sidecar.shapes import CliExit, ErrorEvent, Resleeve
 from sidecar.states import BACKOFF_RESET_AFTER, ProcState, ProcStatus, backoff_delay
 from sidecar.tmux import SESSION, PaneInfo, Tmux, TmuxError, recreate_socket
 from sidecar.ttyd import TtydRunner
@@ -92,7 +93,7 @@ class Supervisor:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
-            self.bus.publish("error", message=f"internal task {task.get_name()} failed")
+            self.bus.publish(ErrorEvent(message=f"internal task {task.get_name()} failed"))
 
     def _watch_pid(self, key: str, pid: int, callback: Callable[[], object]) -> None:
         """Call `callback()` on the loop when `pid` exits (pidfd readable)."""
@@ -191,7 +192,7 @@ class Supervisor:
         except (TmuxError, OSError) as exc:
             self.cli = ProcStatus(ProcState.FATAL, reason=f"tmux failed: {exc}")
             log.error("cannot start the CLI in tmux: %s", exc)
-            self.bus.publish("error", message=self.cli.reason)
+            self.bus.publish(ErrorEvent(message=self.cli.reason or "tmux failed"))
             return
         self.pane = pane
         self._pane_started = start_time(pane.pane_pid)
@@ -205,7 +206,7 @@ class Supervisor:
             # FATAL: the placeholder pane exits at once; nothing restarts it.
             self.cli = ProcStatus(ProcState.FATAL, reason=fatal)
             log.error("CLI %s cannot start: %s", self.cli_name, fatal)
-            self.bus.publish("error", message=fatal, cli=self.cli_name)
+            self.bus.publish(ErrorEvent(message=fatal, cli=self.cli_name))
             return
         # STARTING -> RUNNING: the pane's waiter has started the CLI.
         pid = await self._cli_pid(pane.pane_pid)
@@ -225,7 +226,7 @@ class Supervisor:
         # RUNNING -> EXITED: the CLI ended by itself.
         self.cli = replace(self.cli, state=ProcState.EXITED, exit_code=code)
         log.warning("CLI %s exited with %s after %.1fs", self.cli_name, code, ran)
-        self.bus.publish("cli-exit", cli=self.cli_name, exit_code=code, pid=self.cli.pid)
+        self.bus.publish(CliExit(cli=self.cli_name, exit_code=code, pid=self.cli.pid))
         policy = self.config.restart
         if policy is RestartPolicy.ALWAYS or (policy is RestartPolicy.ON_FAILURE and code != 0):
             if ran >= BACKOFF_RESET_AFTER:
@@ -281,7 +282,7 @@ class Supervisor:
             if self._stopping or self.pane is None or self.pane.server_pid != server_pid:
                 return
             log.error("tmux server %d died; recreating the session", server_pid)
-            self.bus.publish("error", message="tmux server died; session recreated")
+            self.bus.publish(ErrorEvent(message="tmux server died; session recreated"))
             # Its pane's CLI got SIGHUP, but one that ignores it lives on as an orphan.
             await self._stop_pane_tree()
             self._cancel_backoff()
@@ -320,7 +321,7 @@ class Supervisor:
         try:
             async with self._cli_lock:
                 previous = self.cli_name
-                self.bus.publish("resleeve", phase="started", previous=previous, cli=name)
+                self.bus.publish(Resleeve(phase="started", previous=previous, cli=name))
                 self._cancel_backoff()
                 # RUNNING/EXITED/BACKOFF -> STOPPING: exits from here on are ours.
                 self.cli = replace(self.cli, state=ProcState.STOPPING)
@@ -331,12 +332,13 @@ class Supervisor:
                 self._backoff_n = 0
                 await self._launch_cli(resume=True, fresh_server=self.pane is None)
                 self.bus.publish(
-                    "resleeve",
-                    phase="done",
-                    previous=previous,
-                    cli=name,
-                    pid=self.cli.pid,
-                    state=self.cli.state.value,
+                    Resleeve(
+                        phase="done",
+                        previous=previous,
+                        cli=name,
+                        pid=self.cli.pid,
+                        state=self.cli.state,
+                    )
                 )
         finally:
             self.resleeving = False

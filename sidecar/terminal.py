@@ -24,6 +24,9 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from sidecar import httpio
+from sidecar.openapi import HTML, Media, Operation
+from sidecar.shapes import TerminalToken
 from sidecar.supervisor import Supervisor
 from sidecar.ttyd import BASE_PATH, Credential
 
@@ -50,9 +53,7 @@ HOP_HEADERS = frozenset(
 def _unavailable(sup: Supervisor) -> web.Response:
     status = sup.ttyd.status
     reason = status.reason or f"ttyd is {status.state.value}"
-    return web.json_response(
-        {"error": f"terminal unavailable: {reason}"}, status=503, headers={"Retry-After": "1"}
-    )
+    return httpio.error(503, f"terminal unavailable: {reason}", **{"Retry-After": "1"})
 
 
 def allowed_from_viewer(data: bytes | str) -> bool:
@@ -222,29 +223,52 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         await session.close()
 
 
-def add_terminal_routes(app: web.Application, sup: Supervisor) -> None:
+TERMINAL_TEXT = (
+    "ttyd's web terminal, proxied (ttyd itself is reachable by the sidecar only). A WebSocket "
+    "upgrade on `/terminal` or `/terminal/ws` with subprotocol `tty` is relayed to ttyd. A plain "
+    "GET of `/terminal` redirects to `/terminal/`, whose relative URLs ttyd's page needs; "
+    '`/terminal/token` answers `{"token": ""}` (the proxy authenticates to ttyd itself) and '
+    "other paths below `/terminal/` are 404. While ttyd is starting, a request waits for it "
+    "(up to 5 s); while it is down, 503 with the reason."
+)
+UPGRADE = Media(
+    "WebSocket upgrade (`Upgrade: websocket`, subprotocol `tty`), relayed frame for frame to "
+    "ttyd; with the view token input and resize frames are dropped"
+)
+PAGE = Media("ttyd's page", HTML)
+
+
+def _upgrading(request: web.Request) -> bool:
+    return request.headers.get("Upgrade", "").lower() == "websocket"
+
+
+def terminal_operations(app: web.Application, sup: Supervisor) -> list[Operation]:
     async def terminal(request: web.Request) -> web.StreamResponse:
-        if request.headers.get("Upgrade", "").lower() == "websocket":
+        if _upgrading(request):
             return await websocket(request, sup)
-        if request.path == BASE_PATH:
-            # ttyd's page loads its token and WebSocket relative to /terminal/.
-            query = f"?{request.query_string}" if request.query_string else ""
-            return web.Response(status=302, headers={"Location": f"{BASE_PATH}/{query}"})
-        tail = request.match_info.get("tail")
-        if tail == "ws":
-            return web.json_response({"error": "WebSocket upgrade required"}, status=400)
-        if tail == "token":
-            # The page asks for a token to put into its init message; ttyd's answer would be
-            # its credential. The proxy puts that in on the way instead.
-            return web.json_response({"token": ""}, headers={"Cache-Control": "no-store"})
-        if tail != "":
-            raise web.HTTPNotFound
+        # ttyd's page loads its token and WebSocket relative to /terminal/.
+        query = f"?{request.query_string}" if request.query_string else ""
+        return web.Response(status=302, headers={"Location": f"{BASE_PATH}/{query}"})
+
+    async def terminal_page(request: web.Request) -> web.StreamResponse:
+        if _upgrading(request):
+            return await websocket(request, sup)
         return await page(request, sup)
+
+    async def terminal_ws(request: web.Request) -> web.StreamResponse:
+        if _upgrading(request):
+            return await websocket(request, sup)
+        return httpio.error(400, "WebSocket upgrade required")
+
+    async def terminal_token(request: web.Request) -> web.Response:
+        # The page asks for a token to put into its init message; ttyd's answer would be its
+        # credential. The proxy puts that in on the way instead.
+        return httpio.answer(TerminalToken(token=""), headers={"Cache-Control": "no-store"})
 
     async def close_clients(app: web.Application) -> None:
         # Shutdown waits for every handler; an open terminal would hold it until its browser
         # tab closes. 1001: going away.
-        open_now = app[CLIENTS]
+        open_now = app[CLIENTS]  # (two steps: mypy infers list()'s argument type otherwise)
         clients = list(open_now)
         await asyncio.gather(
             *(
@@ -256,5 +280,47 @@ def add_terminal_routes(app: web.Application, sup: Supervisor) -> None:
     app[CLIENTS] = weakref.WeakSet()
     app.on_shutdown.append(close_clients)
     app.cleanup_ctx.append(_client_session)
-    app.router.add_get(BASE_PATH, terminal)
-    app.router.add_get(BASE_PATH + "/{tail:.*}", terminal)
+    return [
+        Operation(
+            "GET",
+            BASE_PATH,
+            terminal,
+            "getTerminal",
+            "terminal",
+            "Web terminal (ttyd) or its WebSocket",
+            {101: UPGRADE, 302: Media("to `/terminal/`")},
+            description=TERMINAL_TEXT,
+            errors=(503,),
+        ),
+        Operation(
+            "GET",
+            f"{BASE_PATH}/",
+            terminal_page,
+            "getTerminalPage",
+            "terminal",
+            "ttyd's page",
+            {101: UPGRADE, 200: PAGE},
+            description=TERMINAL_TEXT,
+            errors=(503,),
+        ),
+        Operation(
+            "GET",
+            f"{BASE_PATH}/token",
+            terminal_token,
+            "getTerminalToken",
+            "terminal",
+            "The token ttyd's page puts into its init message (always empty here)",
+            {200: TerminalToken},
+        ),
+        Operation(
+            "GET",
+            f"{BASE_PATH}/ws",
+            terminal_ws,
+            "getTerminalSocket",
+            "terminal",
+            "The terminal WebSocket (subprotocol `tty`)",
+            {101: UPGRADE},
+            description="400 without `Upgrade: websocket`.",
+            errors=(400, 503),
+        ),
+    ]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sidecar.events import EventBus
+from sidecar.shapes import ErrorEvent
 from sidecar.states import BACKOFF_RESET_AFTER, ProcState, ProcStatus, backoff_delay
 
 log = logging.getLogger(__name__)
@@ -233,7 +234,7 @@ class TtydRunner:
                 # -> FATAL: nothing to start; a new binary needs a new sidecar.
                 self._set(ProcStatus(ProcState.FATAL, reason=str(exc)))
                 log.error("%s", exc)
-                self.bus.publish("error", message=str(exc))
+                self.bus.publish(ErrorEvent(message=str(exc)))
                 return
             started = time.monotonic()
             # STOPPED/BACKOFF -> STARTING
@@ -250,7 +251,7 @@ class TtydRunner:
                 )
             )
             log.warning("ttyd: %s; retrying in %gs", problem, delay)
-            self.bus.publish("error", message=f"ttyd: {problem}; retrying")
+            self.bus.publish(ErrorEvent(message=f"ttyd: {problem}; retrying"))
             await asyncio.sleep(delay)
 
     async def _once(self, binary: str, started: float) -> tuple[int | None, str]:

@@ -11,16 +11,21 @@ from pathlib import Path
 
 from sidecar.cstack import CurrentState, read_current
 from sidecar.events import EventBus
+from sidecar.shapes import Completion, Progress, ProgressUpdate
 
 StatKey = tuple[int, int, int] | None
 
 
-def _progress_fields(state: CurrentState) -> dict[str, object]:
-    return {
-        "status": state.status,
-        "task": state.task,
-        "progress": {"total": state.progress_total, "completed": state.progress_completed},
-    }
+def _progress(state: CurrentState) -> ProgressUpdate:
+    return ProgressUpdate(
+        status=state.status,  # type: ignore[arg-type]  # parse_current yields only known values
+        task=state.task,
+        progress=Progress(total=state.progress_total, completed=state.progress_completed),
+    )
+
+
+def _same(a: ProgressUpdate, b: ProgressUpdate) -> bool:
+    return (a.status, a.task, a.progress) == (b.status, b.task, b.progress)
 
 
 class CurrentWatcher:
@@ -47,9 +52,9 @@ class CurrentWatcher:
         previous = self._state
         self._state, self._key, self.mtime = state, key, mtime
         if previous is not None:
-            before, after = _progress_fields(previous), _progress_fields(state)
-            if before != after:
-                self._bus.publish("progress-update", **after)
+            update = _progress(state)
+            if not _same(_progress(previous), update):
+                self._bus.publish(update)
                 if state.status == "done" and previous.status != "done":
-                    self._bus.publish("completion", task=state.task)
+                    self._bus.publish(Completion(task=state.task))
         return state

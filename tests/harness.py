@@ -102,6 +102,21 @@ def stubborn_pids(path: Path) -> list[int] | None:
     return [starts[-1]["pid"], starts[-1]["child"]] if starts else None
 
 
+def message_app(workspace: Path) -> Any:
+    """The message routes alone (an aiohttp app for TestServer), with the API's body limit and
+    error middleware, on `workspace`."""
+    from aiohttp import web
+
+    from sidecar.api import json_errors
+    from sidecar.api_messages import message_operations
+    from sidecar.contract import MAX_BODY_BYTES
+
+    app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY_BYTES)
+    for op in message_operations(app, workspace):
+        app.router.add_route(op.method, op.path, op.handler)
+    return app
+
+
 @dataclass
 class Sidecar:
     """A sidecar started as a real process (optionally wrapped, e.g. in `unshare`)."""

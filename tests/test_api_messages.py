@@ -13,16 +13,16 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from sidecar import needlecast
-from sidecar.api_messages import MAX_BODY_BYTES, add_message_routes
+from sidecar.contract import MAX_BODY_BYTES
 from sidecar.needlecast import Mailbox, Message, render_messages
+from tests.harness import message_app
 
 Client = TestClient[web.Request, web.Application]
 
 
 @pytest.fixture
 async def client(tmp_path: pathlib.Path) -> AsyncIterator[Client]:
-    app = web.Application()
-    add_message_routes(app, tmp_path)
+    app = message_app(tmp_path)
     async with TestClient(TestServer(app, host="127.0.0.1", port=0)) as c:
         yield c
 
@@ -70,16 +70,27 @@ async def test_post_inbox_fills_id_and_time_and_the_message_is_listed(client: Cl
     [
         (b"{not json", 400, "not valid JSON"),
         (b"\xff\xfe", 400, "not valid JSON"),
-        (b"[1, 2]", 400, "JSON object"),
-        (b'"text"', 400, "JSON object"),
-        (b'{"type": "task", "content": "x"}', 400, "'from'"),
-        (b'{"from": "", "type": "task", "content": "x"}', 400, "'from'"),
-        (b'{"from": "a\\nb", "type": "task", "content": "x"}', 400, "one line"),
-        (b'{"from": "e", "type": "gossip", "content": "x"}', 400, "'type' must be one of"),
-        (b'{"from": "e", "type": "task"}', 400, "'content'"),
-        (b'{"from": "e", "type": "task", "content": 5}', 400, "'content'"),
+        (b"[1, 2]", 400, "Expected `object`, got `array`"),
+        (b'"text"', 400, "Expected `object`, got `str`"),
+        (b'{"type": "task", "content": "x"}', 400, "missing required field `from`"),
+        (b'{"from": "", "type": "task", "content": "x"}', 400, "`$.from`"),
+        (b'{"from": "a\\nb", "type": "task", "content": "x"}', 400, "`from` must be one line"),
+        (
+            b'{"from": "e", "type": "gossip", "content": "x"}',
+            400,
+            "`$.type`; one of: blocked, directive,",
+        ),
+        (b'{"from": "e", "type": "task"}', 400, "missing required field `content`"),
+        (b'{"from": "e", "type": "task", "content": 5}', 400, "`$.content`"),
         (b'{"from": "e", "type": "task", "content": "\\ud800"}', 400, "surrogate"),
-        (b'{"from": "e", "type": "task", "content": "x", "to": 7}', 400, "'to'"),
+        (b'{"from": "e", "type": "task", "content": "x", "to": 7}', 400, "`$.to`"),
+        (b'{"from": "e", "type": "task", "content": "x", "to": null}', 400, "`$.to`"),
+        (
+            b'{"from": "e", "type": "task", "content": "x", "extra": 1}',
+            400,
+            "unknown field `extra`",
+        ),
+        (b'{"from": "  ", "type": "task", "content": "x"}', 400, "`from` must be one line"),
     ],
 )
 async def test_bad_post_inbox_bodies_get_a_json_error_and_write_nothing(
@@ -191,8 +202,7 @@ async def test_needlecast_symlinked_outside_the_workspace_is_refused(
     outside = tmp_path / "outside"
     outside.mkdir()
     (workspace / ".needlecast").symlink_to(outside)
-    app = web.Application()
-    add_message_routes(app, workspace)
+    app = message_app(workspace)
     async with TestClient(TestServer(app, host="127.0.0.1", port=0)) as c:
         resp = await c.post("/inbox", json={"from": "e", "type": "task", "content": "x"})
         assert resp.status == 409

@@ -16,8 +16,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from sidecar.api_messages import add_message_routes
 from sidecar.needlecast import Mailbox, Message, render_message, render_messages
+from tests.harness import message_app
 from tests.needlecast_writer import BIG_BODY, body_for
 
 WRITER = str(pathlib.Path(__file__).with_name("needlecast_writer.py"))
@@ -27,8 +27,7 @@ TIME = "2026-01-21T10:00:00Z"
 
 @pytest.fixture
 async def client(tmp_path: pathlib.Path) -> AsyncIterator[TestClient[web.Request, web.Application]]:
-    app = web.Application()
-    add_message_routes(app, tmp_path)
+    app = message_app(tmp_path)
     async with TestClient(TestServer(app, host="127.0.0.1", port=0)) as c:
         yield c
 
