@@ -1,6 +1,6 @@
 """HTTP routes for needlecast messages: GET /outbox, POST /outbox/ack, GET /inbox, POST /inbox.
 
-Request checks and error statuses live here; file work is in `sidecar.needlecast` and runs in a
+Request checks and error statuses live here; file work is in `sidecar.mailbox` and runs in a
 worker thread (`asyncio.to_thread`), since it takes a file lock and may wait on other writers.
 
 Errors are `{"error": ...}`: 400 bad JSON or fields, 413 body over MAX_BODY_BYTES (256 KiB),
@@ -22,7 +22,9 @@ from typing import Any
 from aiohttp import web
 
 from sidecar import needlecast
-from sidecar.needlecast import Mailbox, Message
+from sidecar.contract import MESSAGE_TYPES
+from sidecar.mailbox import Mailbox, MailboxFullError, UnsafePathError
+from sidecar.needlecast import Message
 
 logger = logging.getLogger(__name__)
 
@@ -68,13 +70,13 @@ async def _guarded(work: Callable[[], Awaitable[web.Response]]) -> web.Response:
         return await work()
     except _BadRequest as exc:
         return _error(exc.status, str(exc))
-    except needlecast.UnsafePathError as exc:
+    except UnsafePathError as exc:
         # The workspace is set up so that writing would leave it: a state problem, not the
         # client's fault and not transient either.
         return _error(409, str(exc))
     except ValueError as exc:  # render_message refused a header value
         return _error(400, f"message cannot be written: {exc}")
-    except needlecast.MailboxFullError as exc:
+    except MailboxFullError as exc:
         return _error(507, f"{exc}; ack messages to make room")
     except OSError as exc:
         logger.warning("message file I/O failed: %s", exc)
@@ -173,8 +175,8 @@ async def _post_inbox(request: web.Request) -> web.Response:
             raise _BadRequest(400, "body must be a JSON object")
         sender = _one_line(body, "from", required=True)
         kind = body.get("type")
-        if not isinstance(kind, str) or kind not in needlecast.MESSAGE_TYPES:
-            allowed = ", ".join(sorted(needlecast.MESSAGE_TYPES))
+        if not isinstance(kind, str) or kind not in MESSAGE_TYPES:
+            allowed = ", ".join(sorted(MESSAGE_TYPES))
             raise _BadRequest(400, f"'type' must be one of: {allowed}")
         content = body.get("content")
         if not isinstance(content, str):

@@ -17,7 +17,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from sidecar.api_messages import add_message_routes
-from sidecar.needlecast import Mailbox, Message, render_message, render_messages
+from sidecar.mailbox import Mailbox
+from sidecar.needlecast import Message, render_message, render_messages
 from tests.needlecast_writer import BIG_BODY, body_for
 
 WRITER = str(pathlib.Path(__file__).with_name("needlecast_writer.py"))
