@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sidecar.cstack import CurrentState, read_current
+from sidecar.cstack import CurrentState
+from sidecar.cstack_files import read_current
 from sidecar.events import EventBus
 
 StatKey = tuple[int, int, int] | None
