@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from aiohttp import ClientConnectionResetError, web
 from msgspec import UnsetType
 
-from sidecar import httpio, needlecast
+from sidecar import httpio, mailbox
 from sidecar.api_messages import message_operations
 from sidecar.contract import MAX_BODY_BYTES
 from sidecar.events import encode_line
@@ -90,11 +90,11 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return error(400, str(exc))
     except ResleeveBusy as exc:
         return error(409, str(exc))
-    except needlecast.UnsafePathError as exc:
+    except mailbox.UnsafePathError as exc:
         # The workspace is set up so that writing would leave it: a state problem, not the
         # client's fault and not transient either.
         return error(409, str(exc))
-    except needlecast.MailboxFullError as exc:
+    except mailbox.MailboxFullError as exc:
         return error(507, f"{exc}; ack messages to make room")
     except (asyncio.CancelledError, ConnectionError, ClientConnectionResetError):
         raise  # the client went away: nobody to answer
@@ -262,7 +262,7 @@ def status_body(sup: Supervisor) -> StatusAnswer:
             warnings.append(f"{name}: {proc.reason}")
     return StatusAnswer(
         sleeve_id=sup.config.sleeve_name,
-        status=state.status,  # type: ignore[arg-type]  # parse_current yields only known values
+        status=state.status,
         current_task=state.task,
         progress=Progress(total=state.progress_total, completed=state.progress_completed),
         blockers=list(state.blockers),

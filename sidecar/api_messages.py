@@ -16,7 +16,8 @@ from aiohttp import web
 from msgspec import UnsetType
 
 from sidecar import httpio, needlecast
-from sidecar.needlecast import Mailbox, Message, ParseResult
+from sidecar.mailbox import Mailbox
+from sidecar.needlecast import Message, ParseResult
 from sidecar.openapi import Operation
 from sidecar.shapes import (
     AckRequest,

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.client import ClientError, SidecarClient
-
-TYPES = ("task", "question", "response", "milestone", "directive", "blocked")
+from sidecar.contract import MESSAGE_TYPES
 
 
 def _print_status(s: dict[str, Any]) -> None:
@@ -83,7 +82,7 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("send", help="put a message into this sleeve's inbox")
     sp.add_argument("content", help="message body (markdown); '-' reads standard input")
     sp.add_argument("--from", dest="sender", default="operator")
-    sp.add_argument("--type", default="directive", choices=TYPES)
+    sp.add_argument("--type", default="directive", choices=MESSAGE_TYPES)
     sp.add_argument("--to")
     sp.add_argument("--thread")
     sp.add_argument("--json", action="store_true")

@@ -1,8 +1,7 @@
-"""Needlecast message files (`.needlecast/inbox.md`, `.needlecast/outbox.md`) <-> messages.
+"""The needlecast message format (`.needlecast/inbox.md`, `outbox.md`): text <-> messages.
 
-Parsing is pure: text in, messages plus warnings out, never an exception for a bad file.
-Writes go through :class:`Mailbox`: one ``flock`` shared by every writer, journalled appends and
-temp file + fsync + rename rewrites, so no reader or crash ever sees a torn file.
+Pure: text in, messages plus warnings out, never an exception for a bad file; no file I/O. The
+files themselves (lock, journalled appends, atomic rewrites) are `sidecar.mailbox`'s job.
 
 Boundary rule
 -------------
@@ -37,7 +36,7 @@ A message is an opening ``---`` line, YAML header lines, a closing ``---`` line,
 * The writer ends every message with ``"\\n\\n"`` (line end plus a blank line) and reading removes
   exactly that; for hand-written files it removes ``"\\r\\n\\r\\n"``, ``"\\r\\n"`` or ``"\\n"``.
   An append first ends the file with a blank line if it does not already (the last body reads the
-  same: :func:`_blank_line_after`).
+  same: :func:`blank_line_after`).
 
 What this guarantees: a written message's closing separator is never a closed candidate (its
 body holds no separator and a blank line follows it), so the message is the last link of its
@@ -52,9 +51,6 @@ written (no YAML 1.1 bools, numbers or dates). A header with no ``id`` gets a st
 ``noid-<12 hex>`` (reported as a warning) so it can still be acked. Each broken message is a
 warning "line N: ..."; the messages around it are still read.
 
-Limits: a read parses at most MAX_FILE_BYTES (16 MiB) and then lists only whole messages, marks
-the answer truncated and says so in a warning; appends to a file that big are refused.
-
 python-frontmatter's YAMLHandler loads each header (with _HeaderLoader). Its split/dump are not
 used: they handle one document per file, strip the body and strip() dumped values, so bodies
 like "\n\n" or a value of U+00A0 would not round-trip. Headers in our own canonical form skip
@@ -64,33 +60,22 @@ YAML altogether (_FAST_LINE), which is what parses 10,000 messages in well under
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
 import datetime as dt
-import errno
-import fcntl
 import hashlib
-import logging
-import os
 import re
 import secrets
-import time
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import yaml
 from frontmatter.default_handlers import YAMLHandler
 
-logger = logging.getLogger(__name__)
+from sidecar.contract import MESSAGE_TYPES
 
-MESSAGE_TYPES = frozenset({"task", "question", "response", "milestone", "directive", "blocked"})
-#: Bytes of a message file that a read parses; past it the answer is marked truncated, and
-#: appends are refused (an envoy acks what it saw and reads again to see the rest).
-MAX_FILE_BYTES = 16 * 1024 * 1024
+_TYPES = frozenset(MESSAGE_TYPES)  # checked once per message: a set
 #: At most this many warnings are reported for one file (a garbage file would flood otherwise).
 MAX_WARNINGS = 100
-NEEDLECAST_DIR = ".needlecast"
 
 _SEP_LINE = r"---[ \t]*\r?$"  # a separator line, without its line end
 _KEY = r"[A-Za-z_][A-Za-z0-9_-]*"
@@ -134,7 +119,6 @@ _OPEN = re.compile(rf"\n{_OPEN_BODY}".encode(), re.MULTILINE)
 _OPEN_AT_TOP = re.compile(_OPEN_BODY.encode(), re.MULTILINE)
 _HEADER_RUN = re.compile(_RUN.encode())
 _BLANKS = re.compile(rf"(?:{_BLANK_LINE})*+".encode())
-_SEP_AT = re.compile(_SEP_LINE.encode(), re.MULTILINE)
 # A header line naming one of the contract's fields: what makes a run read as a message header
 # when a chain leaves one separator over (see _layout).
 _FIELD_LINE = re.compile(rb"^(?:id|from|to|thread|type|time):[ \t\r\n]", re.MULTILINE)
@@ -162,19 +146,6 @@ def _scalar_as_text(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> str:
 
 for _tag in ("bool", "int", "float", "timestamp"):
     _HeaderLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _scalar_as_text)
-_RACY_NS = 2_000_000_000  # a file changed this recently may change again within one mtime tick
-
-
-class NeedlecastError(Exception):
-    """A message file cannot be read or written."""
-
-
-class UnsafePathError(NeedlecastError):
-    """`.needlecast/` or a message file leads outside the workspace (symlink)."""
-
-
-class MailboxFullError(NeedlecastError):
-    """The message file is past :data:`MAX_FILE_BYTES`; appends are refused until it drains."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,12 +176,6 @@ class ParseResult:
     messages: tuple[Message, ...]
     warnings: tuple[str, ...]
     truncated: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class RemoveResult:
-    removed: int  # messages taken out of the file
-    unknown: tuple[str, ...]  # asked-for ids that were not there
 
 
 def new_message_id() -> str:
@@ -457,12 +422,12 @@ def _derived_id(header: str, body: str) -> str:
 
 def parse_messages(text: str) -> ParseResult:
     """Messages and warnings ("line N: ...") from a message file's text. Never raises."""
-    result, _ = _parse_bytes(text.encode("utf-8", "surrogatepass"))
+    result, _ = parse_bytes(text.encode("utf-8", "surrogatepass"))
     return result
 
 
 # (start, end, id) of each readable message, in bytes: what a removal needs to know.
-_Entries = list[tuple[int, int, str]]
+Entries = list[tuple[int, int, str]]
 
 
 class _Decoder:
@@ -499,8 +464,8 @@ def _read_header(
     return fields, ident, problem, 0
 
 
-def _message_ids(data: bytes) -> _Entries:
-    """The entries _parse_bytes gives, without building messages (what a removal needs).
+def message_ids(data: bytes) -> Entries:
+    """The entries parse_bytes gives, without building messages (what a removal needs).
     Canonical headers give their id straight from the regex: list operations, no loop."""
     lay = _layout(data)
     heads = lay.heads
@@ -511,7 +476,7 @@ def _message_ids(data: bytes) -> _Entries:
     if None not in raw_ids and _YAML_WORDS_BYTES.isdisjoint(raw_ids):
         ids = b"\n".join(raw_ids).decode().split("\n")  # ASCII words, never a "\n"
         return list(zip(starts, lay.ends, ids, strict=True))
-    entries: _Entries = []
+    entries: Entries = []
     decode = _Decoder(data)
     size = len(data)
     for m, start, end, raw in zip(heads, starts, lay.ends, raw_ids, strict=True):
@@ -527,13 +492,13 @@ def _message_ids(data: bytes) -> _Entries:
     return entries
 
 
-def _parse_bytes(data: bytes) -> tuple[ParseResult, _Entries]:
+def parse_bytes(data: bytes) -> tuple[ParseResult, Entries]:
     """parse_messages plus the entries."""
     scan = _scan(data)
     problems: list[tuple[int, str]] = []
     refs = list(scan.problems)  # problems that name a second line
     messages: list[Message] = []
-    entries: _Entries = []
+    entries: Entries = []
     first_seen: dict[str, int] = {}
     decode = _Decoder(data)
     for seg in scan.segments:
@@ -552,7 +517,7 @@ def _parse_bytes(data: bytes) -> tuple[ParseResult, _Entries]:
         for key in ("from", "type", "time"):
             if values[key] is None:
                 problems.append((seg.start, f"message {ident}: no {key!r}"))
-        if values["type"] is not None and values["type"] not in MESSAGE_TYPES:
+        if values["type"] is not None and values["type"] not in _TYPES:
             problems.append((seg.start, f"message {ident}: unknown type {values['type']!r}"))
         if ident in first_seen:
             refs.append(
@@ -599,27 +564,10 @@ def _number_warnings(
     return tuple(out)
 
 
-# ---------------------------------------------------------------- files
+# ---------------------------------------------------------------- for the store (pure)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-class _Index(NamedTuple):
-    """Where each message of a window of file bytes sits, keyed by the window's SHA-256: lets a
-    removal right after a read (or another removal) skip parsing. Keyed by content, not by
-    stat, so it can never describe bytes that are not there."""
-
-    digest: bytes
-    truncated: bool
-    head_end: int  # end of the part reads list and removals touch (bytes)
-    entries: tuple[tuple[int, int, str], ...]  # (start, end, id)
-
-
-def _window_cut(data: bytes, truncated: bool) -> int:
+def window_cut(data: bytes, truncated: bool) -> int:
     """Where the listed part of a window ends: a window cut by the read limit loses its last
     message, which may be incomplete."""
     if not truncated:
@@ -627,11 +575,7 @@ def _window_cut(data: bytes, truncated: bool) -> int:
     return _scan(data).last
 
 
-def _index_fits(index: _Index, data: bytes, truncated: bool) -> bool:
-    return index.truncated == truncated and index.digest == hashlib.sha256(data).digest()
-
-
-def _blank_line_after(tail: bytes) -> bytes:
+def blank_line_after(tail: bytes) -> bytes:
     """What to write after a file ending in `tail` (its last 3 bytes) so that it ends with a
     blank line: then no header left unclosed before can run into an appended message (see the
     boundary rule). The writer's files need nothing. A hand-written last body reads the same:
@@ -642,278 +586,3 @@ def _blank_line_after(tail: bytes) -> bytes:
     if tail.endswith(b"\r\n"):
         return b"\r\n"
     return b"\n" if tail.endswith(b"\n") else b"\n\n"
-
-
-class Mailbox:
-    """One message file (`inbox` or `outbox`) in `<workspace>/.needlecast/`.
-
-    Every writer (append, remove; any process) holds an exclusive ``flock`` on
-    `.needlecast/.<name>.md.lock`; readers hold a shared one just while reading the bytes, so they
-    never see an append half-written. Rewrites go to a temp file in the same directory, are
-    fsynced and renamed over the file, so a reader or a crash sees the old or the new version.
-    An append is one O_APPEND write plus fsync; before it, the writer records the file's size in
-    the lock file (the journal) and clears it after. A journal left by a writer killed mid-write
-    tells readers where the file really ends and makes the next writer cut the torn tail off.
-
-    Other writers (the CLI's tools) should take the same lock, e.g. ``flock
-    .needlecast/.outbox.md.lock sh -c 'cat msg.md >> .needlecast/outbox.md'``. One that does not
-    is carried over by a concurrent rewrite except in the instant before its rename, and a reader
-    may see its message half-written.
-    """
-
-    def __init__(self, workspace: Path, name: str, *, max_bytes: int = MAX_FILE_BYTES) -> None:
-        self.workspace = workspace
-        self.filename = f"{name}.md"
-        self.lockname = f".{name}.md.lock"
-        self.max_bytes = max_bytes
-        self.parse_count = 0  # how many times the file was really parsed (the cache's witness)
-        self._cache: tuple[tuple[int, ...], ParseResult] | None = None
-        self._index: _Index | None = None
-
-    @property
-    def path(self) -> Path:
-        return self.workspace / NEEDLECAST_DIR / self.filename
-
-    def _open_dir(self, *, create: bool) -> int | None:
-        """A descriptor of `.needlecast/` (None if missing and not `create`); every file operation
-        goes through it, so a symlink swapped in later is never followed."""
-        root = self.workspace.resolve()
-        real = (root / NEEDLECAST_DIR).resolve()
-        if not real.is_relative_to(root):
-            msg = f"{NEEDLECAST_DIR} resolves to {real}, outside the workspace {root}; refusing"
-            raise UnsafePathError(msg)
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            return os.open(real, flags)
-        except FileNotFoundError:
-            if not create:
-                return None
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(real, 0o700)  # messages are private to the user running the CLI
-        return os.open(real, flags)
-
-    def _open(self, dfd: int, name: str, flags: int) -> int:
-        try:
-            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink: never followed
-                msg = f"{NEEDLECAST_DIR}/{name} is a symlink; refusing to follow it"
-                raise UnsafePathError(msg) from exc
-            raise
-
-    @contextlib.contextmanager
-    def _locked(self, dfd: int, *, exclusive: bool) -> Iterator[int]:
-        fd = self._open(dfd, self.lockname, os.O_RDWR | os.O_CREAT)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            yield fd
-        finally:
-            os.close(fd)  # closing drops the lock
-
-    @staticmethod
-    def _torn_end(lock_fd: int, st: os.stat_result) -> int | None:
-        """Where the file really ends if a writer died mid-append (journal says so), else None."""
-        raw = os.pread(lock_fd, 128, 0).split()
-        if len(raw) != 4 or raw[0] != b"append" or not all(p.isdigit() for p in raw[1:]):
-            return None
-        inode, start, end = (int(p) for p in raw[1:])
-        if inode == st.st_ino and start <= st.st_size < end:
-            return start
-        return None
-
-    def _repair(self, dfd: int, lock_fd: int) -> None:
-        """Under the exclusive lock: cut a torn append off and clear the journal."""
-        if os.fstat(lock_fd).st_size == 0:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            fd = self._open(dfd, self.filename, os.O_RDWR)
-            try:
-                torn = self._torn_end(lock_fd, os.fstat(fd))
-                if torn is not None:
-                    logger.warning("%s: cutting a torn append off at byte %d", self.path, torn)
-                    os.ftruncate(fd, torn)
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-        os.ftruncate(lock_fd, 0)
-
-    # ------------------------------------------------------------ read
-
-    def read(self) -> ParseResult:
-        """The messages (at most :attr:`max_bytes` of the file), cached by (inode, mtime, size)."""
-        dfd = self._open_dir(create=False)
-        if dfd is None:
-            return ParseResult((), ())
-        try:
-            try:
-                fd = self._open(dfd, self.filename, os.O_RDONLY)
-            except FileNotFoundError:
-                return ParseResult((), ())
-            try:
-                with self._locked(dfd, exclusive=False) as lock_fd:
-                    st = os.fstat(fd)
-                    torn = self._torn_end(lock_fd, st)
-                    key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, torn or -1)
-                    cached = self._cache
-                    if cached is not None and cached[0] == key:
-                        return cached[1]
-                    size = st.st_size if torn is None else torn
-                    data = os.pread(fd, min(size, self.max_bytes), 0)
-            finally:
-                os.close(fd)
-        finally:
-            os.close(dfd)
-        result = self._parse(data, size)
-        # An entry for a file changed within the last moment could outlive a same-size rewrite
-        # in the same mtime tick (git's "racy clean" problem), so only settled files are cached.
-        if time.time_ns() - st.st_mtime_ns > _RACY_NS:
-            self._cache = (key, result)
-        return result
-
-    def _parse(self, data: bytes, size: int) -> ParseResult:
-        self.parse_count += 1
-        truncated = size > len(data)
-        cut = _window_cut(data, truncated)
-        result, entries = _parse_bytes(data[:cut])
-        digest = hashlib.sha256(data).digest()
-        self._index = _Index(digest, truncated, cut, tuple(entries))
-        warnings = list(result.warnings)
-        messages = result.messages
-        if truncated:
-            warnings.append(
-                f"{self.filename} is {size} bytes; only the messages in its first "
-                f"{self.max_bytes} bytes are listed, ack them to see the rest"
-            )
-        return ParseResult(messages, tuple(warnings), truncated)
-
-    # ------------------------------------------------------------ write
-
-    def append(self, message: Message) -> None:
-        """Add one message at the end (raises MailboxFullError past :attr:`max_bytes`)."""
-        data = render_message(message).encode()
-        dfd = self._open_dir(create=True)
-        assert dfd is not None
-        try:
-            with self._locked(dfd, exclusive=True) as lock_fd:
-                self._repair(dfd, lock_fd)
-                fd = self._open(dfd, self.filename, os.O_RDWR | os.O_APPEND | os.O_CREAT)
-                try:
-                    st = os.fstat(fd)
-                    if st.st_size >= self.max_bytes:
-                        msg = f"{self.filename} holds {st.st_size} bytes (limit {self.max_bytes})"
-                        raise MailboxFullError(msg)
-                    data = _blank_line_after(os.pread(fd, 3, max(0, st.st_size - 3))) + data
-                    end = st.st_size + len(data)
-                    os.pwrite(lock_fd, f"append {st.st_ino} {st.st_size} {end}\n".encode(), 0)
-                    _write_all(fd, data)
-                    os.fsync(fd)
-                    if st.st_size == 0:
-                        os.fsync(dfd)  # the file may be new: make its name durable too
-                finally:
-                    os.close(fd)
-                os.ftruncate(lock_fd, 0)
-        finally:
-            os.close(dfd)
-
-    def remove(self, ids: Iterable[str]) -> RemoveResult:
-        """Take exactly the messages with these ids out (within the first :attr:`max_bytes`, the
-        part :meth:`read` shows); everything else stays byte for byte."""
-        wanted = set(ids)
-        dfd = self._open_dir(create=False)
-        if dfd is None or not wanted:
-            if dfd is not None:
-                os.close(dfd)
-            return RemoveResult(0, tuple(sorted(wanted)))
-        try:
-            with self._locked(dfd, exclusive=True) as lock_fd:
-                self._repair(dfd, lock_fd)
-                self._drop_stale_temps(dfd)
-                try:
-                    fd = self._open(dfd, self.filename, os.O_RDONLY)
-                except FileNotFoundError:
-                    return RemoveResult(0, tuple(sorted(wanted)))
-                try:
-                    return self._remove_locked(dfd, fd, wanted)
-                finally:
-                    os.close(fd)
-        finally:
-            os.close(dfd)
-
-    def _remove_locked(self, dfd: int, fd: int, wanted: set[str]) -> RemoveResult:
-        size = os.fstat(fd).st_size
-        data = os.pread(fd, min(size, self.max_bytes), 0)
-        truncated = size > len(data)
-        index = self._index
-        if index is None or not _index_fits(index, data, truncated):
-            cut = _window_cut(data, truncated)
-            entries = _message_ids(data[:cut])
-            index = _Index(b"", truncated, cut, tuple(entries))
-        kept: list[bytes] = []
-        new_entries: list[tuple[int, int, str]] = []
-        pos = 0
-        dropped = 0  # bytes removed so far, to shift the entries that stay
-        found: set[str] = set()
-        for start, end, ident in index.entries:
-            if ident in wanted:
-                kept.append(data[pos:start])
-                pos = end
-                found.add(ident)
-                dropped += end - start
-            else:
-                new_entries.append((start - dropped, end - dropped, ident))
-        unknown = tuple(sorted(wanted - found))
-        if not found:
-            self._index = index._replace(digest=index.digest or hashlib.sha256(data).digest())
-            return RemoveResult(0, unknown)
-        kept.append(data[pos : index.head_end])
-        head = b"".join(kept)
-        self._rewrite(dfd, head, fd, index.head_end, size)
-        removed = len(index.entries) - len(new_entries)
-        # The new file is `head` + the old tail: when there is no tail we know it exactly.
-        self._index = (
-            None
-            if truncated
-            else _Index(hashlib.sha256(head).digest(), False, len(head), tuple(new_entries))
-        )
-        return RemoveResult(removed, unknown)
-
-    def _rewrite(self, dfd: int, head: bytes, src: int, tail_from: int, size: int) -> None:
-        """New content = head + src[tail_from:size], swapped in atomically."""
-        tmp = f".{self.filename}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        out = self._open(dfd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            try:
-                _write_all(out, head)
-                offset = end = tail_from
-                while True:  # the tail past the read limit, copied in bounded chunks
-                    while offset < end:
-                        chunk = os.pread(src, min(1 << 20, end - offset), offset)
-                        if not chunk:
-                            break
-                        _write_all(out, chunk)
-                        offset += len(chunk)
-                    # Until it stops growing: a writer that ignores the lock (`cat >> outbox.md`)
-                    # may have appended since we read, and its message must not vanish with the
-                    # old file. Only the moment between this check and the rename stays open to
-                    # such writers; writers that take the lock never race here.
-                    end = max(size, os.fstat(src).st_size)
-                    if end <= offset:
-                        break
-                os.fsync(out)
-            finally:
-                os.close(out)
-            os.replace(tmp, self.filename, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
-            raise
-        os.fsync(dfd)  # make the rename durable
-        logger.debug("%s rewritten (%d bytes)", self.path, len(head) + offset - tail_from)
-
-    def _drop_stale_temps(self, dfd: int) -> None:
-        """Temp files of a rewrite killed before its rename (we hold the lock: none is live)."""
-        prefix = f".{self.filename}.tmp-"
-        for name in os.listdir(dfd):
-            if name.startswith(prefix):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(name, dir_fd=dfd)

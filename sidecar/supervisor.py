@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from sidecar import cstack
+from sidecar import cstack_files
 from sidecar.clis import CLIDef, claude_has_history
 from sidecar.config import Config, RestartPolicy
 from sidecar.events import EventBus
@@ -162,7 +162,7 @@ class Supervisor:
             self.warnings.append(f"workspace {cfg.workspace} is read-only")
         if cfg.goal:
             try:
-                await asyncio.to_thread(cstack.write_goal, self.current.path, cfg.goal)
+                await asyncio.to_thread(cstack_files.write_goal, self.current.path, cfg.goal)
             except OSError as exc:
                 self.warnings.append(f"SLEEVE_GOAL not written to CURRENT.md: {exc.strerror}")
         self.current.get()
@@ -383,7 +383,7 @@ class Supervisor:
             await wait_exited([self.pane.server_pid], 2.0)
         self.cli = replace(self.cli, state=ProcState.STOPPED)
         try:
-            await asyncio.to_thread(cstack.write_status, self.current.path, "killed")
+            await asyncio.to_thread(cstack_files.write_status, self.current.path, "killed")
         except OSError as exc:
             log.warning("could not mark CURRENT.md killed: %s", exc)
         for task in list(self._tasks):

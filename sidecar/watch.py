@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sidecar.cstack import CurrentState, read_current
+from sidecar.cstack import CurrentState
+from sidecar.cstack_files import read_current
 from sidecar.events import EventBus
 from sidecar.shapes import Completion, Progress, ProgressUpdate
 
@@ -18,7 +19,7 @@ StatKey = tuple[int, int, int] | None
 
 def _progress(state: CurrentState) -> ProgressUpdate:
     return ProgressUpdate(
-        status=state.status,  # type: ignore[arg-type]  # parse_current yields only known values
+        status=state.status,
         task=state.task,
         progress=Progress(total=state.progress_total, completed=state.progress_completed),
     )

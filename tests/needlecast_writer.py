@@ -15,7 +15,8 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from sidecar import needlecast
-from sidecar.needlecast import Mailbox, Message
+from sidecar.mailbox import Mailbox
+from sidecar.needlecast import Message
 
 BIG_BODY = ("0123456789abcdef" * 64 + "\n") * 1000  # ~1 MiB
 

@@ -12,9 +12,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from sidecar import needlecast
+from sidecar import mailbox
 from sidecar.contract import MAX_BODY_BYTES
-from sidecar.needlecast import Mailbox, Message, render_messages
+from sidecar.mailbox import Mailbox
+from sidecar.needlecast import Message, render_messages
 from tests.harness import message_app
 
 Client = TestClient[web.Request, web.Application]
@@ -188,7 +189,7 @@ async def test_twenty_megabyte_outbox_answers_whole_messages_up_to_the_limit(
 async def test_full_inbox_is_507_with_a_clear_error(client: Client, tmp_path: pathlib.Path) -> None:
     (tmp_path / ".needlecast").mkdir()
     with open(tmp_path / ".needlecast" / "inbox.md", "wb") as f:
-        f.truncate(needlecast.MAX_FILE_BYTES)  # sparse: costs no disk
+        f.truncate(mailbox.MAX_FILE_BYTES)  # sparse: costs no disk
     resp = await client.post("/inbox", json={"from": "e", "type": "task", "content": "x"})
     assert resp.status == 507
     assert "limit" in (await resp.json())["error"]

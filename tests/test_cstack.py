@@ -1,4 +1,5 @@
-"""CURRENT.md parsing, bounded reading and byte-preserving atomic writes (sidecar.cstack)."""
+"""CURRENT.md parsing (sidecar.cstack), bounded reading and byte-preserving atomic writes
+(sidecar.cstack_files)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.cstack import (
-    MAX_CURRENT_BYTES,
-    CurrentState,
-    parse_current,
-    read_current,
-    write_goal,
-    write_status,
-)
+from sidecar.cstack import CurrentState, parse_current
+from sidecar.cstack_files import MAX_CURRENT_BYTES, read_current, write_goal, write_status
 
 SEED = """\
 # Current State
@@ -441,7 +436,7 @@ def test_write_goal_on_read_only_workspace_raises_oserror(tmp_path: Path) -> Non
     code = textwrap.dedent("""
         import sys
         from pathlib import Path
-        from sidecar.cstack import write_goal
+        from sidecar.cstack_files import write_goal
         for target in (".cstack/CURRENT.md", "other/CURRENT.md"):
             try:
                 write_goal(Path(sys.argv[1]) / target, "new")

@@ -16,7 +16,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from sidecar.needlecast import Mailbox, Message, render_message, render_messages
+from sidecar.mailbox import Mailbox
+from sidecar.needlecast import Message, render_message, render_messages
 from tests.harness import message_app
 from tests.needlecast_writer import BIG_BODY, body_for
 

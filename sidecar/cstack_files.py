@@ -1,0 +1,222 @@
+"""`.cstack/CURRENT.md` on disk: a bounded read that never raises, and writers that change only
+the Status / Task sections, keep every other byte, the owner and the mode, and replace the file
+atomically (temp file in the same directory + fsync + os.replace). The text is `sidecar.cstack`'s.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import secrets
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+from sidecar.cstack import CurrentState, check_writable, edit_sections, goal_lines, parse_current
+
+__all__ = ["MAX_CURRENT_BYTES", "SEED_TEMPLATE", "read_current", "write_goal", "write_status"]
+
+
+# An agent's notes file is a few KiB; anything bigger is a runaway writer. Reading stays bounded
+# so /status can never be made slow or memory-hungry by the file.
+MAX_CURRENT_BYTES = 1024 * 1024
+
+SEED_TEMPLATE = """\
+# Current State
+
+## Status
+{status}
+
+## Task
+{task}
+
+## Progress
+
+## Blockers
+(none)
+
+## Next Steps
+"""
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def _read_bounded(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = os.read(fd, min(65536, limit - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def read_current(path: Path) -> CurrentState:
+    """Read and parse CURRENT.md; never raises. Problems become warnings (and status `unknown`)."""
+    warnings: list[str] = []
+
+    def unknown(msg: str) -> CurrentState:
+        return CurrentState("unknown", None, 0, 0, (), (), (*warnings, msg))
+
+    try:
+        # O_NONBLOCK: opening a FIFO someone put there must not hang the API.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return unknown(f"{path} not found")
+    except OSError as exc:
+        return unknown(f"cannot read {path}: {exc.strerror or exc}")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            return unknown(f"{path} is {kind}")
+        data = _read_bounded(fd, MAX_CURRENT_BYTES + 1)
+    except OSError as exc:
+        return unknown(f"cannot read {path}: {exc.strerror or exc}")
+    finally:
+        os.close(fd)
+
+    truncated = len(data) > MAX_CURRENT_BYTES
+    if truncated:
+        data = data[:MAX_CURRENT_BYTES]
+        warnings.append(f"{path} is larger than {MAX_CURRENT_BYTES} bytes; read only the start")
+    if not data:
+        return unknown(f"{path} is empty")
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        # Some Windows editors save "Unicode" as UTF-16; it is text, not binary.
+        text = data.decode("utf-16", errors="replace")
+        warnings.append(f"{path} is UTF-16; UTF-8 is expected")
+    elif b"\x00" in data:
+        return unknown(f"{path} looks binary (contains NUL bytes); ignored")
+    else:
+        # final=False when truncated: a multi-byte character cut at the limit is dropped quietly
+        # instead of being reported as invalid UTF-8.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+        try:
+            text = decoder.decode(data, final=not truncated)
+        except UnicodeDecodeError as exc:
+            text = data.decode("utf-8", errors="replace")
+            warnings.append(f"{path} is not valid UTF-8 (byte {exc.start}); decoded with U+FFFD")
+    state = parse_current(text)
+    return CurrentState(
+        status=state.status,
+        task=state.task,
+        progress_total=state.progress_total,
+        progress_completed=state.progress_completed,
+        blockers=state.blockers,
+        next_steps=state.next_steps,
+        warnings=(*warnings, *state.warnings),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def _identity(st: os.stat_result | None) -> tuple[int, int, int, int] | None:
+    return None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _atomic_write(target: Path, data: bytes, like: os.stat_result | None) -> None:
+    tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp"
+    # O_EXCL + a random name: never follow or clobber something planted at the temp path.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        try:
+            if like is not None:
+                os.fchmod(fd, stat.S_IMODE(like.st_mode))
+                if os.geteuid() == 0:
+                    # The sidecar may run as root while the CLI's user owns the file: keep it so.
+                    os.fchown(fd, like.st_uid, like.st_gid)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    # The rename is durable only once the directory entry is; some filesystems refuse, fine.
+    with contextlib.suppress(OSError):
+        dfd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def _rewrite(path: Path, edit: Callable[[str | None], str], *, create: bool) -> bool:
+    """Read-modify-write with an optimistic check against a concurrent writer (the agent).
+
+    The agent edits CURRENT.md with no lock we could share, so the file's identity (inode, size,
+    mtime) is compared just before the rename; if it changed, the edit is redone on the new text.
+    """
+    # Replacing a symlink would cut it; write through to the file it points at instead.
+    target = path.resolve() if path.is_symlink() else path
+    attempts = 3
+    for attempt in range(1, attempts + 1):
+        before = _stat_or_none(target)
+        try:
+            raw: bytes | None = target.read_bytes()
+        except FileNotFoundError:
+            raw = None
+        if raw is None and not create:
+            return False
+        # surrogateescape: bytes that are not UTF-8 are carried through unchanged.
+        old = None if raw is None else raw.decode("utf-8", errors="surrogateescape")
+        data = edit(old).encode("utf-8", errors="surrogateescape")
+        if raw is None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        now = _stat_or_none(target)
+        unchanged = _identity(before) == _identity(now)
+        if unchanged or attempt == attempts:  # last try: our edit wins over a busy writer
+            _atomic_write(target, data, now)
+            break
+    return True
+
+
+def _stat_or_none(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+def write_goal(path: Path, goal: str) -> None:
+    """Set Task = goal and Status = working, creating the file (and its directory) if missing.
+
+    Every other section of an existing file is kept byte for byte. The goal is stored verbatim
+    except: CRLF becomes LF, surrounding whitespace is stripped, and a line that would read as a
+    `##` heading gets a leading backslash (removed again by parse_current). Raises OSError when
+    the file cannot be written (read-only workspace) and ValueError for a goal with NUL.
+    """
+    task = goal_lines(goal)
+
+    def edit(old: str | None) -> str:
+        if old is None or not old.removeprefix("\ufeff").strip():
+            return SEED_TEMPLATE.format(status="working", task="\n".join(task))
+        return edit_sections(old, {"status": ["working"], "task": task})
+
+    _rewrite(path, edit, create=True)
+
+
+def write_status(path: Path, status: str) -> bool:
+    """Set Status in an existing file, keeping everything else; False if the file is missing.
+
+    Raises ValueError for a status that is not idle/working/blocked/done/killed, OSError when
+    the file cannot be rewritten.
+    """
+    check_writable(status)
+
+    def edit(old: str | None) -> str:
+        assert old is not None  # create=False: a missing file returns before editing
+        return edit_sections(old, {"status": [status]})
+
+    return _rewrite(path, edit, create=False)
