@@ -158,18 +158,6 @@ class Message:
     to: str | None = None
     thread: str | None = None
 
-    def to_json(self) -> dict[str, str | None]:
-        """The contract's JSON shape."""
-        return {
-            "id": self.id,
-            "from": self.sender,
-            "to": self.to,
-            "thread": self.thread,
-            "type": self.type,
-            "content": self.body,
-            "timestamp": self.time,
-        }
-
 
 @dataclasses.dataclass(frozen=True)
 class ParseResult:
