@@ -35,7 +35,6 @@ POD_UID = 1000
 POD_GID = 1000
 TOKEN_DIR = "/etc/sleeve/tokens"  # noqa: S105 - a path, not a password
 SEED_DIR = "/etc/sleeve/seed"
-TOKEN_KEYS = ("token", "view-token")
 DEFAULT_STOP_GRACE = 5.0
 DEFAULT_TERMINATION_GRACE = 30
 # Seconds the sidecar needs after the CLI's grace: ttyd and tmux stop, CURRENT.md is written.
@@ -75,7 +74,6 @@ NOT_CARRIED = frozenset(
         "SIDECAR_TOKEN_FILE",
         "SIDECAR_VIEW_TOKEN_FILE",
         "SIDECAR_USER",
-        "TTYD_PORT",
     }
 )
 SETTING_PREFIXES = ("SLEEVE_", "SIDECAR_")
@@ -106,6 +104,7 @@ class Target:
 
 
 def stop_grace(settings: Mapping[str, str]) -> float:
+    """SIDECAR_STOP_GRACE as the sidecar reads it; the pod's grace period is made to fit it."""
     raw = settings.get("SIDECAR_STOP_GRACE")
     if raw is None:
         return DEFAULT_STOP_GRACE

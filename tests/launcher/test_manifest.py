@@ -21,6 +21,7 @@ import yaml
 from tests.kubetools import (
     by_kind,
     documents,
+    helm,
     helm_template,
     pod_spec,
     restricted_violations,
@@ -179,24 +180,50 @@ def test_manifest_is_valid_for_the_oldest_and_newest_kubernetes_and_restricted(
         assert restricted_violations(pod_spec(objs)) == []
 
 
-def test_manifest_reads_back_the_same_through_kubectl(
+# Values a YAML 1.1 reader may take for numbers or bools; `12345e67` could be a slot id.
+TRICKY = ["no", "on", "Yes", "~", "null", "0x1f", "12345e67", "0755", "1_000", "+1", ".5", "1e3"]
+
+
+def test_go_yaml_reads_every_value_back_as_written(
     tmp_path: Path, project: Path, sleeve: Callable[..., Result]
 ) -> None:
-    """kubectl's own YAML decoder (YAML 1.1, like the API server's) reads every value back as
-    the string it was: `no`, `on`, `0x1f`, `12e45678` (a possible slot id) stay strings."""
-    kubectl = tool("kubectl")
-    tricky = ["no", "on", "Yes", "~", "null", "0x1f", "12e45678", "0755", "1_000", "+1", ".5"]
-    host = {f"SIDECAR_X{i}": v for i, v in enumerate(tricky)}
-    res = sleeve("manifest", "--project", project, "--goal", "12e45678", extra_env=host)
+    """The YAML decoder of kubectl and the API server (sigs.k8s.io/yaml, here inside the real
+    helm's `fromYaml`) reads every value back with its type: `12345e67` stays a string."""
+    host = {f"SIDECAR_X{i}": v for i, v in enumerate(TRICKY)}
+    res = sleeve("manifest", "--project", project, "--goal", "12345e67", extra_env=host)
+    assert res.code == 0, res.err
+    ours = documents(res.out)
+    chart = tmp_path / "readback"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: readback\nversion: 0.1.0\n")
+    for i, text in enumerate(res.out.split("\n---\n")):
+        (chart / f"doc{i}.yaml").write_text(text)
+    (chart / "templates" / "out.yaml").write_text(
+        '{{ range $path, $_ := .Files.Glob "doc*.yaml" }}'
+        "---\n{{ $.Files.Get $path | fromYaml | toJson }}\n{{ end }}"
+    )
+    back = documents(helm("template", "x", str(chart)).stdout)
+    assert back == ours
+    env = {e["name"]: e["value"] for e in pod_spec(back)["containers"][0]["env"]}
+    assert env["SLEEVE_GOAL"] == "12345e67" and env["SIDECAR_X0"] == "no"
+
+
+def test_kubectl_reads_the_manifest(
+    tmp_path: Path, project: Path, sleeve: Callable[..., Result]
+) -> None:
+    """Upstream kubectl takes the stream as it is (`kubectl kustomize` parses each document
+    and names each object; `apply` would need a cluster)."""
+    res = sleeve("manifest", "--project", project, "--name", "agent-k")
     assert res.code == 0, res.err
     (tmp_path / "sleeve.yaml").write_text(res.out)
     (tmp_path / "kustomization.yaml").write_text("resources: [sleeve.yaml]\n")
-    done = run([kubectl, "kustomize", str(tmp_path)])
-    env_of = lambda objs: pod_spec(objs)["containers"][0]["env"]  # noqa: E731
-    back = {e["name"]: e["value"] for e in env_of(documents(done.stdout))}
-    assert all(isinstance(v, str) for v in back.values())
-    assert back == {e["name"]: e["value"] for e in env_of(documents(res.out))}
-    assert back["SLEEVE_GOAL"] == "12e45678" and back["SIDECAR_X0"] == "no"
+    done = run([tool("kubectl"), "kustomize", str(tmp_path)])
+    names = sorted((o["kind"], o["metadata"]["name"]) for o in documents(done.stdout))
+    assert names == [
+        ("Secret", "agent-k-tokens"),
+        ("Service", "agent-k"),
+        ("StatefulSet", "agent-k"),
+    ]
 
 
 def test_manifest_and_run_share_one_plan(
