@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.launcher import engine, instances, launch
+from sidecar.launcher import engine, instances, kube, launch, manifest
 from sidecar.launcher.fsutil import LauncherError, locked, private_home
 from sidecar.launcher.runtimes import RunPlan, audit, home_mounts, passthrough_env
 from sidecar.launcher.slots import Project, Slot, SlotState, prepare_home_files
@@ -208,6 +208,34 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+# -- manifest --------------------------------------------------------------------------
+
+
+def cmd_manifest(args: argparse.Namespace, settings: Settings) -> int:
+    """The cluster form of `sleeve run`: one slot's sleeve as Kubernetes YAML on stdout."""
+    try:
+        project = _project(args, settings, read_only=True)
+        slot = manifest.pick_slot(project, args.slot)
+        manifest.check_cli(args.cli, settings.env)
+        manifest.check_image(args.image)
+        name = manifest.check_name(args.name) if args.name else None
+        namespace = manifest.check_namespace(args.namespace)
+        plan = _plan(args, settings, project, slot)
+        kube.stop_grace(plan.passthrough)
+    except kube.ManifestError as exc:
+        print(f"sleeve: {exc}", file=sys.stderr)
+        return 2
+    name = name or manifest.default_name(project.root.name, slot.id)
+    tokens = None
+    if args.token_secret is None:
+        tokens = manifest.stored_tokens(settings.home, namespace, name)
+    target = kube.Target(name, namespace, tokens, args.token_secret)
+    sys.stdout.write(kube.render(kube.objects(plan, target)))
+    for line in manifest.hints(target, slot, plan):  # on stderr: stdout stays pure YAML
+        print(f"sleeve: {line}", file=sys.stderr)
+    return 0
+
+
 # -- listings --------------------------------------------------------------------------
 
 
@@ -381,6 +409,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the exact argv (stdout) and a mount/env audit (stderr)",
     )
+    p = add("manifest", cmd_manifest, "print one slot's sleeve as Kubernetes YAML")
+    p.add_argument("--slot", type=int, metavar="N", help="this slot (default: the first one)")
+    p.add_argument("--cli", default="claude-code", help="CLI to run (default claude-code)")
+    p.add_argument("--goal", metavar="TEXT", help="task for the sleeve (SLEEVE_GOAL)")
+    p.add_argument("--image", default="sleeve:latest", help="image (default %(default)s)")
+    p.add_argument("--name", help="StatefulSet and Service name (default sleeve-<project>-<id>)")
+    p.add_argument("--namespace", default="default", help="namespace (default %(default)s)")
+    p.add_argument(
+        "--token-secret",
+        metavar="SECRET",
+        help="an existing Secret with keys token and view-token (default: one is rendered, "
+        "its tokens kept in $SLEEVE_HOME/kube/)",
+    )
+    # What `sleeve run` asks about the host and the cluster has no use for.
+    p.set_defaults(shell=False, port=None, network="bridge")
     add("ps", cmd_ps, "recorded runs, reconciled with reality", listing=True, project_default=None)
     add("instances", cmd_instances, "per-project history dirs", listing=True)
     p = add("gc", cmd_gc, "remove instances whose project root is gone")

@@ -1,0 +1,110 @@
+{{/*
+Names, labels and the pieces of the pod spec. The objects mirror sidecar/launcher/kube.py, which
+`sleeve manifest` renders; tests/launcher/test_manifest.py compares the two.
+*/}}
+
+{{- define "sleeve.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name, at most 52 characters: a StatefulSet's pods carry the label
+controller-revision-hash=<name>-<10 characters>, and a label value has at most 63.
+*/}}
+{{- define "sleeve.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "sleeve.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sleeve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sleeve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "sleeve.labels" -}}
+{{ include "sleeve.selectorLabels" . }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ include "sleeve.chart" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+
+{{- define "sleeve.image" -}}
+{{- .Values.image.repository }}
+{{- with .Values.image.tag }}:{{ . }}{{ end }}
+{{- with .Values.image.digest }}@{{ . }}{{ end }}
+{{- end }}
+
+{{- define "sleeve.tokenSecret" -}}
+{{- default (printf "%s-tokens" (include "sleeve.fullname" .)) .Values.tokens.existingSecret }}
+{{- end }}
+
+{{/*
+The container's variables, sorted by name (a template ranges over a map in key order). Later
+sets win: extraEnv, then the settings, then what the pod's layout fixes.
+*/}}
+{{- define "sleeve.env" -}}
+{{- $env := dict }}
+{{- range $name, $value := .Values.extraEnv }}
+{{- $_ := set $env $name (toString $value) }}
+{{- end }}
+{{- with .Values.sleeve.goal }}{{ $_ := set $env "SLEEVE_GOAL" . }}{{ end }}
+{{- with .Values.sleeve.repo }}{{ $_ := set $env "SLEEVE_REPO" . }}{{ end }}
+{{- with .Values.sidecar.restart }}{{ $_ := set $env "SIDECAR_RESTART" . }}{{ end }}
+{{- with .Values.sidecar.inboxNotify }}{{ $_ := set $env "SIDECAR_INBOX_NOTIFY" . }}{{ end }}
+{{- with .Values.sidecar.allowedOrigins }}{{ $_ := set $env "SIDECAR_ALLOWED_ORIGINS" . }}{{ end }}
+{{- with .Values.sidecar.cliConfig }}{{ $_ := set $env "SIDECAR_CLI_CONFIG" . }}{{ end }}
+{{- $_ := set $env "SLEEVE_NAME" (default (include "sleeve.fullname" .) .Values.sleeve.name) }}
+{{- $_ := set $env "SLEEVE_CLI" .Values.sleeve.cli }}
+{{- $_ := set $env "SIDECAR_STOP_GRACE" (toString .Values.sidecar.stopGrace) }}
+{{- $_ := set $env "HOME" "/home/sleeve" }}
+{{- $_ := set $env "SIDECAR_HOST" "0.0.0.0" }}
+{{- $_ := set $env "SIDECAR_PORT" "8080" }}
+{{- $_ := set $env "SIDECAR_WORKSPACE" "/workspace" }}
+{{- $_ := set $env "SIDECAR_STATE_DIR" "/run/sidecar" }}
+{{- $_ := set $env "SIDECAR_TOKEN_FILE" "/etc/sleeve/tokens/token" }}
+{{- $_ := set $env "SIDECAR_VIEW_TOKEN_FILE" "/etc/sleeve/tokens/view-token" }}
+{{- range $name, $value := $env }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "sleeve.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+capabilities:
+  drop: ["ALL"]
+readOnlyRootFilesystem: {{ .Values.securityContext.readOnlyRootFilesystem }}
+runAsNonRoot: true
+{{- end }}
+
+{{/*
+Copies a seeded OAuth credentials file into the home volume once; later refreshes rewrite it.
+*/}}
+{{- define "sleeve.seedScript" -}}
+set -eu
+seed=/etc/sleeve/seed/credentials.json
+dest=/home/sleeve/.claude/.credentials.json
+if [ -f "$seed" ] && [ ! -e "$dest" ]; then
+  mkdir -p -m 700 /home/sleeve/.claude
+  install -m 600 "$seed" "$dest"
+  echo "seeded $dest"
+fi
+{{ end }}
+
+{{- define "sleeve.checks" -}}
+{{- if ge (float64 .Values.sidecar.stopGrace) (float64 .Values.terminationGracePeriodSeconds) }}
+{{- fail (printf "sidecar.stopGrace (%v s) must be below terminationGracePeriodSeconds (%v s): the kubelet's SIGKILL would cut the sidecar's shutdown short" .Values.sidecar.stopGrace .Values.terminationGracePeriodSeconds) }}
+{{- end }}
+{{- end }}

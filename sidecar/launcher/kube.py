@@ -1,0 +1,338 @@
+"""The cluster form of a sleeve: a token Secret, a Service and a one-replica StatefulSet.
+
+`sleeve manifest` builds these from the very `RunPlan` that `sleeve run` executes, and
+deploy/helm/sleeve renders the same objects from its values; tests/launcher/test_manifest.py
+renders both and compares them, so neither is a hand-kept copy of the other. Pure: a plan and
+a target in, objects and YAML text out (the command's input checks live in `manifest`).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sidecar.launcher.runtimes import (
+    CONTAINER_PORT,
+    SANDBOX_HOME,
+    STATE_DIR,
+    WORKSPACE,
+    RunPlan,
+    fixed_env,
+)
+
+Obj = dict[str, Any]
+
+# The image's non-root user `sleeve`; the restricted Pod Security Standard runs everything as it.
+POD_UID = 1000
+POD_GID = 1000
+TOKEN_DIR = "/etc/sleeve/tokens"  # noqa: S105 - a path, not a password
+SEED_DIR = "/etc/sleeve/seed"
+DEFAULT_STOP_GRACE = 5.0
+DEFAULT_TERMINATION_GRACE = 30
+# Seconds the sidecar needs after the CLI's grace: ttyd and tmux stop, CURRENT.md is written.
+SHUTDOWN_MARGIN = 5
+RESOURCES: Obj = {
+    "requests": {"cpu": "250m", "memory": "512Mi"},
+    "limits": {"cpu": "2", "memory": "2Gi"},
+}
+WORKSPACE_SIZE = "10Gi"
+HOME_SIZE = "2Gi"
+RUN_SIZE = "64Mi"  # /run (memory): the tmux socket, ttyd's socket, the pane's exit files
+TMP_SIZE = "1Gi"
+# A degraded CLI still answers /health with 200: only a sidecar that stops answering fails them.
+PROBES: dict[str, Obj] = {
+    "startupProbe": {"periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 30},
+    "livenessProbe": {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+    "readinessProbe": {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2},
+}
+# Copies a seeded OAuth credentials file into the home volume once; later refreshes rewrite it.
+SEED_SCRIPT = f"""\
+set -eu
+seed={SEED_DIR}/credentials.json
+dest={SANDBOX_HOME}/.claude/.credentials.json
+if [ -f "$seed" ] && [ ! -e "$dest" ]; then
+  mkdir -p -m 700 {SANDBOX_HOME}/.claude
+  install -m 600 "$seed" "$dest"
+  echo "seeded $dest"
+fi
+"""
+
+# Host variables that never become literals in a manifest: the tokens go into the Secret, a
+# host path means nothing in a pod, and the pod runs entirely as POD_UID (no SIDECAR_USER).
+NOT_CARRIED = frozenset(
+    {
+        "SIDECAR_TOKEN",
+        "SIDECAR_VIEW_TOKEN",
+        "SIDECAR_TOKEN_FILE",
+        "SIDECAR_VIEW_TOKEN_FILE",
+        "SIDECAR_USER",
+    }
+)
+SETTING_PREFIXES = ("SLEEVE_", "SIDECAR_")
+
+
+class ManifestError(ValueError):
+    """Bad input to `sleeve manifest` (a name, the image, a setting): exit 2 with the message."""
+
+
+@dataclass(frozen=True)
+class Tokens:
+    token: str
+    view_token: str
+
+    @classmethod
+    def new(cls) -> Tokens:
+        return cls(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the sleeve goes in the cluster, and where its tokens come from."""
+
+    name: str
+    namespace: str
+    tokens: Tokens | None  # None: `token_secret` names a Secret that exists already
+    token_secret: str | None = None
+
+
+def stop_grace(settings: Mapping[str, str]) -> float:
+    """SIDECAR_STOP_GRACE as the sidecar reads it; the pod's grace period is made to fit it."""
+    raw = settings.get("SIDECAR_STOP_GRACE")
+    if raw is None:
+        return DEFAULT_STOP_GRACE
+    try:
+        grace = float(raw)
+    except ValueError:
+        grace = math.nan
+    if not 0 <= grace <= 3600:  # also false for nan
+        msg = f"SIDECAR_STOP_GRACE must be a number of seconds from 0 to 3600, got {raw!r}"
+        raise ManifestError(msg)
+    return grace
+
+
+# -- objects ---------------------------------------------------------------------------
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "sleeve", "app.kubernetes.io/instance": name}
+
+
+def labels(name: str) -> dict[str, str]:
+    return {**selector_labels(name), "app.kubernetes.io/managed-by": "sleeve"}
+
+
+def _meta(target: Target, name: str) -> Obj:
+    return {"name": name, "namespace": target.namespace, "labels": labels(target.name)}
+
+
+def pod_env(plan: RunPlan) -> list[Obj]:
+    """The container's variables, sorted by name: the plan's own (as `sleeve run` sets them),
+    the token files, and the host's SLEEVE_*/SIDECAR_* settings minus NOT_CARRIED."""
+    host = {
+        k: v
+        for k, v in plan.passthrough.items()
+        if k.startswith(SETTING_PREFIXES) and k not in NOT_CARRIED
+    }
+    env = dict(host)
+    # The cluster's ttyd listens on a unix socket in the state dir (TTYD_PORT unset).
+    fixed = fixed_env(plan, port=CONTAINER_PORT, ttyd_port=0, host="0.0.0.0")  # noqa: S104
+    del fixed["TTYD_PORT"]
+    env.update(fixed)
+    env["SIDECAR_STOP_GRACE"] = f"{stop_grace(host):g}"
+    env["SIDECAR_TOKEN_FILE"] = f"{TOKEN_DIR}/token"
+    env["SIDECAR_VIEW_TOKEN_FILE"] = f"{TOKEN_DIR}/view-token"
+    return [{"name": k, "value": env[k]} for k in sorted(env)]
+
+
+def termination_grace(grace: float) -> int:
+    """At least the default, and always SHUTDOWN_MARGIN seconds beyond the CLI's grace."""
+    return max(DEFAULT_TERMINATION_GRACE, math.ceil(grace) + SHUTDOWN_MARGIN)
+
+
+def _security_context() -> Obj:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+    }
+
+
+def _probe(kind: str) -> Obj:
+    return {"httpGet": {"path": "/health", "port": "http"}, **PROBES[kind]}
+
+
+def _containers(plan: RunPlan, target: Target) -> tuple[list[Obj], list[Obj]]:
+    seed = {
+        "name": "seed-credentials",
+        "image": plan.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", SEED_SCRIPT],
+        "securityContext": _security_context(),
+        "resources": RESOURCES,
+        "volumeMounts": [
+            {"name": "home", "mountPath": SANDBOX_HOME},
+            {"name": "seed", "mountPath": SEED_DIR, "readOnly": True},
+        ],
+    }
+    sidecar = {
+        "name": "sidecar",
+        "image": plan.image,
+        "imagePullPolicy": "IfNotPresent",
+        "workingDir": WORKSPACE,
+        "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
+        "env": pod_env(plan),
+        "envFrom": [{"secretRef": {"name": f"{target.name}-api-keys", "optional": True}}],
+        "securityContext": _security_context(),
+        "resources": RESOURCES,
+        **{kind: _probe(kind) for kind in PROBES},
+        "volumeMounts": [
+            {"name": "workspace", "mountPath": WORKSPACE},
+            {"name": "home", "mountPath": SANDBOX_HOME},
+            {"name": "tokens", "mountPath": TOKEN_DIR, "readOnly": True},
+            {"name": "run", "mountPath": str(Path(STATE_DIR).parent)},
+            {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - the pod's own emptyDir
+        ],
+    }
+    return [seed], [sidecar]
+
+
+def _volumes(target: Target) -> list[Obj]:
+    token_secret = target.token_secret or f"{target.name}-tokens"
+    return [
+        # 0440 (288): root-owned, group fsGroup; the sidecar reads its tokens through the group.
+        {"name": "tokens", "secret": {"secretName": token_secret, "defaultMode": 288}},
+        {
+            "name": "seed",
+            "secret": {
+                "secretName": f"{target.name}-claude-credentials",
+                "optional": True,
+                "defaultMode": 288,
+                "items": [{"key": ".credentials.json", "path": "credentials.json"}],
+            },
+        },
+        {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": RUN_SIZE}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}},
+    ]
+
+
+def _claim(name: str, target: Target, size: str) -> Obj:
+    return {
+        # Only the selector labels: volumeClaimTemplates cannot change once the set exists.
+        "metadata": {"name": name, "labels": selector_labels(target.name)},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}},
+    }
+
+
+def statefulset(plan: RunPlan, target: Target) -> Obj:
+    init, containers = _containers(plan, target)
+    pod_spec = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,  # service variables would leak into the CLI's environment
+        "terminationGracePeriodSeconds": termination_grace(stop_grace(plan.passthrough)),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": POD_UID,
+            "runAsGroup": POD_GID,
+            "fsGroup": POD_GID,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "initContainers": init,
+        "containers": containers,
+        "volumes": _volumes(target),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(target, target.name),
+        "spec": {
+            "replicas": 1,
+            "serviceName": target.name,
+            "selector": {"matchLabels": selector_labels(target.name)},
+            "template": {
+                "metadata": {
+                    "labels": labels(target.name),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/path": "/metrics",
+                        "prometheus.io/port": str(CONTAINER_PORT),
+                    },
+                },
+                "spec": pod_spec,
+            },
+            "volumeClaimTemplates": [
+                _claim("workspace", target, WORKSPACE_SIZE),
+                _claim("home", target, HOME_SIZE),
+            ],
+        },
+    }
+
+
+def service(target: Target) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(target, target.name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(target.name),
+            "ports": [
+                {"name": "http", "port": CONTAINER_PORT, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def token_secret(target: Target, tokens: Tokens) -> Obj:
+    def b64(text: str) -> str:
+        return base64.b64encode(text.encode()).decode()
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(target, f"{target.name}-tokens"),
+        "type": "Opaque",
+        "data": {"token": b64(tokens.token), "view-token": b64(tokens.view_token)},
+    }
+
+
+def objects(plan: RunPlan, target: Target) -> list[Obj]:
+    """Secret (unless an existing one is named), Service, StatefulSet: the order to apply."""
+    made = [] if target.tokens is None else [token_secret(target, target.tokens)]
+    return [*made, service(target), statefulset(plan, target)]
+
+
+# Plain scalars that some YAML reader takes for something else than a string: Go's YAML 1.1
+# decoder in kubectl reads `12e45678` (a possible slot id) as a float and `on` as a bool.
+_AMBIGUOUS = re.compile(r"^[-+.0-9~]|^(?:y|yes|n|no|true|false|on|off|null)$", re.IGNORECASE)
+
+
+class _Dumper(yaml.SafeDumper):
+    """No anchors, and strings that could be read as another type always double-quoted."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    if "\n" in value:  # a goal of several lines stays readable
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+    style = '"' if _AMBIGUOUS.match(value) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def render(objs: list[Obj]) -> str:
+    """Multi-document YAML, as `kubectl apply -f -` reads it."""
+    return yaml.dump_all(objs, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)

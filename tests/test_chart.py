@@ -1,0 +1,276 @@
+"""The Helm chart in deploy/helm/sleeve, rendered and linted by the real helm binary and checked
+against Kubernetes' strict schemas and the restricted Pod Security Standard.
+
+No cluster runs here (see tests/kubetools.py): `lookup` (tokens kept across upgrades) and the
+kubelet itself are not exercised. The probes' meaning is checked against a real sidecar below.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.harness import Sidecar
+from tests.kubetools import (
+    CHART,
+    HELM_VERSION,
+    by_kind,
+    helm,
+    helm_template,
+    helm_with,
+    pod_spec,
+    restricted_violations,
+    validate_strict,
+)
+
+# Every optional part switched on or changed, so the strict schemas see each branch.
+EVERYTHING: dict[str, Any] = {
+    "fullnameOverride": "agent-a",
+    "image": {
+        "repository": "registry.example:5000/team/sleeve",
+        "tag": "1.2",
+        "digest": "sha256:" + "ab" * 32,
+    },
+    "imagePullSecrets": [{"name": "pull"}],
+    "sleeve": {
+        "name": "agent-a",
+        "cli": "shell",
+        "goal": "line one\nline: two",
+        "repo": "https://git.example/r.git",
+    },
+    "sidecar": {
+        "restart": "on-failure",
+        "stopGrace": 12.5,
+        "inboxNotify": "off",
+        "allowedOrigins": "https://envoy.example:8443",
+        "cliConfig": "/etc/sleeve/clis.yaml",
+    },
+    "extraEnv": {"SIDECAR_FUTURE": "1", "NO_COLOR": True},
+    "terminationGracePeriodSeconds": 45,
+    "tokens": {"existingSecret": "agent-a-own-tokens"},
+    "apiKeys": {"secretName": "team-keys", "optional": False},
+    "credentials": {"seed": False},
+    "persistence": {
+        "storageClassName": "fast",
+        "workspace": {"size": "50Gi"},
+        "home": {"size": "1Gi"},
+    },
+    "securityContext": {
+        "runAsUser": 2000,
+        "runAsGroup": 2000,
+        "fsGroup": 2000,
+        "readOnlyRootFilesystem": False,
+    },
+    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+    "probes": {"liveness": {"periodSeconds": 20, "timeoutSeconds": 3, "failureThreshold": 5}},
+    "service": {"type": "NodePort", "port": 9090},
+    "metrics": {"scrapeAnnotations": False},
+    "podAnnotations": {"team": "agents"},
+    "nodeSelector": {"kubernetes.io/arch": "amd64"},
+    "tolerations": [{"key": "agents", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["agents"]}]}
+                ]
+            }
+        }
+    },
+}
+
+
+def test_helm_is_the_pinned_upstream_release() -> None:
+    out = helm("version", "--template", "{{ .Version }}").stdout.strip()
+    assert out == HELM_VERSION
+
+
+def test_chart_lints_strict() -> None:
+    done = helm("lint", "--strict", str(CHART))
+    assert "0 chart(s) failed" in done.stdout
+
+
+def test_chart_lints_strict_with_every_option() -> None:
+    helm_with(EVERYTHING, "lint", "--strict", str(CHART))
+
+
+@pytest.mark.parametrize("values", [{}, EVERYTHING], ids=["defaults", "everything"])
+def test_rendered_chart_is_valid_for_the_oldest_and_newest_kubernetes(
+    values: dict[str, Any],
+) -> None:
+    objs = helm_template(values)
+    kinds = sorted(o["kind"] for o in objs)
+    expected = ["Secret", "Service", "StatefulSet"] if not values else ["Service", "StatefulSet"]
+    assert kinds == expected
+    validate_strict(objs)
+
+
+@pytest.mark.parametrize("values", [{}, EVERYTHING], ids=["defaults", "everything"])
+def test_pod_meets_the_restricted_pod_security_standard(values: dict[str, Any]) -> None:
+    spec = pod_spec(helm_template(values))
+    assert restricted_violations(spec) == []
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False
+    uid = (values.get("securityContext") or {}).get("runAsUser", 1000)
+    assert spec["securityContext"]["runAsUser"] == uid
+    assert spec["securityContext"]["fsGroup"] == uid
+
+
+def test_the_pod_security_check_can_fail() -> None:
+    """The checker above is not vacuous: each way out of the profile is caught."""
+    spec = pod_spec(helm_template())
+    breaks: list[Callable[[dict[str, Any]], None]] = [
+        lambda s: s["securityContext"].update(runAsUser=0),
+        lambda s: s["containers"][0]["securityContext"].update(allowPrivilegeEscalation=True),
+        lambda s: s["containers"][0]["securityContext"]["capabilities"].update(drop=["NET_RAW"]),
+        lambda s: s["initContainers"][0]["securityContext"]["capabilities"].update(
+            add=["SYS_ADMIN"]
+        ),
+        lambda s: s["securityContext"].update(seccompProfile={"type": "Unconfined"}),
+        lambda s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
+        lambda s: s.update(hostPID=True),
+    ]
+    for brk in breaks:
+        broken = copy.deepcopy(spec)
+        brk(broken)
+        assert restricted_violations(broken), broken
+
+
+def test_secrets_reach_the_pod_only_by_reference() -> None:
+    objs = by_kind(helm_template())
+    container = objs["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["SIDECAR_TOKEN_FILE"] == "/etc/sleeve/tokens/token"
+    assert env["SIDECAR_VIEW_TOKEN_FILE"] == "/etc/sleeve/tokens/view-token"
+    assert not {"SIDECAR_TOKEN", "SIDECAR_VIEW_TOKEN", "ANTHROPIC_API_KEY"} & set(env)
+    assert container["envFrom"] == [
+        {"secretRef": {"name": "demo-sleeve-api-keys", "optional": True}}
+    ]
+    data = objs["Secret"]["data"]
+    tokens = {k: base64.b64decode(v).decode() for k, v in data.items()}
+    assert set(tokens) == {"token", "view-token"}
+    assert all(len(t) >= 32 for t in tokens.values()) and tokens["token"] != tokens["view-token"]
+    # and a second render (no cluster to look up) makes new ones: nothing is fixed in the chart
+    again = by_kind(helm_template())["Secret"]["data"]
+    assert again["token"] != data["token"]
+
+
+def test_writable_paths_with_a_read_only_root() -> None:
+    spec = pod_spec(helm_template())
+    container = spec["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/workspace", "/home/sleeve", "/run", "/tmp"}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["SIDECAR_STATE_DIR"].startswith("/run/") and env["HOME"] == "/home/sleeve"
+
+
+# -- bad values --------------------------------------------------------------------------
+
+# values -> a piece of helm's answer that names what is wrong
+WRONG_TYPES: dict[str, tuple[dict[str, Any], str]] = {
+    "stop grace as text": ({"sidecar": {"stopGrace": "soon"}}, "/sidecar/stopGrace"),
+    "grace period as text": (
+        {"terminationGracePeriodSeconds": "30"},
+        "/terminationGracePeriodSeconds",
+    ),
+    "root uid": ({"securityContext": {"runAsUser": 0}}, "/securityContext/runAsUser"),
+    "uid as text": ({"securityContext": {"runAsUser": "1000"}}, "/securityContext/runAsUser"),
+    "unknown pull policy": ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    "image with a space": ({"image": {"repository": "my image"}}, "/image/repository"),
+    "unknown restart": ({"sidecar": {"restart": "sometimes"}}, "/sidecar/restart"),
+    "token as a literal": ({"extraEnv": {"SIDECAR_TOKEN": "hunter2"}}, "'SIDECAR_TOKEN'"),
+    "size as a number": (
+        {"persistence": {"workspace": {"size": 10}}},
+        "/persistence/workspace/size",
+    ),
+    "probe period as text": (
+        {"probes": {"liveness": {"periodSeconds": "10"}}},
+        "/probes/liveness/periodSeconds",
+    ),
+    "port out of range": ({"service": {"port": 70000}}, "/service/port"),
+    "seed as text": ({"credentials": {"seed": "yes"}}, "/credentials/seed"),
+    "misspelt key": ({"sleve": {"cli": "shell"}}, "'sleve'"),
+    "cli with a space": ({"sleeve": {"cli": "claude code"}}, "/sleeve/cli"),
+    "name too long": ({"fullnameOverride": "a" * 53}, "/fullnameOverride"),
+}
+
+
+@pytest.mark.parametrize(("values", "names"), list(WRONG_TYPES.values()), ids=list(WRONG_TYPES))
+def test_values_of_the_wrong_type_fail_lint(values: dict[str, Any], names: str) -> None:
+    done = helm_with(values, "lint", "--strict", str(CHART), ok=False)
+    assert done.returncode != 0
+    said = done.stdout + done.stderr
+    assert "values don't meet the specifications of the schema" in said
+    assert names in said, said
+
+
+@pytest.mark.parametrize(("grace", "period"), [(30, 30), (31, 30), (5, 5)])
+def test_stop_grace_must_be_below_the_termination_grace_period(grace: float, period: int) -> None:
+    values = {"sidecar": {"stopGrace": grace}, "terminationGracePeriodSeconds": period}
+    done = helm_with(values, "template", "x", str(CHART), ok=False)
+    assert done.returncode != 0
+    assert (
+        "sidecar.stopGrace" in done.stderr
+        and "must be below terminationGracePeriodSeconds" in done.stderr
+    )
+
+
+def test_stop_grace_just_below_the_period_renders() -> None:
+    spec = pod_spec(helm_template({"sidecar": {"stopGrace": 29.5}}))
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+    assert env["SIDECAR_STOP_GRACE"] == "29.5" and spec["terminationGracePeriodSeconds"] == 30
+
+
+def test_install_dry_run_prints_the_notes() -> None:
+    done = helm("install", "agent-a", str(CHART), "--dry-run=client", "--namespace", "agents")
+    notes = done.stdout.split("NOTES:", 1)[1]
+    assert "kubectl -n agents port-forward svc/agent-a-sleeve" in notes
+    assert "get secret agent-a-sleeve-tokens" in notes
+
+
+# -- the probes, against a real sidecar --------------------------------------------------
+
+
+def kubelet_probe(url: str, timeout: float) -> bool:
+    """An httpGet probe as the kubelet runs it: no credentials, success on 200-399."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return 200 <= resp.status < 400
+    except urllib.error.HTTPError as exc:
+        return 200 <= exc.code < 400
+    except OSError:
+        return False
+
+
+def test_probes_pass_for_a_degraded_cli_and_fail_only_when_the_sidecar_is_gone(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    """A sleeve whose CLI is not running (here: an unknown CLI, `fatal`) must stay in the
+    Service and must not be restarted by the kubelet: the envoy resleeves it. The probes as
+    rendered, run the kubelet's way against a real sidecar with a token set."""
+    spec = pod_spec(helm_template())
+    container = spec["containers"][0]
+    probes = {k: container[k] for k in ("startupProbe", "livenessProbe", "readinessProbe")}
+    sc = make_sidecar(cli="no-such-cli", env_extra={"SIDECAR_TOKEN": "t" * 32}).start(
+        wait_healthy=False
+    )
+    code, health = sc.get("/health", headers={})
+    assert (code, health["status"]) == (200, "degraded")
+    for kind, probe in probes.items():
+        get = probe["httpGet"]
+        assert get["port"] == "http" and container["ports"][0]["containerPort"] == 8080
+        assert kubelet_probe(sc.url + get["path"], probe["timeoutSeconds"]), kind
+    # The same probe on any other route would fail (it carries no token): only /health fits.
+    assert not kubelet_probe(sc.url + "/status", 2)
+    assert sc.stop() == 0
+    started = time.monotonic()
+    assert not kubelet_probe(sc.url + "/health", probes["livenessProbe"]["timeoutSeconds"])
+    assert time.monotonic() - started < 5
