@@ -28,10 +28,11 @@ from aiohttp import ClientConnectionResetError, web
 from msgspec import UnsetType
 
 from sidecar import httpio, mailbox
-from sidecar.api_messages import message_operations
+from sidecar.api_messages import MAILBOXES, message_operations
 from sidecar.contract import MAX_BODY_BYTES
 from sidecar.events import encode_line
 from sidecar.httpio import BadRequest, error
+from sidecar.metrics import Metrics, RequestCounter
 from sidecar.openapi import HTML, NDJSON, Media, Operation, document
 from sidecar.shapes import (
     HealthAnswer,
@@ -409,11 +410,28 @@ def core_operations() -> list[Operation]:
     ]
 
 
+def metrics_operation(metrics: Metrics) -> Operation:
+    return Operation(
+        "GET",
+        "/metrics",
+        metrics.handle,
+        "getMetrics",
+        "status",
+        "Prometheus metrics: the CLI, ttyd, resleeves, exits, messages, HTTP requests",
+        {200: Media("Prometheus text format 0.0.4", "text/plain")},
+        description="Guarded like every route but `/health`: a scrape uses the bearer token "
+        "(`authorization: {credentials_file: ...}` in a Prometheus scrape config); the view "
+        "token is enough.",
+    )
+
+
 def create_app(sup: Supervisor) -> web.Application:
     cfg = sup.config
+    requests = RequestCounter()
     app = web.Application(
         client_max_size=MAX_BODY_BYTES,
         middlewares=[
+            requests.middleware,
             json_errors,
             make_origin_guard(cfg.allowed_origins, have_token=bool(cfg.token)),
             make_auth(cfg.token, cfg.view_token),
@@ -433,6 +451,8 @@ def create_app(sup: Supervisor) -> web.Application:
         *message_operations(app, cfg.workspace),
         *terminal_operations(app, sup),
     ]
+    boxes = app[MAILBOXES]
+    operations.append(metrics_operation(Metrics(sup, requests, boxes.inbox, boxes.outbox)))
     for op in operations:
         app.router.add_route(op.method, op.path, op.handler)
     spec = document(operations, cli_names=sup.registry, secured=bool(cfg.token or cfg.view_token))

@@ -27,6 +27,7 @@ from sidecar.proc import start_time
 from sidecar.proctree import stop_tree, wait_exited
 from sidecar.shapes import CliExit, ErrorEvent, Resleeve
 from sidecar.states import BACKOFF_RESET_AFTER, ProcState, ProcStatus, backoff_delay
+from sidecar.stats import SupervisorStats
 from sidecar.tmux import SESSION, PaneInfo, Tmux, TmuxError, recreate_socket
 from sidecar.ttyd import TtydRunner
 from sidecar.watch import CurrentWatcher
@@ -66,6 +67,7 @@ class Supervisor:
         )
         self.started = time.monotonic()
         self.warnings: list[str] = []
+        self.stats = SupervisorStats()
         self.current = CurrentWatcher(config.workspace / ".cstack" / "CURRENT.md", bus)
         self.tmux = Tmux(
             config.tmux_socket, config.state_dir / "tmux.conf", config.state_dir / "cli.status"
@@ -226,6 +228,7 @@ class Supervisor:
         # RUNNING -> EXITED: the CLI ended by itself.
         self.cli = replace(self.cli, state=ProcState.EXITED, exit_code=code)
         log.warning("CLI %s exited with %s after %.1fs", self.cli_name, code, ran)
+        self.stats.cli_exited(code)
         self.bus.publish(CliExit(cli=self.cli_name, exit_code=code, pid=self.cli.pid))
         policy = self.config.restart
         if policy is RestartPolicy.ALWAYS or (policy is RestartPolicy.ON_FAILURE and code != 0):
@@ -273,6 +276,7 @@ class Supervisor:
         await asyncio.sleep(delay)
         async with self._cli_lock:
             if gen == self._gen and not self._stopping:
+                self.stats.cli_restarts += 1
                 await self._launch_cli(resume=True, fresh_server=False)
 
     async def _on_tmux_exit(self, server_pid: int) -> None:
@@ -286,6 +290,7 @@ class Supervisor:
             # Its pane's CLI got SIGHUP, but one that ignores it lives on as an orphan.
             await self._stop_pane_tree()
             self._cancel_backoff()
+            self.stats.tmux_heals += 1
             await self._launch_cli(resume=True, fresh_server=True)
 
     def _cancel_backoff(self) -> None:
@@ -318,6 +323,7 @@ class Supervisor:
         await task
 
     async def _resleeve(self, name: str) -> None:
+        began = time.monotonic()
         try:
             async with self._cli_lock:
                 previous = self.cli_name
@@ -340,6 +346,7 @@ class Supervisor:
                         state=self.cli.state,
                     )
                 )
+                self.stats.resleeved(time.monotonic() - began)
         finally:
             self.resleeving = False
 

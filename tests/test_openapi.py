@@ -33,6 +33,7 @@ CONTRACT_ROUTES = {
     "/terminal/ws": {"get"},
     "/": {"get"},
     "/openapi.json": {"get"},
+    "/metrics": {"get"},
 }
 
 

@@ -1,0 +1,99 @@
+"""GET /metrics against a live sidecar, read with Prometheus's own text parser
+(prometheus_client.parser): every family parses, and the numbers follow what really happened."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.harness import Sidecar, py_cli, wait_for, write_cli_config
+
+TOKEN = "metrics-admin-token-0123"
+VIEW = "metrics-view-token-0123"
+
+
+def scrape(sc: Sidecar, token: str = TOKEN) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample as {(name, sorted labels): value}; fails on a line the parser refuses."""
+    code, body = sc.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+    assert code == 200, body
+    assert isinstance(body, bytes)
+    samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def value(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def test_metrics_need_a_token_and_take_the_view_token(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN, "SIDECAR_VIEW_TOKEN": VIEW}).start()
+    code, _ = sc.get("/metrics", headers={})
+    assert code == 401
+    samples = scrape(sc, VIEW)
+    assert value(samples, "sidecar_cli_up") == 1
+    # The content type a Prometheus server asks for by default.
+    req = urllib.request.Request(f"{sc.url}/metrics", headers={"Authorization": f"Bearer {VIEW}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+
+
+def test_metrics_follow_the_sleeve(make_sidecar: Callable[..., Sidecar], short_tmp: Path) -> None:
+    config = write_cli_config(short_tmp / "clis.yaml", {"three": py_cli("exit_with.py", "3")})
+    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN, "SIDECAR_CLI_CONFIG": str(config)}).start()
+    first = scrape(sc)
+    assert value(first, "sidecar_cli_state", state="running") == 1
+    assert value(first, "sidecar_cli_state", state="exited") == 0
+    assert value(first, "sidecar_ttyd_state", state="running") == 1
+    assert value(first, "sidecar_info", sleeve_id="test-sleeve", cli="shell", version="0.1.0") == 1
+    assert value(first, "sidecar_resleeve_duration_seconds_count") == 0
+    assert value(first, "sidecar_inbox_messages") == 0
+    assert value(first, "process_resident_memory_bytes") > 0
+
+    # Two messages in, one resleeve to a CLI that exits with 3, an open /events stream.
+    for n in range(2):
+        code, _ = sc.post("/inbox", {"from": "envoy", "type": "task", "content": f"job {n}"})
+        assert code == 201
+    code, _ = sc.post("/resleeve", {"cli": "three"})
+    assert code == 202
+    sc.wait_status(lambda s: s["cli_state"] == "exited" and s["cli_exit_code"] == 3, "exit 3")
+    stream = urllib.request.urlopen(
+        urllib.request.Request(f"{sc.url}/events", headers={"Authorization": f"Bearer {TOKEN}"}),
+        timeout=10,
+    )
+    try:
+        stream.readline()  # the first heartbeat: subscribed
+        after = wait_for(
+            lambda: (
+                (got := scrape(sc)) and value(got, "sidecar_cli_exits_total", code="3") == 1 and got
+            ),
+            what="the exit counted",
+        )
+        assert value(after, "sidecar_events_clients") == 1
+    finally:
+        stream.close()
+    assert value(after, "sidecar_cli_up") == 0
+    assert value(after, "sidecar_cli_state", state="exited") == 1
+    assert value(after, "sidecar_info", sleeve_id="test-sleeve", cli="three", version="0.1.0") == 1
+    assert value(after, "sidecar_resleeve_duration_seconds_count") == 1
+    assert 0 < value(after, "sidecar_resleeve_duration_seconds_sum") < 30
+    assert value(after, "sidecar_inbox_messages") == 2
+    # Requests by route and status class: the two 201s, and at least the scrapes before.
+    assert (
+        value(after, "sidecar_http_requests_total", route="/inbox", method="POST", code="2xx") == 2
+    )
+    assert (
+        value(after, "sidecar_http_requests_total", route="/metrics", method="GET", code="2xx") >= 1
+    )
+    sc.get("/no-such-route")
+    last = scrape(sc)
+    assert (
+        value(last, "sidecar_http_requests_total", route="unmatched", method="GET", code="4xx") == 1
+    )
