@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -19,10 +17,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from http.cookies import SimpleCookie
 from importlib import resources
-from typing import Literal
-from urllib.parse import urlsplit
 
 from aiohttp import ClientConnectionResetError, web
 from msgspec import UnsetType
@@ -31,6 +26,7 @@ from sidecar import httpio, mailbox
 from sidecar.api_messages import MAILBOXES, message_operations
 from sidecar.contract import MAX_BODY_BYTES
 from sidecar.events import encode_line
+from sidecar.guard import make_guard, set_token_cookie
 from sidecar.httpio import BadRequest, error
 from sidecar.metrics import Metrics, RequestCounter
 from sidecar.openapi import HTML, NDJSON, Media, Operation, document
@@ -55,10 +51,6 @@ HEARTBEAT_EVERY = 15.0  # seconds between heartbeat lines on /events
 # reading (its socket buffer is full): it is dropped rather than held open for ever.
 EVENT_WRITE_TIMEOUT = 10.0
 EVENT_SNDBUF = 64 * 1024
-COOKIE = "sidecar_token"
-NEW_COOKIE = "sidecar_new_cookie"  # request key: the token to set as a cookie in the answer
-Role = Literal["admin", "viewer"]
-PUBLIC = frozenset({"/health"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -106,129 +98,6 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except Exception:  # a bug: logged with its traceback, answered as JSON like every error
         log.exception("%s %s failed", request.method, request.path)
         return error(500, "internal error (the sidecar's log has the details)")
-
-
-def _is_local_host(host: str) -> bool:
-    """An IP literal or localhost: a name no DNS answer can point elsewhere."""
-    try:
-        name = urlsplit(f"//{host}").hostname or ""
-        if name == "localhost" or name.endswith(".localhost"):
-            return True
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
-def make_origin_guard(
-    allowed: frozenset[str], have_token: bool
-) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Refuse what a web page elsewhere makes a browser send here (CSRF, WebSocket hijacking).
-
-    A browser names the page's origin on every WebSocket handshake and cross-origin-capable
-    request, and says it is a browser with Sec-Fetch-Site. Such a request passes when its origin
-    is this server's own (the Host it asked for) or listed in SIDECAR_ALLOWED_ORIGINS. With no
-    token set, a browser must also have asked for an IP address or localhost: a DNS name could
-    be rebound to this machine by the page that made the request. Clients that are not browsers
-    (the envoy, curl) send neither header and are not affected.
-    """
-
-    @web.middleware
-    async def origin_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        origin = request.headers.get("Origin")
-        browser = origin is not None or "Sec-Fetch-Site" in request.headers
-        if not browser or "*" in allowed:
-            return await handler(request)
-        listed = origin is not None and origin.rstrip("/").lower() in allowed
-        if origin is not None and not listed:
-            own = urlsplit(origin).netloc.lower() == request.host.lower()
-            if origin == "null" or not own:
-                return error(403, f"cross-origin request from {origin} refused")
-        if not have_token and not listed and not _is_local_host(request.host):
-            return error(
-                403,
-                f"a browser asked for {request.host}, which is not an IP address or localhost; "
-                "set SIDECAR_TOKEN to serve browsers by name",
-            )
-        return await handler(request)
-
-    return origin_guard
-
-
-def _token_role(request: web.Request, tokens: dict[str, Role]) -> tuple[Role | None, str | None]:
-    """Which role the request's token grants, and the token itself (None: no valid token)."""
-    candidates: list[str] = []
-    auth = request.headers.get("Authorization")
-    if auth is not None:
-        scheme, _, value = auth.partition(" ")
-        if scheme.lower() == "bearer" and value.strip():
-            candidates.append(value.strip())
-    if "token" in request.query:
-        candidates.append(request.query["token"])
-    if COOKIE in request.cookies:
-        candidates.append(request.cookies[COOKIE])
-    for candidate in candidates:
-        given = candidate.encode("utf-8", "surrogateescape")
-        # Compare against every configured token, in constant time, whatever matches.
-        matched: Role | None = None
-        for token, role in tokens.items():
-            if hmac.compare_digest(given, token.encode("utf-8")) and matched is None:
-                matched = role
-        if matched is not None:
-            return matched, candidate
-    return None, None
-
-
-def make_auth(
-    token: str | None, view_token: str | None
-) -> Callable[..., Awaitable[web.StreamResponse]]:
-    tokens: dict[str, Role] = {}
-    if token:
-        tokens[token] = "admin"
-    if view_token:
-        tokens[view_token] = "viewer"
-
-    @web.middleware
-    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not tokens or request.path in PUBLIC:
-            request["role"] = "admin" if not tokens else "public"
-            return await handler(request)
-        role, used = _token_role(request, tokens)
-        if role is None:
-            given = (
-                "Authorization" in request.headers
-                or "token" in request.query
-                or COOKIE in request.cookies
-            )
-            message = (
-                "invalid token"
-                if given
-                else "authentication required: Authorization: Bearer <token>"
-            )
-            return error(401, message, **{"WWW-Authenticate": 'Bearer realm="sidecar"'})
-        if role == "viewer" and request.method not in ("GET", "HEAD"):
-            return error(403, "the view token is read-only")
-        request["role"] = role
-        if "token" in request.query and used is not None:
-            # A browser passes ?token= once; the cookie carries it from then on. Set when the
-            # answer's headers go out (`_set_token_cookie`), streamed answers included.
-            request[NEW_COOKIE] = used
-        return await handler(request)
-
-    return auth
-
-
-async def _set_token_cookie(request: web.Request, response: web.StreamResponse) -> None:
-    token = request.get(NEW_COOKIE)
-    if token is not None:
-        # This hook runs after aiohttp rendered the response's cookies: add the header itself.
-        cookie: SimpleCookie = SimpleCookie()
-        cookie[COOKIE] = token
-        morsel = cookie[COOKIE]
-        morsel["httponly"] = True
-        morsel["samesite"] = "Strict"
-        morsel["path"] = "/"
-        response.headers.add("Set-Cookie", morsel.OutputString())
 
 
 # ---- routes ----------------------------------------------------------------------------------
@@ -427,18 +296,8 @@ def metrics_operation(metrics: Metrics) -> Operation:
 
 def create_app(sup: Supervisor) -> web.Application:
     cfg = sup.config
-    requests = RequestCounter()
-    app = web.Application(
-        client_max_size=MAX_BODY_BYTES,
-        middlewares=[
-            requests.middleware,
-            json_errors,
-            make_origin_guard(cfg.allowed_origins, have_token=bool(cfg.token)),
-            make_auth(cfg.token, cfg.view_token),
-        ],
-    )
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[SUPERVISOR] = sup
-    app.on_response_prepare.append(_set_token_cookie)
 
     async def end_event_streams(app: web.Application) -> None:
         # Shutdown waits for every handler: an /events stream would otherwise hold it open
@@ -452,9 +311,24 @@ def create_app(sup: Supervisor) -> web.Application:
         *terminal_operations(app, sup),
     ]
     boxes = app[MAILBOXES]
+    requests = RequestCounter()
     operations.append(metrics_operation(Metrics(sup, requests, boxes.inbox, boxes.outbox)))
     for op in operations:
         app.router.add_route(op.method, op.path, op.handler)
+    guard = make_guard(
+        allowed_origins=cfg.allowed_origins,
+        token=cfg.token,
+        view_token=cfg.view_token,
+        public={op.path for op in operations if op.public},
+    )
+    app.middlewares.extend([json_errors, guard])
+
+    async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+        # When an answer's headers go out: every answer, errors and streams included.
+        set_token_cookie(request, response)
+        requests.count(request, response)
+
+    app.on_response_prepare.append(on_prepare)
     spec = document(operations, cli_names=sup.registry, secured=bool(cfg.token or cfg.view_token))
     app[OPENAPI] = json.dumps(spec).encode()
     return app

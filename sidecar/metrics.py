@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.web_urldispatcher import AbstractResource
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -32,33 +33,31 @@ from sidecar.mailbox import Mailbox, NeedlecastError
 from sidecar.states import ProcState
 from sidecar.supervisor import Supervisor
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 PROC_STATES = [s.value for s in ProcState]
 
 
 class RequestCounter:
-    """HTTP requests by route, method and status class, counted in a dict (an add per request).
-    Routes are the route table's paths; anything else is `unmatched`, so a scan of random URLs
-    cannot grow the label set."""
+    """HTTP requests by route, method and status, counted when an answer's headers go out
+    (`count`, called from `on_response_prepare`: every answer, errors and streams included).
+    The key is the route's resource object, the method and the status: a dict add per
+    request, with labels made only at scrape time. Routes outside the table are `unmatched`,
+    so a scan of random URLs cannot grow the label set."""
 
     def __init__(self) -> None:
-        self.counts: Counter[tuple[str, str, str]] = Counter()
+        self.counts: dict[tuple[AbstractResource | None, str, int], int] = {}
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        status = 500  # a handler that raised past every error handler (cancelled: no answer)
-        try:
-            response = await handler(request)
-            status = response.status
-            return response
-        except web.HTTPException as exc:
-            status = exc.status
-            raise
-        finally:
-            resource = request.match_info.route.resource
+    def count(self, request: web.Request, response: web.StreamResponse) -> None:
+        key = (request.match_info.route.resource, request.method, response.status)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def by_label(self) -> Counter[tuple[str, str, str]]:
+        """{(route, method, status class): count}."""
+        out: Counter[tuple[str, str, str]] = Counter()
+        for (resource, method, status), n in list(self.counts.items()):
             route = resource.canonical if resource is not None else "unmatched"
-            self.counts[(route, request.method, f"{status // 100}xx")] += 1
+            out[(route, method, f"{status // 100}xx")] += n
+        return out
 
 
 @dataclass
@@ -148,7 +147,7 @@ class SidecarCollector(Collector):
             "HTTP requests answered, by route, method and status class",
             labels=["route", "method", "code"],
         )
-        for (route, method, code), n in sorted(self.requests.counts.items()):
+        for (route, method, code), n in sorted(self.requests.by_label().items()):
             http.add_metric([route, method, code], n)
         yield http
 

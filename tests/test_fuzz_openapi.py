@@ -61,7 +61,10 @@ def fuzz(sc: Sidecar, report: Path, *headers: str) -> subprocess.CompletedProces
     ]
     for header in headers:
         argv += ["--header", header]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    # cwd: schemathesis keeps a cache of its findings in ./.schemathesis
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=300, check=False, cwd=report.parent
+    )
 
 
 @pytest.mark.slow
