@@ -21,6 +21,7 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+import pytest
 
 from tests.harness import (
     Sidecar,
@@ -342,6 +343,7 @@ def test_missing_workspace_is_created(make_sidecar: Callable[..., Sidecar]) -> N
     assert sc.workspace.is_dir()
 
 
+@pytest.mark.needs("unshare")
 def test_read_only_workspace_is_served_with_a_warning(make_sidecar: Callable[..., Sidecar]) -> None:
     """Root ignores permission bits, so the workspace is made read-only with a read-only bind
     mount in a private mount namespace (the OS seam: no other way to deny root a write)."""
@@ -599,6 +601,7 @@ STRACE = ["strace", "-f", "-qq", "-e", "trace=clone,clone3,fork,vfork", "-e", "s
 FORK = re.compile(r"\b(clone3?|v?fork)\(")
 
 
+@pytest.mark.needs("strace")
 def test_status_never_forks(make_sidecar: Callable[..., Sidecar], short_tmp: Path) -> None:
     """Witness: strace attached to every thread of the supervisor, tracing the system calls
     that make a process (clone/clone3 without CLONE_THREAD, fork, vfork), while /status is

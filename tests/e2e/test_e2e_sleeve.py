@@ -160,12 +160,10 @@ def test_docker_exec_sidecar_status_and_outbox_work_and_a_written_message_is_ack
 
 @pytest.mark.browser
 async def test_dashboard_in_headless_chromium_shows_the_claude_code_terminal(
-    claude: tuple[Launcher, Sleeve], artifacts: Path, tmp_path: Path
+    chromium: str, claude: tuple[Launcher, Sleeve], artifacts: Path, tmp_path: Path
 ) -> None:
     """The page is driven over DevTools: the embedded terminal's screen (xterm.js buffer) must
     show Claude Code, then the PNG is taken and kept as artifacts/e2e/dashboard.png."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "chromium is installed by scripts/setup --test"
     _, sleeve = claude
     poll(lambda: _cli_up(sleeve, "claude-code"), 15, "claude-code running")
     shot = artifacts / "dashboard.png"
