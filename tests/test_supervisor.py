@@ -220,8 +220,15 @@ def test_on_failure_restarts_with_growing_backoff(
     assert gaps[0] >= 0.9
     assert gaps[1] > gaps[0] + 0.5
     assert gaps[2] > gaps[1] + 1.0
-    status = sc.status()
-    assert status["cli_exit_code"] == 3 or status["cli_running"]
+    # After the fourth exit the wait is 8 s: status shows that failure all along it (the third
+    # wait, 4 s, may still be under way when the fourth start's line appears).
+    status = sc.wait_status(
+        lambda s: s["cli_state"] == "backoff" and "CLI: restarting in 8s" in s["warnings"],
+        "the backoff after the fourth exit",
+    )
+    assert status["cli_exit_code"] == 3
+    assert status["cli_running"] is False and status["cli_pid"] is None
+    assert status["health"] == "degraded"
 
 
 def test_restart_no_leaves_the_sleeve_degraded_with_the_exit_code(
