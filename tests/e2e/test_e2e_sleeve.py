@@ -229,20 +229,26 @@ async def test_hard_resleeve_keeps_cstack_and_the_cli_history(
 ) -> None:
     """Remove the container, `sleeve run` the same slot: workspace state and the instance's
     CLI history (bind mounts) are there, and Claude Code resumes (`--continue`). The history
-    is this test's own: a prompt typed first and seen in history.jsonl before the removal."""
+    is this test's own: a turn taken first, and the container removed only once the prompt is
+    in history.jsonl and the conversation in projects/ (what the sidecar resumes by)."""
     lch, sleeve = own_claude
     prompt = "remember this across the hard resleeve"
     term = await TerminalClient.connect(f"ws://127.0.0.1:{sleeve.port}/terminal/ws")
     try:
-        await _submit_prompt(term, stub, prompt)
+        mark = await _submit_prompt(term, stub, prompt)
+        await term.wait_for(REPLY_TEXT, 30, since=mark)
     finally:
         await term.close()
 
-    def in_history() -> bool:
-        history = lch.exec(sleeve, "cat", "/home/sleeve/.claude/history.jsonl", check=False)
-        return prompt in history.stdout
+    history, projects = "/home/sleeve/.claude/history.jsonl", "/home/sleeve/.claude/projects"
 
-    poll(in_history, 15, "the prompt in the CLI's history.jsonl")
+    def saved() -> bool:
+        grep = 'grep -lF "$1" "$2" "$3"/-workspace/*.jsonl'
+        found = lch.exec(sleeve, "sh", "-c", grep, "sh", prompt, history, projects, check=False)
+        files = found.stdout.splitlines()
+        return history in files and any(f.startswith(projects) for f in files)
+
+    poll(saved, 15, "the prompt in history.jsonl and in the conversation in projects/")
     lch.engine.docker("rm", "-f", sleeve.container)
     again = lch.run("--slot", "1", cli="claude-code")
     assert again.container == sleeve.container
