@@ -1,4 +1,5 @@
-"""Shared fixtures: real sidecar processes on free loopback ports, torn down even on failure."""
+"""Shared fixtures: real sidecar processes on free loopback ports, torn down even on failure;
+the `needs` marker (a missing tool: tests/tools.py); the seed of the random test order."""
 
 from __future__ import annotations
 
@@ -11,6 +12,36 @@ from typing import Any
 import pytest
 
 from tests.harness import Sidecar
+from tests.tools import require_chromium, require_executable
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "needs(*executables): the test runs these tools; a missing one is a skip outside CI "
+        "and a failure in CI (tests/tools.py)",
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Here and not at import time: a module-level skipif would decide before the rule can.
+    for mark in item.iter_markers("needs"):
+        for name in mark.args:
+            require_executable(name)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The seed even under -q (pytest-randomly prints it only in the header -q hides), so any
+    order that failed can be run again."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and getattr(config.option, "randomly_reorganize", True):
+        terminalreporter.write_line(f"random test order: repeat it with --randomly-seed={seed}")
+
+
+@pytest.fixture
+def chromium() -> str:
+    """The path of a headless Chromium (or a skip/failure as tests/tools.py decides)."""
+    return require_chromium()
 
 
 @pytest.fixture

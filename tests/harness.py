@@ -29,9 +29,17 @@ T = TypeVar("T")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports. All sockets stay bound until every port is picked:
+    one free_port() after another can get the same port back once the first socket closes."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def wait_for(
@@ -125,9 +133,14 @@ class Sidecar:
     cli: str = "shell"
     env_extra: dict[str, str] = field(default_factory=dict)
     wrapper: list[str] = field(default_factory=list)
-    port: int = field(default_factory=free_port)
-    ttyd_port: int = field(default_factory=free_port)
+    port: int = 0  # 0: a free port, picked with ttyd_port so that the two differ
+    ttyd_port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        spare = [p for p in free_ports(2) if p not in (self.port, self.ttyd_port)]
+        self.port = self.port or spare.pop()
+        self.ttyd_port = self.ttyd_port or spare.pop()
 
     @property
     def workspace(self) -> Path:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 
 from sidecar.cstack import CurrentState, parse_current
 from sidecar.cstack_files import MAX_CURRENT_BYTES, read_current, write_goal, write_status
+from tests.tools import require_executable
 
 SEED = """\
 # Current State
@@ -431,8 +431,7 @@ def test_write_goal_on_read_only_workspace_raises_oserror(tmp_path: Path) -> Non
             (workspace / ".cstack").chmod(0o755)
         assert (workspace / ".cstack" / "CURRENT.md").read_text() == SEED
         return
-    if shutil.which("unshare") is None:
-        pytest.skip("needs unshare(1) to make a read-only mount as root")
+    require_executable("unshare", "util-linux: a read-only mount as root")
     code = textwrap.dedent("""
         import sys
         from pathlib import Path

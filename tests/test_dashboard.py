@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -17,13 +16,7 @@ from tests.e2e.pngcheck import count_near, read_png
 from tests.harness import REPO, Sidecar
 
 TOKEN = "dash-token-1234567890"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        CHROMIUM is None and os.environ.get("CI") != "true", reason="chromium not installed"
-    ),
-]
+pytestmark = pytest.mark.browser
 
 
 @pytest.fixture
@@ -65,18 +58,17 @@ JSON.stringify(Object.fromEntries(
 
 
 async def test_dashboard_shows_status_progress_blockers_outbox_and_the_live_terminal(
-    dashboard_sidecar: Sidecar, tmp_path: Path
+    chromium: str, dashboard_sidecar: Sidecar, tmp_path: Path
 ) -> None:
     """Chromium driven over DevTools: every panel filled in from the API, and the embedded
     terminal's own screen (its xterm.js buffer) showing the pane's known text; then the PNG is
     kept as artifacts/dashboard.png and checked to be the dark page with light text."""
     sc = dashboard_sidecar
-    assert CHROMIUM, "chromium is required (scripts/setup --test installs it)"
     artifacts = Path(os.environ.get("SIDECAR_ARTIFACTS", REPO / "artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)
     shot = artifacts / "dashboard.png"
     shot.unlink(missing_ok=True)
-    browser = await Browser.start(CHROMIUM, tmp_path / "profile", (1200, 900))
+    browser = await Browser.start(chromium, tmp_path / "profile", (1200, 900))
     try:
         await browser.open(f"{sc.url}/?token={TOKEN}")
         await browser.wait_for_text(TERMINAL_TEXT_JS, ["KNOWN-PANE-TEXT"], 30)

@@ -32,6 +32,7 @@ from tests.harness import (
 )
 
 UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
+pytestmark = pytest.mark.needs("unshare")
 
 
 def namespace_init(sc: Sidecar) -> psutil.Process:

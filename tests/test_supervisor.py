@@ -21,6 +21,7 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+import pytest
 
 from tests.harness import (
     Sidecar,
@@ -219,8 +220,15 @@ def test_on_failure_restarts_with_growing_backoff(
     assert gaps[0] >= 0.9
     assert gaps[1] > gaps[0] + 0.5
     assert gaps[2] > gaps[1] + 1.0
-    status = sc.status()
-    assert status["cli_exit_code"] == 3 or status["cli_running"]
+    # After the fourth exit the wait is 8 s: status shows that failure all along it (the third
+    # wait, 4 s, may still be under way when the fourth start's line appears).
+    status = sc.wait_status(
+        lambda s: s["cli_state"] == "backoff" and "CLI: restarting in 8s" in s["warnings"],
+        "the backoff after the fourth exit",
+    )
+    assert status["cli_exit_code"] == 3
+    assert status["cli_running"] is False and status["cli_pid"] is None
+    assert status["health"] == "degraded"
 
 
 def test_restart_no_leaves_the_sleeve_degraded_with_the_exit_code(
@@ -342,6 +350,7 @@ def test_missing_workspace_is_created(make_sidecar: Callable[..., Sidecar]) -> N
     assert sc.workspace.is_dir()
 
 
+@pytest.mark.needs("unshare")
 def test_read_only_workspace_is_served_with_a_warning(make_sidecar: Callable[..., Sidecar]) -> None:
     """Root ignores permission bits, so the workspace is made read-only with a read-only bind
     mount in a private mount namespace (the OS seam: no other way to deny root a write)."""
@@ -599,6 +608,7 @@ STRACE = ["strace", "-f", "-qq", "-e", "trace=clone,clone3,fork,vfork", "-e", "s
 FORK = re.compile(r"\b(clone3?|v?fork)\(")
 
 
+@pytest.mark.needs("strace")
 def test_status_never_forks(make_sidecar: Callable[..., Sidecar], short_tmp: Path) -> None:
     """Witness: strace attached to every thread of the supervisor, tracing the system calls
     that make a process (clone/clone3 without CLONE_THREAD, fork, vfork), while /status is

@@ -1,6 +1,11 @@
 """The one rule for a test whose tool is missing: outside CI a skip with the reason, in CI a
 failure (`scripts/setup --test` installs every tool, so a missing one in CI is a broken set-up,
-and CI must never go green by not running a test)."""
+and CI must never go green by not running a test).
+
+Three ways in, one rule: `require_executable(name)` inside a test or fixture,
+`@pytest.mark.needs("bwrap", ...)` on a test or a module (tests/conftest.py applies it before
+the test runs), and `missing(reason)` for anything else that is not there.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import shutil
 from typing import NoReturn
 
 import pytest
+
+SETUP = "scripts/setup --test installs it"
 
 
 def in_ci() -> bool:
@@ -23,9 +30,18 @@ def missing(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-def require_executable(name: str, why: str = "") -> str:
+def require_executable(name: str, why: str = SETUP) -> str:
     """The path of executable `name` on PATH, or skip/fail the test as `missing` does."""
     path = shutil.which(name)
     if path is None:
         missing(f"{name} is not installed{f' ({why})' if why else ''}")
+    return path
+
+
+def require_chromium() -> str:
+    """Headless Chromium: Debian's `chromium`, or `chromium-browser` as other distributions
+    name it."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        missing(f"chromium is not installed ({SETUP}: apt-get install chromium)")
     return path

@@ -17,7 +17,7 @@ from bench.context import Context
 from bench.core import Baseline, Check, Figure, Target
 from bench.procs import BenchError, fully_healthy, memory, tree, wait_until
 from sidecar.launcher.slots import Project
-from tests.harness import free_port
+from tests.harness import free_ports
 
 COUNTS = (1, 5, 20)
 NAMES = (
@@ -62,7 +62,7 @@ class Launcher:
 
     def start(self, count: int) -> tuple[float, float]:
         """Start `count` sleeves at once; seconds until all are fully healthy, total USS."""
-        ports = [free_port() for _ in range(count)]
+        ports = free_ports(count)
         start = time.perf_counter()
         run = ["run", "--runtime", "bwrap", "--shell", "--wait", "120"]
         procs = [

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -14,26 +13,21 @@ import pytest
 
 from tests.e2e import dockerenv
 from tests.e2e.conftest import SLEEVE, health_ok, poll, sleeve_env
+from tests.harness import free_ports
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _docker_run(
     engine: dockerenv.Engine, image: str, name: str, *extra: str, cli: str = "shell"
 ) -> int:
     """`docker run -d --network host` of the image with the shell CLI; returns the API port."""
-    port = _free_port()
+    port, ttyd_port = free_ports(2)
     engine.docker(
         "run", "--detach", "--name", name, "--network", "host",
         "--env", f"SLEEVE_NAME={name}", "--env", f"SLEEVE_CLI={cli}",
         "--env", "SIDECAR_HOST=127.0.0.1", "--env", f"SIDECAR_PORT={port}",
-        "--env", f"TTYD_PORT={_free_port()}",
+        "--env", f"TTYD_PORT={ttyd_port}",
         *extra, image,
     )  # fmt: skip
     return port

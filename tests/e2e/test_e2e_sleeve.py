@@ -2,8 +2,9 @@
 Code CLI (talking to the Anthropic API stub on 127.0.0.1), driven the way a user and an envoy
 drive it - the launcher, the HTTP API, the web terminal, `docker exec`, a browser.
 
-The Claude Code sleeve is shared by the tests of this module, in file order (starting it is the
-expensive part); each test leaves it running claude-code.
+The Claude Code sleeve is shared by the tests of this module (starting it is the expensive
+part), which run in any order: each leaves it running claude-code, and none needs what another
+did to it. The one test that removes its container starts a sleeve of its own.
 """
 
 from __future__ import annotations
@@ -90,20 +91,27 @@ def test_sleeve_run_claude_code_is_healthy_with_the_sidecar_as_pid_1(
     assert health.stdout.strip() in ("starting", "healthy")
 
 
+async def _submit_prompt(term: TerminalClient, stub: AnthropicStub, prompt: str) -> int:
+    """Type `prompt` at Claude Code's prompt, submit it, and wait until it reaches the API;
+    returns where the terminal's output stood before the typing."""
+    await term.wait_for("Claude Code", 30)
+    await term.wait_for("❯", 10)
+    mark = len(term.raw)
+    await term.type(prompt)
+    # Enter only once the text is drawn: text and CR in one read would look like a paste.
+    await term.wait_for(prompt, 10, since=mark)
+    await term.type("\r")
+    poll(lambda: any(prompt in p for p in stub.prompts_seen()), 30, "POST /v1/messages")
+    return mark
+
+
 async def test_terminal_shows_the_claude_prompt_and_a_typed_prompt_reaches_the_api(
     claude: tuple[Launcher, Sleeve], stub: AnthropicStub
 ) -> None:
     _, sleeve = claude
     term = await TerminalClient.connect(f"ws://127.0.0.1:{sleeve.port}/terminal/ws")
     try:
-        await term.wait_for("Claude Code", 30)
-        await term.wait_for("❯", 10)
-        mark = len(term.raw)
-        await term.type(PROMPT)
-        # Enter only once the text is drawn: text and CR in one read would look like a paste.
-        await term.wait_for(PROMPT, 10, since=mark)
-        await term.type("\r")
-        poll(lambda: any(PROMPT in p for p in stub.prompts_seen()), 30, "POST /v1/messages")
+        mark = await _submit_prompt(term, stub, PROMPT)
         await term.wait_for(REPLY_TEXT, 30, since=mark)
     finally:
         await term.close()
@@ -160,12 +168,10 @@ def test_docker_exec_sidecar_status_and_outbox_work_and_a_written_message_is_ack
 
 @pytest.mark.browser
 async def test_dashboard_in_headless_chromium_shows_the_claude_code_terminal(
-    claude: tuple[Launcher, Sleeve], artifacts: Path, tmp_path: Path
+    chromium: str, claude: tuple[Launcher, Sleeve], artifacts: Path, tmp_path: Path
 ) -> None:
     """The page is driven over DevTools: the embedded terminal's screen (xterm.js buffer) must
     show Claude Code, then the PNG is taken and kept as artifacts/e2e/dashboard.png."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert chromium, "chromium is installed by scripts/setup --test"
     _, sleeve = claude
     poll(lambda: _cli_up(sleeve, "claude-code"), 15, "claude-code running")
     shot = artifacts / "dashboard.png"
@@ -196,7 +202,7 @@ def test_the_launched_sleeve_turns_healthy_in_dockers_own_check(
     claude: tuple[Launcher, Sleeve],
 ) -> None:
     """Step 1's `healthy`, for the sleeve `sleeve run` started with the image's own HEALTHCHECK
-    (30 s interval: `sleeve run` passes no health options). The tests above usually take that
+    (30 s interval: `sleeve run` passes no health options). The other tests usually take that
     long already; otherwise this waits for the first probe."""
     lch, sleeve = claude
 
@@ -207,12 +213,42 @@ def test_the_launched_sleeve_turns_healthy_in_dockers_own_check(
     assert poll(lambda: health() == "healthy" or None, 75, "docker health healthy", interval=1)
 
 
-def test_hard_resleeve_keeps_cstack_and_the_cli_history(
-    claude: tuple[Launcher, Sleeve],
+@pytest.fixture
+def own_claude(
+    engine: dockerenv.Engine, image: str, stub: AnthropicStub, tmp_path: Path
+) -> Iterator[tuple[Launcher, Sleeve]]:
+    """A Claude Code sleeve for one test alone (one that removes its container)."""
+    lch = new_launcher(engine, stub, tmp_path)
+    lch.create_slot()
+    yield lch, lch.run("--slot", "1", "--goal", GOAL, cli="claude-code")
+    remove_started(lch)
+
+
+async def test_hard_resleeve_keeps_cstack_and_the_cli_history(
+    own_claude: tuple[Launcher, Sleeve], stub: AnthropicStub
 ) -> None:
     """Remove the container, `sleeve run` the same slot: workspace state and the instance's
-    CLI history (bind mounts) are there, and Claude Code resumes (`--continue`)."""
-    lch, sleeve = claude
+    CLI history (bind mounts) are there, and Claude Code resumes (`--continue`). The history
+    is this test's own: a turn taken first, and the container removed only once the prompt is
+    in history.jsonl and the conversation in projects/ (what the sidecar resumes by)."""
+    lch, sleeve = own_claude
+    prompt = "remember this across the hard resleeve"
+    term = await TerminalClient.connect(f"ws://127.0.0.1:{sleeve.port}/terminal/ws")
+    try:
+        mark = await _submit_prompt(term, stub, prompt)
+        await term.wait_for(REPLY_TEXT, 30, since=mark)
+    finally:
+        await term.close()
+
+    history, projects = "/home/sleeve/.claude/history.jsonl", "/home/sleeve/.claude/projects"
+
+    def saved() -> bool:
+        grep = 'grep -lF "$1" "$2" "$3"/-workspace/*.jsonl'
+        found = lch.exec(sleeve, "sh", "-c", grep, "sh", prompt, history, projects, check=False)
+        files = found.stdout.splitlines()
+        return history in files and any(f.startswith(projects) for f in files)
+
+    poll(saved, 15, "the prompt in history.jsonl and in the conversation in projects/")
     lch.engine.docker("rm", "-f", sleeve.container)
     again = lch.run("--slot", "1", cli="claude-code")
     assert again.container == sleeve.container
@@ -222,7 +258,7 @@ def test_hard_resleeve_keeps_cstack_and_the_cli_history(
         lch.exec(again, "test", "-f", "/workspace/.cstack/CURRENT.md", check=False).returncode == 0
     )
     history = lch.exec(again, "cat", "/home/sleeve/.claude/history.jsonl").stdout
-    assert PROMPT in history
+    assert prompt in history
     assert "--continue" in processes(lch, again)[status["cli_pid"]][1]
 
 

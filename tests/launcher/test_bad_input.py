@@ -16,6 +16,7 @@ from sidecar.launcher.instances import instance_dir
 from sidecar.launcher.launch import spawn_detached
 from sidecar.launcher.slots import Project
 from sidecar.launcher.state import Run, StateStore
+from tests.tools import require_executable
 
 from .helpers import Result, mount_fields
 
@@ -120,8 +121,7 @@ def test_docker_not_installed_names_the_runtime_and_suggests_bwrap(
 def test_docker_engine_not_answering_names_the_runtime_and_suggests_bwrap(
     tmp_path: Path, project: Path, sleeve_proc: Callable[..., Result]
 ) -> None:
-    if shutil.which("docker") is None:
-        pytest.skip("needs the docker client (not an engine)")
+    require_executable("docker", "the client, not an engine; scripts/setup --test installs it")
     dead = f"unix://{tmp_path}/no-engine.sock"
     res = sleeve_proc(
         "run", "--project", project, "--runtime", "docker", extra_env={"DOCKER_HOST": dead}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from sidecar.launcher.engine import (
     inputs_checksum,
     needs_build,
 )
+from tests.tools import require_executable
 
 from .helpers import REPO, Result
 
@@ -100,8 +100,7 @@ def test_build_without_a_dockerfile_is_a_clear_error(
 def test_build_without_an_engine_names_the_runtime(
     tmp_path: Path, context: Path, sleeve_proc: Callable[..., Result]
 ) -> None:
-    if shutil.which("docker") is None:
-        pytest.skip("needs the docker client (not an engine)")
+    require_executable("docker", "the client, not an engine; scripts/setup --test installs it")
     dead = f"unix://{tmp_path}/no-engine.sock"
     res = sleeve_proc(
         "build",

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.launcher.instances import canonical_root, ensure_instance, instance_dir, sha16
+from tests.tools import require_executable
 
 from .helpers import REPO, SLEEVE, Result
 
@@ -169,8 +170,7 @@ def test_gc_skips_an_instance_whose_root_it_cannot_stat(
     DAC-override capabilities (setpriv), so the permission bits bind it like anyone else."""
     prefix: list[str] = []
     if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root needs setpriv to drop CAP_DAC_OVERRIDE")
+        require_executable("setpriv", "util-linux: as root, to drop CAP_DAC_OVERRIDE")
         prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
     sealed = tmp_path / "sealed"
     (sealed / "proj").mkdir(parents=True)

@@ -6,7 +6,6 @@ import contextlib
 import json
 import re
 import shlex
-import shutil
 import signal
 import urllib.request
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from sidecar.launcher.launch import free_port
 
 from .helpers import Result, wait_until
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytestmark = pytest.mark.needs("bwrap")
 
 RUN_ID = re.compile(r"\d{14}-[0-9a-f]{6}")
 SECRET = "sk-ant-api03-TESTKEY-abcdefghij0123456789"
