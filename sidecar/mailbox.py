@@ -206,6 +206,22 @@ class Mailbox:
             self._cache = (key, result)
         return result
 
+    def peek(self) -> ParseResult | None:
+        """The last read's result if the file has not changed since (one `stat`: no lock, no
+        parse, fit for the event loop); None when it has, or when nothing is cached."""
+        cached = self._cache
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return ParseResult((), ())
+        except OSError:
+            return None
+        if cached is None or cached[0][4] != -1:  # nothing read yet, or a torn end was seen
+            return None
+        if (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size) != cached[0][:4]:
+            return None
+        return cached[1]
+
     def _parse(self, data: bytes, size: int) -> ParseResult:
         self.parse_count += 1
         truncated = size > len(data)

@@ -97,3 +97,11 @@ def test_metrics_follow_the_sleeve(make_sidecar: Callable[..., Sidecar], short_t
     assert (
         value(last, "sidecar_http_requests_total", route="unmatched", method="GET", code="4xx") == 1
     )
+
+
+def test_label_values_are_escaped(make_sidecar: Callable[..., Sidecar]) -> None:
+    """A sleeve name with a quote and a backslash (SLEEVE_NAME allows both) reads back as is."""
+    name = 'we"ird\\name'
+    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN, "SLEEVE_NAME": name}).start()
+    samples = scrape(sc)
+    assert value(samples, "sidecar_info", sleeve_id=name, cli="shell", version="0.1.0") == 1

@@ -1,4 +1,4 @@
-"""HTTP throughput with wrk (1 thread, 50 connections): /health, /status and /outbox (1,000
+"""HTTP throughput with wrk (1 thread, 50 connections): /health, /status, /outbox (1,000
 messages) against a bare aiohttp hello world, interleaved; and the memory of all sidecar
 processes (USS and RSS), idle and after that load, beside the bare server's."""
 
@@ -17,6 +17,8 @@ NAMES = (
     "http.status.p99",
     "http.outbox.rps",
     "http.outbox.p99",
+    "http.metrics.rps",
+    "http.metrics.p99",
     "memory.idle.uss",
     "memory.idle.rss",
     "memory.load.uss",
@@ -24,9 +26,10 @@ NAMES = (
 )
 OUTBOX = 1_000
 PATHS = {
-    "health": ("/health", ratio_at_least(0.6, "≥0.6× bare req/s")),
-    "status": ("/status", ratio_at_least(0.4, "≥0.4× bare req/s")),
+    "health": ("/health", ratio_at_least(0.8, "≥0.8× bare req/s")),
+    "status": ("/status", ratio_at_least(0.45, "≥0.45× bare req/s")),
     "outbox": ("/outbox", Target("report")),
+    "metrics": ("/metrics", ratio_at_least(0.3, "≥0.3× bare req/s")),
 }
 
 
