@@ -285,6 +285,70 @@ def test_sigkill_during_shutdown_completes_the_shutdown(
     assert not (sc.state_dir / persist.STATE_FILE).exists()
 
 
+def test_sigterm_before_the_new_supervisors_handlers_is_a_graceful_stop(
+    sidecar: Callable[..., Sidecar],
+) -> None:
+    """SIGTERM straight to a restarted supervisor while it is still importing (before its loop
+    installed handlers: its "API listening" line has not come yet). Signals stay blocked until
+    then, so it shuts down gracefully and exits 0; by the default action it would die, and
+    init would take that for a crash and start another."""
+    sc = sidecar("shell").start()
+    init = init_of(sc)
+    old = kill_supervisor(sc)
+    new = wait_for(
+        lambda: (s := supervisor_of(init)) is not None and s.pid != old.pid and s,
+        what="the new supervisor",
+    )
+    new.send_signal(signal.SIGTERM)
+    assert sc.log().count("API listening") == 1, "too late: the handlers were in place"
+    assert sc.proc is not None
+    assert sc.proc.wait(15) == 0
+    assert LEFT_BEHIND not in sc.log()
+    assert "supervisor crashed" in sc.log()  # the SIGKILL, and only that
+    assert sc.log().count("supervisor crashed") == 1
+
+
+def test_sigterm_while_a_supervisor_is_being_restarted_stops_the_sidecar(
+    sidecar: Callable[..., Sidecar], short_tmp: Path
+) -> None:
+    """A second crash within the window waits 0.5 s before the restart; a SIGTERM to init then
+    (or just before init reaped the dead one) is not lost: a supervisor is started at once, only
+    to adopt and shut down. Exit 0, CURRENT.md `killed`, nothing left for init to clean up."""
+    sc = sidecar("shell", SLEEVE_GOAL="Stop cleanly").start()
+    everyone = tree_pids(sc)
+    kill_supervisor(sc)
+    restarted(sc, 1)
+    kill_supervisor(sc)
+    init_of(sc).send_signal(signal.SIGTERM)
+    assert sc.proc is not None
+    assert sc.proc.wait(15) == 0
+    log = sc.log()
+    assert "shutting down at once" in log
+    assert LEFT_BEHIND not in log
+    assert gone(everyone)
+    current = (sc.workspace / ".cstack" / "CURRENT.md").read_text()
+    assert re.search(r"^killed\s*$", current, re.M), current
+
+
+def test_the_state_file_is_written_on_changes_only(sidecar: Callable[..., Sidecar]) -> None:
+    """The once-a-second tick has run (it turned a CURRENT.md edit into an event) and the state
+    file is untouched; a CLI exit, which changes the state, rewrites it."""
+    sc = sidecar("shell", SLEEVE_GOAL="Idle").start()
+    state = sc.state_dir / persist.STATE_FILE
+    before = state.stat().st_mtime_ns, state.stat().st_ino
+    with urllib.request.urlopen(sc.url + "/events", timeout=10) as events:
+        assert json.loads(events.readline())["type"] == "heartbeat"
+        current = sc.workspace / ".cstack" / "CURRENT.md"
+        current.write_text(current.read_text().replace("Idle", "Still idle"))
+        while json.loads(events.readline())["type"] != "progress-update":
+            pass
+    assert (state.stat().st_mtime_ns, state.stat().st_ino) == before
+    psutil.Process(sc.status()["cli_pid"]).kill()
+    sc.wait_status(lambda s: s["cli_state"] == "exited", "CLI exited")
+    wait_for(lambda: json.loads(state.read_text())["cli_state"] == "exited", what="state saved")
+    assert stop(sc) == 0
+
+
 def test_an_uncaught_exception_in_the_loop_restarts_and_adopts(
     make_sidecar: Callable[..., Sidecar], short_tmp: Path
 ) -> None:
