@@ -125,6 +125,13 @@ class SidecarCollector(Collector):
         yield CounterMetricFamily(
             "sidecar_tmux_heals", "tmux servers recreated after dying", value=stats.tmux_heals
         )
+        # Kept by init, so it survives the crashes it counts (the counters above start over
+        # with each supervisor, which Prometheus reads as a counter reset).
+        yield CounterMetricFamily(
+            "sidecar_supervisor_restarts",
+            "Supervisor crashes init recovered from (it started the supervisor again)",
+            value=sup.restarts,
+        )
         yield SummaryMetricFamily(
             "sidecar_resleeve_duration_seconds",
             "Finished resleeves: from the request to the new CLI running",

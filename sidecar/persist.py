@@ -7,20 +7,19 @@ corrupt file, one of another version, or one with an unknown or mistyped field i
 No fsync: the file lives in the runtime state dir and describes processes; a process crash
 keeps the page cache, and a machine crash takes the processes with it.
 
-To extend it, add a field with a default to `SupervisorState`: files written before still read.
+To extend it, add a field with a default to `SupervisorState`: files written before still read
+(a field removed or retyped wants `VERSION` bumped).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
-import types
 from collections.abc import Sequence
-from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import msgspec
 
 from sidecar.proc import start_time
 
@@ -29,8 +28,7 @@ VERSION = 1
 MAX_BYTES = 64 * 1024  # a larger file is not ours
 
 
-@dataclass(frozen=True)
-class ProcRef:
+class ProcRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One process, by pid and start time (`sidecar.proc.start_time`): a reused pid is another."""
 
     pid: int
@@ -45,10 +43,10 @@ class ProcRef:
         return start_time(self.pid) == self.start
 
 
-@dataclass(frozen=True)
-class SupervisorState:
+class SupervisorState(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a supervisor needs to take over from a dead one (and what /status reports)."""
 
+    version: int = VERSION
     init: ProcRef  # the init process this sidecar runs under: a file from another run names another
     cli: str  # the CLI's registry name (a resleeve's target once it is being started)
     cli_state: str  # sidecar.states.ProcState value
@@ -85,63 +83,25 @@ def cmdline_digest(pid: int) -> str | None:
     return digest([a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0")[:-1]])
 
 
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(SupervisorState)
+
+
 def encode(state: SupervisorState) -> bytes:
-    return json.dumps({"version": VERSION, **asdict(state)}, sort_keys=True).encode() + b"\n"
-
-
-class _Bad(Exception):
-    """A value that does not have its field's type."""
-
-
-def _conform(tp: Any, value: Any) -> Any:
-    origin = get_origin(tp)
-    if origin in (Union, types.UnionType):
-        for arg in get_args(tp):
-            with contextlib.suppress(_Bad):
-                return _conform(arg, value)
-        raise _Bad
-    if tp is type(None) and value is None:
-        return None
-    if origin is tuple and isinstance(value, list):
-        return tuple(_conform(get_args(tp)[0], item) for item in value)
-    if is_dataclass(tp) and isinstance(tp, type) and isinstance(value, dict):
-        return _build(tp, value)
-    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, str, bool) and type(value) is tp:
-        return value
-    raise _Bad
-
-
-def _build(cls: type[Any], data: dict[str, Any]) -> Any:
-    hints = get_type_hints(cls)
-    known = {f.name: f for f in fields(cls)}
-    if set(data) - set(known):
-        raise _Bad
-    values = {}
-    for name, field in known.items():
-        if name in data:
-            values[name] = _conform(hints[name], data[name])
-        elif field.default is MISSING:
-            raise _Bad
-    return cls(**values)
+    return _encoder.encode(state) + b"\n"
 
 
 def decode(raw: bytes) -> SupervisorState:
-    """The record in `raw`; ValueError saying why it is not one."""
+    """The record in `raw`; ValueError saying why it is not one (a missing, unknown or
+    mistyped field, bad JSON, another version)."""
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        msg = "not JSON (truncated or corrupt)"
+        state = _decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        msg = f"not a state record ({exc})"
         raise ValueError(msg) from None
-    if not isinstance(data, dict) or data.pop("version", None) != VERSION:
-        msg = f"not a version {VERSION} state record"
+    if state.version != VERSION:
+        msg = f"of version {state.version}, not {VERSION}"
         raise ValueError(msg)
-    try:
-        state: SupervisorState = _build(SupervisorState, data)
-    except _Bad:
-        msg = "a field is missing, unknown or of the wrong type"
-        raise ValueError(msg) from None
     return state
 
 

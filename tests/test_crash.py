@@ -229,6 +229,8 @@ def test_sigkill_while_idle_adopts_restarts_ttyd_and_tells_event_clients(
     [new_ttyd] = [p for p in init_of(sc).children(recursive=True) if p.name() == "ttyd"]
     assert new_ttyd.pid != old_ttyd.pid
     assert http("GET", sc.url + "/terminal/")[0] == 200
+    metrics = sc.get("/metrics")[1].decode()
+    assert "\nsidecar_supervisor_restarts_total 1.0\n" in metrics
     assert sc.get("/health")[1]["uptime"] >= uptime
     with urllib.request.urlopen(sc.url + "/events", timeout=10) as events:
         first = json.loads(events.readline())
