@@ -292,8 +292,12 @@ class Adopting:
         else:
             # EXITED/BACKOFF/FATAL: the pane shows why; a pending restart comes when it was due.
             self.cli = ProcStatus(state, exit_code=record.exit_code, reason=record.reason)
-        if state is ProcState.RUNNING:
-            # Fires at once if the CLI ended while no supervisor was watching.
+        if state is ProcState.RUNNING and live.dead:
+            # The CLI ended while no supervisor was watching: its exit is handled now (not by
+            # a pidfd: the dead pane's pid may belong to another process by now).
+            self._spawn(self._on_cli_exit(gen), "cli-exit")
+        elif state is ProcState.RUNNING:
+            # Fires at once if the CLI ends between the check and now.
             self._watch_pid(
                 "cli", live.pane_pid, lambda: self._spawn(self._on_cli_exit(gen), "cli-exit")
             )

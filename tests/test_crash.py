@@ -264,6 +264,27 @@ def test_sigkill_during_a_resleeve_finishes_it_with_one_cli(
     assert stop(sc) == 0
 
 
+def test_a_cli_that_exits_while_no_supervisor_runs_is_handled_by_the_next(
+    sidecar: Callable[..., Sidecar], short_tmp: Path
+) -> None:
+    """The supervisor is stopped (SIGSTOP), the CLI ends (SIGTERM: 143) and its pane dies, then
+    the supervisor is SIGKILLed. The next one adopts the dead pane and handles the exit as its
+    own: the exit code is recorded and the restart policy starts the CLI again."""
+    sc = sidecar("pidfile", SIDECAR_RESTART="on-failure").start()
+    pidfile = short_tmp / "pidfile.pid"
+    old = int(wait_for(pidfile.read_text, what="CLI pid"))
+    kill_supervisor(sc, signal.SIGSTOP)
+    os.kill(old, signal.SIGTERM)
+    wait_for(lambda: tmux(sc, "display-message", "-p", "-t", "main", "#{pane_dead}") == "1\n")
+    kill_supervisor(sc)
+    status = restarted(sc, 1)
+    assert status["cli_pid"] != old
+    assert "CLI pidfile exited with 143" in sc.log()
+    assert "supervisor restart 1: adopted" in sc.log()
+    wait_for(lambda: int(pidfile.read_text()) == status["cli_pid"], what="the CLI restarted")
+    assert stop(sc) == 0
+
+
 def test_sigkill_during_shutdown_completes_the_shutdown(
     sidecar: Callable[..., Sidecar], short_tmp: Path, where: str
 ) -> None:
