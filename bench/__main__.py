@@ -26,7 +26,18 @@ from typing import Any
 
 from bench import core
 from bench.context import Context
-from bench.figures import http, idle, launcher, outbox, resleeve, scale, soak, start, terminal
+from bench.figures import (
+    crash,
+    http,
+    idle,
+    launcher,
+    outbox,
+    resleeve,
+    scale,
+    soak,
+    start,
+    terminal,
+)
 
 log = logging.getLogger("bench")
 
@@ -35,6 +46,7 @@ log = logging.getLogger("bench")
 GROUPS: dict[str, ModuleType] = {
     "start": start,
     "resleeve": resleeve,
+    "crash": crash,
     "http": http,
     "outbox": outbox,
     "terminal": terminal,
@@ -42,7 +54,18 @@ GROUPS: dict[str, ModuleType] = {
     "scale": scale,
     "soak": soak,
 }
-ORDER = ["start", "resleeve", "http", "idle", "outbox", "terminal", "launcher", "scale", "soak"]
+ORDER = [
+    "start",
+    "resleeve",
+    "crash",
+    "http",
+    "idle",
+    "outbox",
+    "terminal",
+    "launcher",
+    "scale",
+    "soak",
+]
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 

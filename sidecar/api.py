@@ -36,6 +36,7 @@ from sidecar.shapes import (
     Progress,
     ResleeveAccepted,
     ResleeveRequest,
+    SidecarRestart,
     StatusAnswer,
 )
 from sidecar.states import ProcState
@@ -148,6 +149,7 @@ def status_body(sup: Supervisor) -> StatusAnswer:
         health="healthy" if sup.healthy else "degraded",
         repo=sup.config.repo,
         warnings=warnings,
+        sidecar_restarts=sup.restarts,
     )
 
 
@@ -174,8 +176,13 @@ async def events(request: web.Request) -> web.StreamResponse:
     response.force_close()  # a stream is the last answer on its connection
     try:
         await response.prepare(request)
-        # A first line at once: the client knows the stream is live and subscribed.
-        line: bytes | None = encode_line(Heartbeat())
+        # A first line at once: the client knows the stream is live and subscribed. From a
+        # supervisor started again after a crash, that line says so (streams of the dead one
+        # were cut: what happened in between is not replayed).
+        first: Heartbeat | SidecarRestart = Heartbeat()
+        if sup.restarted_at is not None:
+            first = SidecarRestart(time=sup.restarted_at, restarts=sup.restarts)
+        line: bytes | None = encode_line(first)
         while line is not None:  # None: dropped for not reading, or shutting down
             await asyncio.wait_for(response.write(line), EVENT_WRITE_TIMEOUT)
             try:

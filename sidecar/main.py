@@ -13,6 +13,7 @@ from sidecar.config import Config, ConfigError
 
 if TYPE_CHECKING:
     from sidecar.clis import CLIDef
+    from sidecar.init import Incarnation
 
 # The init process (PID 1) stays small: asyncio, aiohttp and the rest are imported in its child
 # only. Whatever init has imported before the fork is a copy the supervisor does not need.
@@ -51,8 +52,10 @@ def _prepare_state_dir(config: Config) -> None:
         raise ConfigError(msg)
 
 
-async def serve(config: Config, registry: dict[str, CLIDef]) -> int:
-    """Run until SIGTERM/SIGINT: API first (so /health answers at once), then the processes."""
+async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarnation) -> int:
+    """Run until SIGTERM/SIGINT: API first (so /health answers at once), then the processes
+    (started, or after a crash adopted). A task of the supervisor that fails ends it with 1
+    and nothing stopped: init starts a new one, which adopts what runs."""
     import asyncio
     import signal
 
@@ -68,8 +71,16 @@ async def serve(config: Config, registry: dict[str, CLIDef]) -> int:
         # Handlers only flag; the loop does the work.
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP ignored"))
+    # Now a SIGTERM has somewhere to go: the ones init held back since the fork arrive here.
+    incarnation.release_signals()
 
-    sup = Supervisor(config, registry, EventBus())
+    sup = Supervisor(
+        config,
+        registry,
+        EventBus(),
+        restarts=incarnation.restarts,
+        started=incarnation.started,
+    )
     # handler_cancellation: a handler whose client went away is cancelled at once instead of
     # holding its buffers; shutdown_timeout bounds how long shutdown waits for the rest (open
     # streams are ended by the app's on_shutdown hooks first).
@@ -91,14 +102,22 @@ async def serve(config: Config, registry: dict[str, CLIDef]) -> int:
             f"sidecar: SIDECAR_PORT: cannot listen on {config.host}:{config.port}: {reason}",
             file=sys.stderr,
         )
-        return 2
+        # At a restart the port was fine a moment ago: a crash (init tries again), not exit 2.
+        return 1 if incarnation.restarts else 2
     log.info("API listening on http://%s:%d", config.host, config.port)
-    try:
-        await sup.start()
-        await stop.wait()
-    finally:
-        await sup.shutdown()
-        await runner.cleanup()
+    if await sup.start(stop_at_once=incarnation.stop):
+        stop.set()
+    stopped = asyncio.ensure_future(stop.wait())
+    crashed = asyncio.ensure_future(sup.crashed.wait())
+    await asyncio.wait([stopped, crashed], return_when=asyncio.FIRST_COMPLETED)
+    if not stop.is_set():
+        stopped.cancel()
+        # Leave tmux and the CLI as they are (ttyd dies with us): the next supervisor adopts.
+        log.critical("supervisor crashed (a task failed): exiting for init to start a new one")
+        return 1
+    crashed.cancel()
+    await sup.shutdown()
+    await runner.cleanup()
     return 0
 
 
@@ -114,17 +133,21 @@ def run(env: dict[str, str]) -> int:
         known = ", ".join(sorted(registry))
         print(f"sidecar: SLEEVE_CLI: unknown CLI {config.cli!r}; known: {known}", file=sys.stderr)
 
-    def work() -> int:
+    def work(incarnation: Incarnation) -> int:
         import asyncio
 
         from sidecar.logs import setup_logging
 
         setup_logging()
-        return asyncio.run(serve(config, registry))
+        try:
+            return asyncio.run(serve(config, registry, incarnation))
+        except Exception:  # a bug: one JSON log line with the traceback, then init's restart
+            log.critical("supervisor crashed", exc_info=True)
+            return 1
 
     from sidecar.init import run_as_init
 
-    return run_as_init(work)
+    return run_as_init(work, grace=config.stop_grace)
 
 
 def main(argv: list[str] | None = None) -> int:

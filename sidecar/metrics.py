@@ -237,6 +237,12 @@ class Metrics:
             [({"code": code}, n) for code, n in sorted(stats.cli_exits.items())],
         )
         out.one(
+            "sidecar_supervisor_restarts_total",
+            "counter",
+            "Supervisors started again by init after a crash",
+            sup.restarts,
+        )
+        out.one(
             "sidecar_cli_restarts_total",
             "counter",
             "CLI starts by the restart policy",

@@ -1,9 +1,11 @@
-"""Process identity that survives pid reuse and wall-clock steps (used by the supervisor and the
-launcher alike; standard library only)."""
+"""Process identity that survives pid reuse and wall-clock steps (used by init, the supervisor
+and the launcher alike), and dying with a parent; standard library only."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+from collections.abc import Callable
 
 
 def start_time(pid: int) -> float | None:
@@ -21,3 +23,27 @@ def start_time(pid: int) -> float | None:
     # Field 2 (the command name, in parentheses) may hold spaces and ')': split after the last.
     ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def parent_death_signal(sig: int) -> Callable[[int], None]:
+    """A function for a freshly forked child: `arm(parent)` has the kernel send `sig` to the
+    child when `parent` (the thread that forked it) dies.
+
+    libc is looked up here, in the parent: a lookup after fork could block on a loader lock
+    some other thread of the parent held at the time. `arm` also closes the race with a parent
+    that died before the call (no signal would ever come): it then sends `sig` at once (it
+    stays pending while blocked). The kernel clears the setting on a change of credentials
+    (setuid) and children do not inherit it, so `arm` must run after any setuid, in the very
+    process that is to die.
+    """
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm(parent: int) -> None:
+        prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return arm

@@ -58,17 +58,22 @@ def collect_tree(root: int, root_started: float | None) -> list[psutil.Process]:
 
     `root` is only taken for itself when its start time is still `root_started`: a process that
     died long ago may have left its pid to an unrelated one. Session members need no such check,
-    as the kernel never hands out a pid that is still some process's session id.
+    as the kernel never hands out a pid that is still some process's session id; but when
+    `root`'s pid is in use by another process, the old session is gone for sure (a recorded
+    pid from a crashed supervisor), and that process's own session is none of ours.
     """
     procs: dict[int, psutil.Process] = {}
+    started = start_time(root)
     try:
         top = psutil.Process(root)
-        if root_started is not None and start_time(root) == root_started:
+        if root_started is not None and started == root_started:
             procs[root] = top
             for child in top.children(recursive=True):
                 procs[child.pid] = child
     except psutil.NoSuchProcess:
         pass
+    if started is not None and root_started is not None and started != root_started:
+        return list(procs.values())
     for pid in psutil.pids():
         if pid in procs or pid == os.getpid():
             continue

@@ -97,6 +97,9 @@ class StatusAnswer(Answer):
     health: Health
     repo: Annotated[str | None, Meta(description="`SLEEVE_REPO`")]
     warnings: Annotated[list[str], Meta(description="problems worth a look")]
+    sidecar_restarts: Annotated[
+        int, Meta(ge=0, description="supervisor crashes init recovered from (see README)")
+    ]
 
 
 # ---- messages ----------------------------------------------------------------------------------
@@ -192,7 +195,14 @@ class Event(Struct, tag_field="type", kw_only=True):
 
 
 class Heartbeat(Event, tag="heartbeat"):
-    """The first line of every stream, and after 15 s of silence."""
+    """The first line of every stream (but see `sidecar-restart`), and after 15 s of silence."""
+
+
+class SidecarRestart(Event, tag="sidecar-restart"):
+    """The first line of a stream from a supervisor that init started again after a crash (at
+    `time`). Streams of the dead one were cut; what happened in between is not replayed."""
+
+    restarts: Annotated[int, Meta(ge=1, description="supervisor crashes so far")]
 
 
 class ProgressUpdate(Event, tag="progress-update"):
@@ -235,7 +245,9 @@ class ErrorEvent(Event, tag="error"):
     cli: str | UnsetType = UNSET
 
 
-AnyEvent = Heartbeat | ProgressUpdate | Completion | CliExit | Resleeve | ErrorEvent
+AnyEvent = (
+    Heartbeat | SidecarRestart | ProgressUpdate | Completion | CliExit | Resleeve | ErrorEvent
+)
 EVENT_TYPES: tuple[str, ...] = tuple(str(t.__struct_config__.tag) for t in get_args(AnyEvent))
 
 #: Every named schema the OpenAPI document lists, in the order it lists them.

@@ -2,7 +2,9 @@
 
 Start and stop order, the restart policy with backoff, self-healing when tmux dies, and the
 soft resleeve (stop the CLI's whole tree, start the next CLI in the same pane). Process exits
-are noticed through pidfds on the event loop, never by polling tmux.
+are noticed through pidfds on the event loop, never by polling tmux. Every change of state is
+saved to a file (`sidecar.persist`), so that a supervisor started again after a crash adopts
+the running session and CLI (`take_over`) instead of starting them anew.
 """
 
 from __future__ import annotations
@@ -19,26 +21,33 @@ from typing import Any
 
 import psutil
 
-from sidecar import cstack_files
+from sidecar import cstack_files, persist
+from sidecar.adopt import Adopting
 from sidecar.clis import CLIDef, claude_has_history
 from sidecar.config import Config, RestartPolicy
+from sidecar.contract import utc_now
 from sidecar.events import EventBus
+from sidecar.persist import ProcRef
 from sidecar.proc import start_time
 from sidecar.proctree import stop_tree, wait_exited
 from sidecar.shapes import CliExit, ErrorEvent, Resleeve
 from sidecar.states import BACKOFF_RESET_AFTER, ProcState, ProcStatus, backoff_delay
 from sidecar.stats import SupervisorStats
-from sidecar.tmux import SESSION, PaneInfo, Tmux, TmuxError, recreate_socket
-from sidecar.ttyd import TtydRunner
+from sidecar.tmux import (
+    SESSION,
+    PaneInfo,
+    Tmux,
+    TmuxError,
+    fatal_pane_argv,
+    pane_command,
+    recreate_socket,
+)
+from sidecar.ttyd import TtydRunner, stop_stale
 from sidecar.watch import CurrentWatcher
 
 log = logging.getLogger(__name__)
 
 TICK = 1.0  # the only periodic work: one stat of CURRENT.md and of the tmux socket
-# What the pane runs instead of a CLI that cannot start: the reason, kept on screen. (When a
-# pane dies, tmux 3.3a moves its screen into the history, so a browser attaching later would
-# see only "Pane is dead".) The reason is a positional parameter, never parsed as shell syntax.
-FATAL_PANE_SCRIPT = 'printf "sidecar: %s\\n" "$1"; exec sleep infinity'
 SECRET_VARS = ("SIDECAR_TOKEN", "SIDECAR_VIEW_TOKEN")
 
 
@@ -50,8 +59,16 @@ class UnknownCLI(Exception):
     """The requested CLI is not in the registry."""
 
 
-class Supervisor:
-    def __init__(self, config: Config, registry: Mapping[str, CLIDef], bus: EventBus) -> None:
+class Supervisor(Adopting):
+    def __init__(
+        self,
+        config: Config,
+        registry: Mapping[str, CLIDef],
+        bus: EventBus,
+        *,
+        restarts: int = 0,
+        started: float | None = None,
+    ) -> None:
         self.config = config
         self.registry = dict(registry)
         self.bus = bus
@@ -64,8 +81,15 @@ class Supervisor:
             state_dir=config.state_dir,
             path_env=config.child_env.get("PATH"),
             bus=bus,
+            on_change=self._save,
         )
-        self.started = time.monotonic()
+        # The sidecar's start (init's), not this supervisor's: /health's uptime survives a crash.
+        self.started = time.monotonic() if started is None else started
+        self.restarts = restarts  # supervisors that ran before this one (crashed)
+        self.restarted_at = utc_now() if restarts else None
+        # Set when a task of ours failed: `main` then ends this supervisor without stopping
+        # anything, and init starts a new one that adopts what runs (crash-only).
+        self.crashed = asyncio.Event()
         self.warnings: list[str] = []
         self.stats = SupervisorStats()
         self.current = CurrentWatcher(config.workspace / ".cstack" / "CURRENT.md", bus)
@@ -75,9 +99,23 @@ class Supervisor:
         self.pane: PaneInfo | None = None
         self._pane_started: float | None = None  # the pane process's start time (pid reuse)
         self.resleeving = False
+        self._resleeve_move: tuple[str, str] | None = None  # (from, to) while one is under way
         self._stopping = False
         self._gen = 0  # bumped on every CLI launch; stale exit notices compare against it
         self._backoff_n = 0
+        self._restart_due: float | None = None  # time.monotonic() of the backoff's restart
+        # What the state file says besides the above (see `SupervisorState`).
+        self.state_file = config.state_dir / persist.STATE_FILE
+        self._init = ProcRef.of(os.getppid())
+        self._saved = b""
+        self._argv: tuple[str, ...] = ()
+        self._resume = False
+        self._pane_command = ""
+        self._server: ProcRef | None = None
+        self._cli_ref: ProcRef | None = None
+        # A pane process a dead supervisor recorded, whose tmux server is gone: its CLI may
+        # live on (one that ignores SIGHUP), and shutdown stops it.
+        self._orphan: ProcRef | None = None
         self._cli_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._backoff_task: asyncio.Task[None] | None = None
@@ -94,8 +132,11 @@ class Supervisor:
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("task %s failed", task.get_name(), exc_info=task.exception())
+            log.critical("task %s failed", task.get_name(), exc_info=task.exception())
             self.bus.publish(ErrorEvent(message=f"internal task {task.get_name()} failed"))
+            # A failed task leaves state nobody can trust: crash, be started again, adopt.
+            if not self._stopping:
+                self.crashed.set()
 
     def _watch_pid(self, key: str, pid: int, callback: Callable[[], object]) -> None:
         """Call `callback()` on the loop when `pid` exits (pidfd readable)."""
@@ -149,31 +190,48 @@ class Supervisor:
 
     # ---- lifecycle -----------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Start tmux with the CLI, then ttyd. The state dir exists already (0700): `main`
-        makes it before anything starts, so that an unusable one is a configuration error."""
+    async def start(self, *, stop_at_once: bool = False) -> bool:
+        """Start tmux with the CLI, and ttyd beside it; after a crash, take over what runs.
+        Returns whether to shut down at once: init asked (`stop_at_once`: a SIGTERM came while
+        no supervisor was running, or the last one died after it), or the dead supervisor had
+        begun a shutdown. Then nothing new is started. The state dir exists already (0700):
+        `main` makes it before anything starts, so that an unusable one is a configuration
+        error."""
         cfg = self.config
         for var in SECRET_VARS:
             # Children (tmux, the CLI, ttyd) must not inherit the API's tokens.
             os.environ.pop(var, None)
+        record, found = persist.load(self.state_file)
+        ours = record if record is not None and record.init == self._init else None
+        if ours is not None and ours.ttyd is not None:
+            await stop_stale(ours.ttyd, cfg.tmux_socket)
+        if stop_at_once or (ours is not None and ours.stopping):
+            await self._take_over_to_stop(ours)
+            return True
         try:
             cfg.workspace.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             self.warnings.append(f"workspace {cfg.workspace} cannot be created: {exc.strerror}")
         if cfg.workspace.is_dir() and not os.access(cfg.workspace, os.W_OK):
             self.warnings.append(f"workspace {cfg.workspace} is read-only")
-        if cfg.goal:
+        if cfg.goal and not self.restarts:  # a restart must not undo the agent's own edits
             try:
                 await asyncio.to_thread(cstack_files.write_goal, self.current.path, cfg.goal)
             except OSError as exc:
                 self.warnings.append(f"SLEEVE_GOAL not written to CURRENT.md: {exc.strerror}")
+        if ours is not None:
+            self.warnings += [w for w in ours.warnings if w not in self.warnings]
         self.current.get()
         # ttyd starts beside the CLI, not after it: it needs the tmux session only when a
         # browser attaches, and /terminal must be usable as soon as /health says healthy.
         self._spawn(self.ttyd.run(), "ttyd")
         async with self._cli_lock:
-            await self._launch_cli(resume=False, fresh_server=True)
+            if record is None and not self.restarts:
+                await self._launch_cli(resume=False, fresh_server=True)  # a first start
+            else:
+                await self._take_over(record, found)
         self._spawn(self._tick(), "tick")
+        return False
 
     async def _launch_cli(self, *, resume: bool, fresh_server: bool) -> None:
         """Start the current CLI in the pane (caller holds `_cli_lock`)."""
@@ -182,10 +240,18 @@ class Supervisor:
         argv, env, fatal = self._plan_launch(resume=resume)
         if fatal is not None:
             # The session must exist for the terminal; its pane says what is wrong.
-            argv, env = ("sh", "-c", FATAL_PANE_SCRIPT, "sidecar-fatal", fatal), {}
+            argv, env = fatal_pane_argv(fatal), {}
         self._gen += 1
         gen = self._gen
+        # -> STARTING, saved before tmux is asked: a supervisor taking over after a crash
+        # from here on tells by the pane's argv whether this launch happened.
         self.cli = ProcStatus(ProcState.STARTING)
+        self._argv, self._resume = tuple(argv), resume
+        self._pane_command = persist.digest(pane_command(argv, env, self.tmux.status_file))
+        self._cli_ref, self._restart_due = None, None
+        if fresh_server:
+            self._server = None
+        self._save()
         try:
             if fresh_server:
                 pane = await asyncio.to_thread(self.tmux.start, argv, self.config.workspace, env)
@@ -195,24 +261,24 @@ class Supervisor:
             self.cli = ProcStatus(ProcState.FATAL, reason=f"tmux failed: {exc}")
             log.error("cannot start the CLI in tmux: %s", exc)
             self.bus.publish(ErrorEvent(message=self.cli.reason or "tmux failed"))
+            self._save()
             return
-        self.pane = pane
-        self._pane_started = start_time(pane.pane_pid)
         if fresh_server:
-            self._watch_pid(
-                "tmux",
-                pane.server_pid,
-                lambda: self._spawn(self._on_tmux_exit(pane.server_pid), "heal"),
-            )
+            self._take_pane(pane, None)
+        else:
+            self.pane, self._pane_started = pane, start_time(pane.pane_pid)
         if fatal is not None:
             # FATAL: the placeholder pane exits at once; nothing restarts it.
             self.cli = ProcStatus(ProcState.FATAL, reason=fatal)
             log.error("CLI %s cannot start: %s", self.cli_name, fatal)
             self.bus.publish(ErrorEvent(message=fatal, cli=self.cli_name))
+            self._save()
             return
         # STARTING -> RUNNING: the pane's waiter has started the CLI.
         pid = await self._cli_pid(pane.pane_pid)
+        self._cli_ref = ProcRef.of(pid)
         self.cli = ProcStatus(ProcState.RUNNING, pid=pid, started_at=time.monotonic())
+        self._save()
         log.info("CLI %s running as pid %s: %s", self.cli_name, pid, list(argv))
         self._watch_pid(
             "cli", pane.pane_pid, lambda: self._spawn(self._on_cli_exit(gen), "cli-exit")
@@ -230,6 +296,8 @@ class Supervisor:
         log.warning("CLI %s exited with %s after %.1fs", self.cli_name, code, ran)
         self.stats.cli_exited(code)
         self.bus.publish(CliExit(cli=self.cli_name, exit_code=code, pid=self.cli.pid))
+        self._cli_ref = None
+        self._save()
         policy = self.config.restart
         if policy is RestartPolicy.ALWAYS or (policy is RestartPolicy.ON_FAILURE and code != 0):
             if ran >= BACKOFF_RESET_AFTER:
@@ -240,6 +308,8 @@ class Supervisor:
             self.cli = replace(
                 self.cli, state=ProcState.BACKOFF, reason=f"restarting in {delay:g}s"
             )
+            self._restart_due = time.monotonic() + delay
+            self._save()
             self._backoff_task = self._spawn(self._restart_after(delay, gen), "backoff")
 
     async def _cli_pid(self, waiter: int) -> int | None:
@@ -302,6 +372,9 @@ class Supervisor:
         """The CLI's whole tree: SIGTERM/SIGHUP, SIGKILL what is left after the grace."""
         if self.pane is not None:
             await stop_tree(self.pane.pane_pid, self._pane_started, self.config.stop_grace)
+        if self._orphan is not None:
+            await stop_tree(self._orphan.pid, self._orphan.start, self.config.stop_grace)
+            self._orphan = None
 
     # ---- resleeve ------------------------------------------------------------------------
 
@@ -328,27 +401,41 @@ class Supervisor:
             async with self._cli_lock:
                 previous = self.cli_name
                 self.bus.publish(Resleeve(phase="started", previous=previous, cli=name))
-                self._cancel_backoff()
-                # RUNNING/EXITED/BACKOFF -> STOPPING: exits from here on are ours.
-                self.cli = replace(self.cli, state=ProcState.STOPPING)
-                self._unwatch("cli")
-                if self.pane is not None:
-                    await self._stop_pane_tree()
-                self.cli_name = name
-                self._backoff_n = 0
-                await self._launch_cli(resume=True, fresh_server=self.pane is None)
-                self.bus.publish(
-                    Resleeve(
-                        phase="done",
-                        previous=previous,
-                        cli=name,
-                        pid=self.cli.pid,
-                        state=self.cli.state,
-                    )
-                )
+                await self._resleeve_steps(previous, name, stop_first=True)
                 self.stats.resleeved(time.monotonic() - began)
         finally:
             self.resleeving = False
+
+    async def _finish_resleeve(self, previous: str, name: str, *, stop_first: bool) -> None:
+        """The rest of a resleeve a crashed supervisor began (caller holds `_cli_lock`)."""
+        self.resleeving = True
+        try:
+            await self._resleeve_steps(previous, name, stop_first=stop_first)
+        finally:
+            self.resleeving = False
+
+    async def _resleeve_steps(self, previous: str, name: str, *, stop_first: bool) -> None:
+        """Stop the CLI's tree, start `name` with its resume argv (caller holds `_cli_lock`).
+        Each step is saved before it is taken, so that a supervisor that crashes half way
+        leaves a state file from which the next one finishes the resleeve."""
+        self._resleeve_move = (previous, name)
+        if stop_first:
+            self._cancel_backoff()
+            # RUNNING/EXITED/BACKOFF -> STOPPING: exits from here on are ours.
+            self.cli = replace(self.cli, state=ProcState.STOPPING)
+            self._save()
+            self._unwatch("cli")
+            await self._stop_pane_tree()
+            self.cli_name = name
+            self._backoff_n = 0
+            await self._launch_cli(resume=True, fresh_server=self.pane is None)
+        self._resleeve_move = None
+        self._save()
+        self.bus.publish(
+            Resleeve(
+                phase="done", previous=previous, cli=name, pid=self.cli.pid, state=self.cli.state
+            )
+        )
 
     # ---- periodic ------------------------------------------------------------------------
 
@@ -371,13 +458,15 @@ class Supervisor:
             return
         self._stopping = True
         log.info("shutting down")
+        # A supervisor that crashes from here on is started again only to finish this.
+        self._save()
         self._cancel_backoff()
         self._unwatch("tmux")
         # A resleeve or heal under way finishes its stop first and then starts nothing
         # (`_launch_cli` checks `_stopping`); only then is the pane's tree stopped here.
         async with self._cli_lock:
             self._unwatch("cli")
-            if self.pane is not None:
+            if self.pane is not None or self._orphan is not None:
                 # -> STOPPING -> STOPPED
                 self.cli = replace(self.cli, state=ProcState.STOPPING)
                 await self._stop_pane_tree()
@@ -393,6 +482,9 @@ class Supervisor:
             await asyncio.to_thread(cstack_files.write_status, self.current.path, "killed")
         except OSError as exc:
             log.warning("could not mark CURRENT.md killed: %s", exc)
+        # Nothing is left to adopt.
+        self._init = None  # no more saves
+        persist.remove(self.state_file)
         for task in list(self._tasks):
             if task is not asyncio.current_task():
                 task.cancel()

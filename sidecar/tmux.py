@@ -38,6 +38,16 @@ set -s set-clipboard off
 """
 
 
+# What the pane runs instead of a CLI that cannot start: the reason, kept on screen. (When a
+# pane dies, tmux 3.3a moves its screen into the history, so a browser attaching later would
+# see only "Pane is dead".) The reason is a positional parameter, never parsed as shell syntax.
+FATAL_PANE_SCRIPT = 'printf "sidecar: %s\\n" "$1"; exec sleep infinity'
+
+
+def fatal_pane_argv(reason: str) -> tuple[str, ...]:
+    return ("sh", "-c", FATAL_PANE_SCRIPT, "sidecar-fatal", reason)
+
+
 class TmuxError(Exception):
     """tmux could not do what was asked; the message says what."""
 
@@ -168,6 +178,16 @@ class Tmux:
             server_pid=int(server_pid),
             tty=tty,
         )
+
+    def find_pane(self) -> PaneInfo | None:
+        """The pane of session `main` on our socket as it runs now (a supervisor started again
+        adopts it); None when no server answers there or it has no such session."""
+        if not self.socket_path.exists():
+            return None  # no tmux call: this is every first start
+        try:
+            return self.pane_info()
+        except TmuxError:
+            return None
 
     def kill_server(self) -> None:
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import importlib.util
 import logging
@@ -18,12 +19,17 @@ import os
 import platform
 import secrets
 import shutil
+import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sidecar.events import EventBus
+from sidecar.persist import ProcRef
+from sidecar.proc import parent_death_signal
+from sidecar.proctree import wait_exited
 from sidecar.shapes import ErrorEvent
 from sidecar.states import BACKOFF_RESET_AFTER, ProcState, ProcStatus, backoff_delay
 
@@ -175,6 +181,29 @@ async def wait_port(host: str, port: int, deadline: float) -> bool:
 
 READY_WITHIN = 5.0  # seconds from spawn until ttyd must accept connections
 RETRY_SOON = 0.1  # seconds before the first retry after ttyd ran long enough to count as healthy
+STALE_WAIT = 2.0  # seconds a dead supervisor's ttyd gets to vanish after SIGKILL
+
+
+def is_our_ttyd(pid: int, tmux_socket: Path) -> bool:
+    """Whether `pid` runs ttyd attached to `tmux_socket` (what `ttyd_argv` builds)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return b"--base-path" in argv and os.fsencode(tmux_socket) in argv
+
+
+async def stop_stale(ttyd: ProcRef, tmux_socket: Path) -> bool:
+    """SIGKILL the ttyd a dead supervisor started, and wait until it is gone: it holds the port
+    and a credential nobody knows any more. Its parent-death signal kills it too, but maybe not
+    before a new supervisor wants the port. Whether there was one to stop."""
+    if not ttyd.alive() or not is_our_ttyd(ttyd.pid, tmux_socket):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(ttyd.pid, signal.SIGKILL)
+    await wait_exited([ttyd.pid], STALE_WAIT)
+    return True
 
 
 class TtydRunner:
@@ -190,6 +219,7 @@ class TtydRunner:
         state_dir: Path,
         path_env: str | None,
         bus: EventBus,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.port = port
         self.tmux_socket = tmux_socket
@@ -197,7 +227,10 @@ class TtydRunner:
         self.state_dir = state_dir
         self.path_env = path_env
         self.bus = bus
+        self.on_change = on_change  # called when `status` or `process` changed
         self.status = ProcStatus()
+        # The ttyd process from its spawn until it has exited (the supervisor persists it).
+        self.process: ProcRef | None = None
         # The running ttyd's credential (new on every start); only the /terminal proxy uses it.
         self.credential: Credential | None = None
         self._proc: asyncio.subprocess.Process | None = None
@@ -209,6 +242,8 @@ class TtydRunner:
         self.status = status
         self._changed.set()
         self._changed = asyncio.Event()
+        if self.on_change is not None:
+            self.on_change()
 
     async def usable(self, timeout: float = READY_WITHIN) -> Credential | None:
         """The running ttyd's credential; while ttyd is (about to be) starting, wait for it up to
@@ -240,6 +275,7 @@ class TtydRunner:
             # STOPPED/BACKOFF -> STARTING
             self._set(ProcStatus(ProcState.STARTING))
             code, problem = await self._once(binary, started)
+            self.process = None
             if self._stopping:
                 break
             failures = 0 if time.monotonic() - started >= BACKOFF_RESET_AFTER else failures + 1
@@ -269,16 +305,24 @@ class TtydRunner:
             credential=credential,
         )
         self.credential = credential
+        arm, supervisor = parent_death_signal(signal.SIGKILL), os.getpid()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
+                # ttyd dies with the supervisor that started it (its credential dies there too),
+                # so a crashed supervisor leaves no ttyd holding the port. subprocess runs this
+                # after any user/group change it makes, which would clear the setting.
+                preexec_fn=lambda: arm(supervisor),
             )
         except OSError as exc:
             return None, f"cannot start {binary}: {exc.strerror}"
         self._proc = proc
+        self.process = ProcRef.of(proc.pid)
+        if self.on_change is not None:
+            self.on_change()
         # Ends by itself when ttyd's output closes; cancelled at stop() should a child hold it.
         task = asyncio.create_task(self._forward_output(proc, credential), name="ttyd-log")
         self._log_tasks.add(task)
@@ -316,6 +360,7 @@ class TtydRunner:
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+        self.process = None
         for task in list(self._log_tasks):
             task.cancel()
         await asyncio.gather(*self._log_tasks, return_exceptions=True)

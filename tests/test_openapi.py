@@ -216,6 +216,7 @@ STATUS = {
     "health": "healthy",
     "repo": None,
     "warnings": [],
+    "sidecar_restarts": 0,
     "state": "extra fields are fine",
 }
 

@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+from sidecar.init import MAX_CRASHES
 from tests.harness import (
     CLIS,
     REPO,
@@ -146,11 +147,17 @@ def test_run_as_init_keeps_exit_statuses_exact_while_it_reaps_a_stream_of_orphan
 
 
 @pytest.mark.parametrize("signo", [signal.SIGKILL, signal.SIGUSR1])
-def test_run_as_init_returns_128_plus_n_when_work_dies_by_signal_n(
+def test_run_as_init_returns_128_plus_n_when_work_dies_by_signal_n_every_time(
     short_tmp: Path, signo: signal.Signals
 ) -> None:
+    """init starts work again after each death (a crash), and gives up at the MAX_CRASHES-th
+    within the window with that death's code."""
     code, lines = run_init_program(short_tmp, "signal", str(int(signo)))
-    assert lines[0] == {"work_ppid": 1}
+    runs = [line for line in lines if "work_ppid" in line]
+    assert runs == [{"work_ppid": 1, "restarts": n} for n in range(MAX_CRASHES)]
+    crashes = [line for line in lines if line.get("logger") == "sidecar.init"]
+    assert [c["signal"] for c in crashes] == [signo.name] * MAX_CRASHES
+    assert "giving up" in crashes[-1]["msg"]
     assert lines[-1] == {"init_pid": 1, "code": 128 + signo}
     assert code == 128 + signo
 

@@ -7,7 +7,8 @@ to the init and are reaped there) while it waits, concurrently, for `sh -c "exit
 session on a private socket under DIR: exit 1). It exits 0 only if every status was exact, and
 prints the mismatches otherwise.
 
-`python init_statuses.py signal N`: `work` kills itself with signal N.
+`python init_statuses.py signal N`: `work` kills itself with signal N, every time init starts
+it again.
 
 The line printed last is `{"init_pid", "work_ppid", "code", ...}`; the process exits with the
 code `run_as_init` returned.
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import libtmux
 
-from sidecar.init import run_as_init
+from sidecar.init import Incarnation, run_as_init
 
 ROUNDS = 100
 # An orphan factory: double-forks until its stdin closes, then says how many it made and
@@ -49,7 +50,7 @@ sys.exit(4)
 def statuses(tmp: Path) -> int:
     report = tmp / "report.json"
 
-    def work() -> int:
+    def work(_: Incarnation) -> int:
         bad: list[str] = []
         factory = subprocess.Popen(
             [sys.executable, "-c", ORPHANS],
@@ -100,8 +101,9 @@ def statuses(tmp: Path) -> int:
 
 
 def killed_by(signo: int) -> int:
-    def work() -> int:
-        print(json.dumps({"work_ppid": os.getppid()}), flush=True)
+    def work(incarnation: Incarnation) -> int:
+        print(json.dumps({"work_ppid": os.getppid(), "restarts": incarnation.restarts}), flush=True)
+        incarnation.release_signals()  # as the supervisor does once its handlers are in place
         os.kill(os.getpid(), signo)  # delivered before kill() returns: work never returns
         return 0
 
