@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar import persist
 from sidecar.init import MAX_CRASHES
@@ -229,8 +230,9 @@ def test_sigkill_while_idle_adopts_restarts_ttyd_and_tells_event_clients(
     [new_ttyd] = [p for p in init_of(sc).children(recursive=True) if p.name() == "ttyd"]
     assert new_ttyd.pid != old_ttyd.pid
     assert http("GET", sc.url + "/terminal/")[0] == 200
-    metrics = sc.get("/metrics")[1].decode()
-    assert "\nsidecar_supervisor_restarts_total 1.0\n" in metrics
+    families = text_string_to_metric_families(sc.get("/metrics")[1].decode())
+    restarts = {s.name: s.value for f in families for s in f.samples}
+    assert restarts["sidecar_supervisor_restarts_total"] == 1
     assert sc.get("/health")[1]["uptime"] >= uptime
     with urllib.request.urlopen(sc.url + "/events", timeout=10) as events:
         first = json.loads(events.readline())
