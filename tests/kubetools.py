@@ -9,6 +9,7 @@ oldest and newest supported versions, the pod spec against the restricted profil
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -61,9 +62,11 @@ def helm(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def helm_with(values: Obj | None, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-    """`helm ARGS -f <values as a file>` (a file keeps every type and any text as it is)."""
+    """`helm ARGS -f <values as a file>` (a file keeps every type and any text as it is). The
+    file is JSON, which YAML reads as it is: PyYAML would write a string such as `12345e67` (a
+    slot id) unquoted, and Go's YAML decoder, which helm uses, reads that as a number."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as fh:
-        yaml.safe_dump(values or {}, fh)
+        json.dump(values or {}, fh)
         fh.flush()
         return helm(*args, "-f", fh.name, ok=ok)
 
