@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
@@ -19,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from sidecar import cstack_files
+from sidecar import cstack_files, privs
 from sidecar.clis import CLIDef, claude_has_history
 from sidecar.config import Config, RestartPolicy
 from sidecar.events import EventBus
@@ -56,19 +55,33 @@ class Supervisor:
         self.bus = bus
         self.cli_name = config.cli
         self.cli = ProcStatus()
+        # With SIDECAR_USER: the CLI's environment (its HOME), and how the sidecar acts in the
+        # workspace (as that user; see sidecar.privs). Without it: the sidecar's own.
+        self.cli_env = privs.user_env(config.child_env, config.user, config.cli_home or Path())
+        user_env = self.cli_env if config.user is not None else None
+        self.owner = privs.workspace_owner(config.user, config.workspace, os.geteuid())
         self.ttyd = TtydRunner(
             port=config.ttyd_port,
+            socket_path=config.ttyd_socket,
             tmux_socket=config.tmux_socket,
             session=SESSION,
             state_dir=config.state_dir,
             path_env=config.child_env.get("PATH"),
             bus=bus,
+            run_as=config.user,
+            env=user_env,
         )
         self.started = time.monotonic()
         self.warnings: list[str] = []
-        self.current = CurrentWatcher(config.workspace / ".cstack" / "CURRENT.md", bus)
+        self.current = CurrentWatcher(
+            config.workspace / ".cstack" / "CURRENT.md", bus, config.workspace, self.owner
+        )
         self.tmux = Tmux(
-            config.tmux_socket, config.state_dir / "tmux.conf", config.state_dir / "cli.status"
+            config.tmux_socket,
+            config.state_dir / "tmux.conf",
+            config.session_dir / "cli.status",
+            run_as=config.user,
+            env=user_env,
         )
         self.pane: PaneInfo | None = None
         self._pane_started: float | None = None  # the pane process's start time (pid reuse)
@@ -130,19 +143,20 @@ class Supervisor:
             return (), {}, fatal
         argv = self._argv_for(cli, resume=resume)
         env = dict(cli.env)
-        path = {**self.config.child_env, **env}.get("PATH", os.defpath)
-        if shutil.which(argv[0], path=path) is None:
+        path = {**self.cli_env, **env}.get("PATH", os.defpath)
+        if privs.which(argv[0], path, self.owner) is None:
             fatal = f"{argv[0]!r} not found on PATH ({path}); the {cli.name} CLI is not installed"
             return argv, env, fatal
         return argv, env, None
 
     def _argv_for(self, cli: CLIDef, *, resume: bool) -> tuple[str, ...]:
-        env = self.config.child_env
-        history = claude_has_history(
-            self.config.workspace,
-            Path(env.get("HOME", "/root")),
-            Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else None,
-        )
+        env = self.cli_env
+        with privs.acting(self.owner):  # the history is the CLI user's, maybe private to it
+            history = claude_has_history(
+                self.config.workspace,
+                Path(env.get("HOME", "/root")),
+                Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else None,
+            )
         return cli.argv(resume=resume, has_history=history)
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -154,15 +168,21 @@ class Supervisor:
         for var in SECRET_VARS:
             # Children (tmux, the CLI, ttyd) must not inherit the API's tokens.
             os.environ.pop(var, None)
-        try:
-            cfg.workspace.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            self.warnings.append(f"workspace {cfg.workspace} cannot be created: {exc.strerror}")
-        if cfg.workspace.is_dir() and not os.access(cfg.workspace, os.W_OK):
-            self.warnings.append(f"workspace {cfg.workspace} is read-only")
+        with privs.acting(self.owner):  # made by, and checked for, the CLI's user
+            try:
+                cfg.workspace.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                self.warnings.append(f"workspace {cfg.workspace} cannot be created: {exc.strerror}")
+            if cfg.workspace.is_dir() and not os.access(
+                cfg.workspace, os.W_OK, effective_ids=os.access in os.supports_effective_ids
+            ):
+                who = f" for SIDECAR_USER {cfg.user.spec}" if cfg.user else ""
+                self.warnings.append(f"workspace {cfg.workspace} is read-only{who}")
         if cfg.goal:
             try:
-                await asyncio.to_thread(cstack_files.write_goal, self.current.path, cfg.goal)
+                await asyncio.to_thread(
+                    cstack_files.write_goal, self.current.path, cfg.goal, cfg.workspace, self.owner
+                )
             except OSError as exc:
                 self.warnings.append(f"SLEEVE_GOAL not written to CURRENT.md: {exc.strerror}")
         self.current.get()
@@ -383,7 +403,13 @@ class Supervisor:
             await wait_exited([self.pane.server_pid], 2.0)
         self.cli = replace(self.cli, state=ProcState.STOPPED)
         try:
-            await asyncio.to_thread(cstack_files.write_status, self.current.path, "killed")
+            await asyncio.to_thread(
+                cstack_files.write_status,
+                self.current.path,
+                "killed",
+                self.config.workspace,
+                self.owner,
+            )
         except OSError as exc:
             log.warning("could not mark CURRENT.md killed: %s", exc)
         for task in list(self._tasks):

@@ -126,7 +126,8 @@ class Sidecar:
     env_extra: dict[str, str] = field(default_factory=dict)
     wrapper: list[str] = field(default_factory=list)
     port: int = field(default_factory=free_port)
-    ttyd_port: int = field(default_factory=free_port)
+    # None: ttyd on its unix socket (the default); a port: the loopback mode with a credential.
+    ttyd_port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -152,7 +153,6 @@ class Sidecar:
             SLEEVE_CLI=self.cli,
             SIDECAR_HOST="127.0.0.1",
             SIDECAR_PORT=str(self.port),
-            TTYD_PORT=str(self.ttyd_port),
             SIDECAR_WORKSPACE=str(self.workspace),
             SIDECAR_STATE_DIR=str(self.state_dir),
             SIDECAR_STOP_GRACE="2",
@@ -162,6 +162,8 @@ class Sidecar:
             HOME=str(self.tmp / "home"),
             PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         )
+        if self.ttyd_port is not None:
+            env["TTYD_PORT"] = str(self.ttyd_port)
         env.update(self.env_extra)
         return env
 
@@ -237,11 +239,11 @@ class Sidecar:
                     p.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
-        subprocess.run(
-            ["tmux", "-S", str(self.state_dir / "tmux.sock"), "kill-server"],
-            capture_output=True,
-            check=False,
-        )
+        for sock in (self.state_dir / "tmux.sock", self.state_dir / "session" / "tmux.sock"):
+            if sock.exists():
+                subprocess.run(
+                    ["tmux", "-S", str(sock), "kill-server"], capture_output=True, check=False
+                )
 
 
 @contextlib.contextmanager
