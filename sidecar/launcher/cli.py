@@ -23,7 +23,14 @@ from pathlib import Path
 
 from sidecar.launcher import engine, instances, kube, launch, manifest
 from sidecar.launcher.fsutil import LauncherError, locked, private_home
-from sidecar.launcher.runtimes import RunPlan, audit, home_mounts, passthrough_env
+from sidecar.launcher.runtimes import (
+    Limits,
+    RunPlan,
+    audit,
+    home_mounts,
+    passthrough_env,
+    systemd_problem,
+)
 from sidecar.launcher.slots import Project, Slot, SlotState, prepare_home_files
 from sidecar.launcher.state import Run, StateStore, running_slots
 
@@ -158,6 +165,55 @@ def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
 # -- run -------------------------------------------------------------------------------
 
 
+MEMORY_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def _memory(text: str) -> int:
+    """Docker's --memory syntax: a number of bytes with an optional b, k, m or g."""
+    raw = text.strip().lower()
+    unit = raw[-1] if raw[-1:].isalpha() else ""
+    number = raw[: len(raw) - len(unit)]
+    if unit not in MEMORY_UNITS or not number.isdigit() or int(number) == 0:
+        msg = f"--memory {text!r}: give a size such as 512m or 2g"
+        raise LauncherError(msg)
+    value = int(number) * MEMORY_UNITS[unit]
+    if value < 6 << 20:
+        msg = f"--memory {text!r} is below Docker's minimum of 6m"
+        raise LauncherError(msg)
+    return value
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    cpus = args.cpus
+    if cpus is not None and not 0 < cpus < 4096:  # also false for nan
+        msg = f"--cpus {cpus:g} must be a positive number of CPUs"
+        raise LauncherError(msg)
+    if args.pids_limit is not None and args.pids_limit < 1:
+        msg = f"--pids-limit {args.pids_limit} must be at least 1"
+        raise LauncherError(msg)
+    memory = _memory(args.memory) if args.memory is not None else None
+    return Limits(cpus, memory, args.pids_limit)
+
+
+def _tokens(env: Mapping[str, str]) -> dict[str, str]:
+    """The sleeve's API tokens: the caller's own (SIDECAR_TOKEN or SIDECAR_TOKEN_FILE, and the
+    view token likewise), else a new admin token: a sleeve is never open by default."""
+    import secrets
+
+    from sidecar import tokens
+
+    found = {}
+    for var in tokens.TOKEN_VARS:
+        try:
+            value = tokens.resolve(env, var)
+        except tokens.TokenError as exc:
+            raise LauncherError(str(exc)) from None
+        if value is not None:
+            found[var] = value
+    found.setdefault("SIDECAR_TOKEN", secrets.token_urlsafe(32))
+    return found
+
+
 def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: Slot) -> RunPlan:
     return RunPlan(
         name=project.container_name(slot.id),
@@ -171,7 +227,6 @@ def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: 
         cli="shell" if args.shell else args.cli,
         goal=args.goal,
         port=launch.check_port(args.port) if args.port else launch.free_port(),
-        ttyd_port=launch.free_port(),
         image=args.image,
         network_host=args.network == "host",
         passthrough=passthrough_env(settings.env),
@@ -181,6 +236,14 @@ def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     project = _project(args, settings, read_only=args.dry_run)  # --dry-run writes nothing
     runtime = launch.choose_runtime(args.runtime, dry_run=args.dry_run)
+    limits = _limits(args)
+    if runtime == "bwrap" and limits.any and (problem := systemd_problem()) is not None:
+        msg = (
+            f"--cpus, --memory and --pids-limit with the bwrap runtime need a systemd scope "
+            f"(systemd-run --scope), but {problem}; use --runtime docker, or run without limits"
+        )
+        raise LauncherError(msg)
+    sleeve_tokens = _tokens(settings.env)
     home = settings.home
     if not args.dry_run:
         private_home(home)
@@ -193,18 +256,25 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         slot = launch.pick_slot(project, runs, args.slot, create=not args.dry_run)
         if not args.dry_run:
             prepare_home_files(slot)
-        plan = _plan(args, settings, project, slot)
+        # docker: the CLI runs as the invoking user (as root when that is who runs us).
+        user = (os.getuid(), os.getgid()) if runtime == "docker" and os.getuid() != 0 else None
+        plan = dataclasses.replace(
+            _plan(args, settings, project, slot), user=user, limits=limits, tokens=sleeve_tokens
+        )
         run = Run(launch.new_run_id(), project.key, slot.index, slot.id, runtime, plan.cli)
         run.port = plan.port
+        run.token = sleeve_tokens["SIDECAR_TOKEN"]  # for the owner: `sleeve ps --json`
         command = launch.command_for(run, plan, home, settings.env)
         if args.dry_run:
-            print(shlex.join(command.argv))  # the very list the real run executes
+            for step in command.steps:
+                print(shlex.join(step))  # the very lists the real run executes
             print(audit(home_mounts(plan), command.env_names), file=sys.stderr)
             return 0
         launch.start(run, plan, command)
         StateStore(home).upsert(run)
     url = launch.await_health(home, run, args.wait)
-    print(f"slot {slot.index} ({slot.id}) runs {plan.cli} under {runtime}: {url}")
+    # Printed once; `sleeve ps --json` has the token again.
+    print(f"slot {slot.index} ({slot.id}) runs {plan.cli} under {runtime}: {url}?token={run.token}")
     return 0
 
 
@@ -404,6 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="docker network (default bridge, API published on 127.0.0.1)",
     )
     p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for /health")
+    p.add_argument("--cpus", type=float, help="CPU limit, e.g. 1.5 (bwrap: needs systemd)")
+    p.add_argument("--memory", help="memory limit, e.g. 512m or 2g (bwrap: needs systemd)")
+    p.add_argument("--pids-limit", type=int, help="most processes at once (bwrap: needs systemd)")
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -423,7 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
         "its tokens kept in $SLEEVE_HOME/kube/)",
     )
     # What `sleeve run` asks about the host and the cluster has no use for.
-    p.set_defaults(shell=False, port=None, network="bridge")
+    p.set_defaults(shell=False, port=None, network="bridge", cpus=None, memory=None)
+    p.set_defaults(pids_limit=None)
     add("ps", cmd_ps, "recorded runs, reconciled with reality", listing=True, project_default=None)
     add("instances", cmd_instances, "per-project history dirs", listing=True)
     p = add("gc", cmd_gc, "remove instances whose project root is gone")
