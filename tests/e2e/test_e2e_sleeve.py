@@ -21,6 +21,7 @@ from tests.e2e import dockerenv, pngcheck
 from tests.e2e.anthropic_stub import REPLY_TEXT, AnthropicStub
 from tests.e2e.cdp import TERMINAL_TEXT_JS, Browser
 from tests.e2e.conftest import (
+    E2E_TOKEN,
     Launcher,
     Sleeve,
     descendants,
@@ -94,7 +95,9 @@ async def test_terminal_shows_the_claude_prompt_and_a_typed_prompt_reaches_the_a
     claude: tuple[Launcher, Sleeve], stub: AnthropicStub
 ) -> None:
     _, sleeve = claude
-    term = await TerminalClient.connect(f"ws://127.0.0.1:{sleeve.port}/terminal/ws")
+    term = await TerminalClient.connect(
+        f"ws://127.0.0.1:{sleeve.port}/terminal/ws?token={E2E_TOKEN}"
+    )
     try:
         await term.wait_for("Claude Code", 30)
         await term.wait_for("❯", 10)
@@ -172,7 +175,7 @@ async def test_dashboard_in_headless_chromium_shows_the_claude_code_terminal(
     shot.unlink(missing_ok=True)
     browser = await Browser.start(chromium, tmp_path / "profile", (1400, 900))
     try:
-        await browser.open(f"{sleeve.url}/")
+        await browser.open(f"{sleeve.url}/?token={E2E_TOKEN}")
         screen = await browser.wait_for_text(TERMINAL_TEXT_JS, ["Claude Code", "❯"], 30)
         await browser.wait_for_text("document.getElementById('cli').textContent", ["claude"], 10)
         await browser.screenshot(shot)
