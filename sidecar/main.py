@@ -26,14 +26,15 @@ def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
     from sidecar.clis import load_registry
 
     config = Config.from_env(env)
+    owner = None
+    if config.user is not None:
+        _take_user_group(config)
+        owner = privs.Owner(config.user.uid, config.user.gid, act_as=True)
     shell = env.get("SHELL") or "/bin/bash"
-    owner = privs.Owner(config.user.uid, config.user.gid, act_as=True) if config.user else None
     with privs.acting(owner):  # it may be the user's own file, private to it (a workspace's)
         registry = load_registry(
             config.cli_config, login_shell=shell if os.path.isabs(shell) else "/bin/bash"
         )
-    if config.user is not None:
-        _take_user_group(config)
     statedir.prepare(config)
     return config, dict(registry)
 
