@@ -3,27 +3,24 @@ runs the supervisor plus the HTTP API in its child; other subcommands are API cl
 
 from __future__ import annotations
 
-import errno
-import logging
 import os
 import sys
 from typing import TYPE_CHECKING
 
-from sidecar.config import Config, ConfigError
-
 if TYPE_CHECKING:
     from sidecar.clis import CLIDef
+    from sidecar.config import Config
 
 # The init process (PID 1) stays small: asyncio, aiohttp and the rest are imported in its child
 # only. Whatever init has imported before the fork is a copy the supervisor does not need.
 
-log = logging.getLogger("sidecar")
 SHUTDOWN_TIMEOUT = 2.0  # seconds the API waits for requests still running at shutdown
 
 
 def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
     from sidecar import privs, statedir
     from sidecar.clis import load_registry
+    from sidecar.config import Config
 
     config = Config.from_env(env)
     owner = None
@@ -43,6 +40,7 @@ def _take_user_group(config: Config) -> None:
     """SIDECAR_USER: check that the capabilities to switch users are there, and make the CLI
     user's group the sidecar's only supplementary one (see `sidecar.statedir`)."""
     from sidecar import privs
+    from sidecar.config import ConfigError
 
     assert config.user is not None
     missing = privs.NEEDED_CAPS - privs.current_caps()
@@ -70,6 +68,8 @@ def _drop_privileges(config: Config) -> None:
 async def serve(config: Config, registry: dict[str, CLIDef]) -> int:
     """Run until SIGTERM/SIGINT: API first (so /health answers at once), then the processes."""
     import asyncio
+    import errno
+    import logging
     import signal
 
     from aiohttp import web
@@ -78,6 +78,7 @@ async def serve(config: Config, registry: dict[str, CLIDef]) -> int:
     from sidecar.events import EventBus
     from sidecar.supervisor import Supervisor
 
+    log = logging.getLogger("sidecar")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -119,6 +120,7 @@ async def serve(config: Config, registry: dict[str, CLIDef]) -> int:
 
 
 def run(env: dict[str, str]) -> int:
+    # Only what the re-exec needs is imported before it: it is paid twice when it happens.
     from sidecar import tokens
 
     if tokens.in_environment(env):
@@ -132,6 +134,8 @@ def run(env: dict[str, str]) -> int:
                 file=sys.stderr,
             )
             return 2
+    from sidecar.config import ConfigError
+
     handed = tokens.take_over(env)  # also takes the descriptor's variable out of env
     env = {**env, **handed}
     try:
