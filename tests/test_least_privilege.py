@@ -27,7 +27,7 @@ import pytest
 
 from sidecar import privs
 from sidecar.ttyd import BASE_PATH, VIEWER_FLAGS, WRITER_FLAGS
-from tests.harness import CLIS, REPO, Sidecar, wait_for, write_cli_config
+from tests.harness import CLIS, REPO, Sidecar, free_port, wait_for, write_cli_config
 from tests.tools import missing
 
 UID = GID = 23456  # no passwd entry on purpose
@@ -436,3 +436,30 @@ def test_sidecar_attach_as_root_joins_the_session_as_the_user(
         attach.stdin.close()
         attach.send_signal(signal.SIGTERM)
         attach.wait(10)
+
+
+def test_with_sidecar_user_the_loopback_terminal_mode_works_too(
+    user_sidecar: Callable[..., Sidecar],
+) -> None:
+    """TTYD_PORT with SIDECAR_USER: ttyd (the user) on loopback with its credential (the weaker
+    mode: that argv is readable in /proc), still reached through the proxy."""
+    sc = user_sidecar(ttyd_port=free_port()).start()
+    marker = secrets.token_hex(6)
+
+    async def typed() -> None:
+        async with aiohttp.ClientSession() as session:
+            ws = await session.ws_connect(sc.url + "/terminal/ws", protocols=("tty",))
+            await ws.send_str(json.dumps({"AuthToken": "", "columns": 80, "rows": 24}))
+            await ws.receive(timeout=10)
+            await ws.send_bytes(f"0echo port-{marker}\r".encode())
+            deadline = time.monotonic() + 10
+            seen = b""
+            while f"port-{marker}".encode() not in seen:
+                msg = await ws.receive(timeout=max(deadline - time.monotonic(), 0.1))
+                assert msg.type is aiohttp.WSMsgType.BINARY, msg
+                seen += msg.data[1:]
+            await ws.close()
+
+    asyncio.run(typed())
+    ttyd = next(p for p in processes_of(sc)["user"] if p.name() == "ttyd")
+    assert "--credential" in ttyd.cmdline() and str(sc.ttyd_port) in ttyd.cmdline()
