@@ -10,6 +10,7 @@ dirs are 0700: each one the user must pass through gets o+x here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -66,7 +67,11 @@ def processes_of(sc: Sidecar) -> dict[str, list[psutil.Process]]:
     assert sc.proc is not None
     init = psutil.Process(sc.proc.pid)
     supervisor = [p for p in init.children() if p.uids().real == 0 and "python" in p.name()]
-    user = [p for p in psutil.process_iter() if p.uids().real == UID]
+    user = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):  # gone meanwhile, or a zombie of another run
+            if proc.uids().real == UID and proc.status() != psutil.STATUS_ZOMBIE:
+                user.append(proc)
     return {"init": [init], "supervisor": supervisor, "user": user}
 
 
@@ -125,7 +130,7 @@ def test_the_cli_user_finds_no_token_or_credential_and_owns_what_is_made(
     assert found["groups"] == []  # no passwd entry: no supplementary groups, root's none
     assert found["home"] == str(sc.workspace)  # no passwd entry, no SIDECAR_USER_HOME
     assert found["found"] == [], found["found"]
-    assert found["ttyd_credentials"] == []
+    assert list(found["ttyds"].values()) == [False]  # it saw this sleeve's ttyd: no credential
     assert found["secret_files"] == {str(view_file): "PermissionError"}
     assert found["procs"] > 3 and found["files"] > 0
     # Root's view: the token is in no process's environment or argv either (init started

@@ -30,7 +30,7 @@ def hits(data: bytes) -> list[int]:
 
 found: list[dict[str, object]] = []
 procs = files = 0
-ttyd_credentials = []
+ttyds: dict[int, bool] = {}  # this sleeve's ttyd: has it a credential in its argv?
 me = os.getpid()
 for pid in os.listdir("/proc"):
     if not pid.isdigit() or int(pid) == me:
@@ -42,8 +42,11 @@ for pid in os.listdir("/proc"):
         except OSError:
             continue
         procs += what == "cmdline"
-        if what == "cmdline" and b"ttyd" in data.split(b"\0")[0] and b"--credential" in data:
-            ttyd_credentials.append(int(pid))
+        # A ttyd of this sleeve (its argv names the state dir, the first root) with a
+        # credential in its argv. (Other sidecars on a shared test machine may run one.)
+        ours = json.loads(roots_json)[0].encode() in data
+        if what == "cmdline" and ours and b"ttyd" in data.split(b"\0")[0]:
+            ttyds[int(pid)] = b"--credential" in data
         for i in hits(data):
             found.append({"where": f"/proc/{pid}/{what}", "needle": i})
 
@@ -94,7 +97,7 @@ report = {
     "found": found,
     "procs": procs,
     "files": files,
-    "ttyd_credentials": ttyd_credentials,
+    "ttyds": ttyds,
     "secret_files": secret_files,
 }
 with open(report_path + ".tmp", "w") as fh:
