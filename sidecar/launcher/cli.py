@@ -21,10 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.launcher import engine, instances, kube, launch, manifest
+from sidecar.launcher import engine, instances, kube, launch, manifest, runopts
 from sidecar.launcher.fsutil import LauncherError, locked, private_home
 from sidecar.launcher.runtimes import (
-    Limits,
     RunPlan,
     audit,
     home_mounts,
@@ -165,55 +164,6 @@ def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
 # -- run -------------------------------------------------------------------------------
 
 
-MEMORY_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def _memory(text: str) -> int:
-    """Docker's --memory syntax: a number of bytes with an optional b, k, m or g."""
-    raw = text.strip().lower()
-    unit = raw[-1] if raw[-1:].isalpha() else ""
-    number = raw[: len(raw) - len(unit)]
-    if unit not in MEMORY_UNITS or not number.isdigit() or int(number) == 0:
-        msg = f"--memory {text!r}: give a size such as 512m or 2g"
-        raise LauncherError(msg)
-    value = int(number) * MEMORY_UNITS[unit]
-    if value < 6 << 20:
-        msg = f"--memory {text!r} is below Docker's minimum of 6m"
-        raise LauncherError(msg)
-    return value
-
-
-def _limits(args: argparse.Namespace) -> Limits:
-    cpus = args.cpus
-    if cpus is not None and not 0 < cpus < 4096:  # also false for nan
-        msg = f"--cpus {cpus:g} must be a positive number of CPUs"
-        raise LauncherError(msg)
-    if args.pids_limit is not None and args.pids_limit < 1:
-        msg = f"--pids-limit {args.pids_limit} must be at least 1"
-        raise LauncherError(msg)
-    memory = _memory(args.memory) if args.memory is not None else None
-    return Limits(cpus, memory, args.pids_limit)
-
-
-def _tokens(env: Mapping[str, str]) -> dict[str, str]:
-    """The sleeve's API tokens: the caller's own (SIDECAR_TOKEN or SIDECAR_TOKEN_FILE, and the
-    view token likewise), else a new admin token: a sleeve is never open by default."""
-    import secrets
-
-    from sidecar import tokens
-
-    found = {}
-    for var in tokens.TOKEN_VARS:
-        try:
-            value = tokens.resolve(env, var)
-        except tokens.TokenError as exc:
-            raise LauncherError(str(exc)) from None
-        if value is not None:
-            found[var] = value
-    found.setdefault("SIDECAR_TOKEN", secrets.token_urlsafe(32))
-    return found
-
-
 def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: Slot) -> RunPlan:
     return RunPlan(
         name=project.container_name(slot.id),
@@ -236,14 +186,14 @@ def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     project = _project(args, settings, read_only=args.dry_run)  # --dry-run writes nothing
     runtime = launch.choose_runtime(args.runtime, dry_run=args.dry_run)
-    limits = _limits(args)
+    limits = runopts.limits(args.cpus, args.memory, args.pids_limit)
     if runtime == "bwrap" and limits.any and (problem := systemd_problem()) is not None:
         msg = (
             f"--cpus, --memory and --pids-limit with the bwrap runtime need a systemd scope "
             f"(systemd-run --scope), but {problem}; use --runtime docker, or run without limits"
         )
         raise LauncherError(msg)
-    sleeve_tokens = _tokens(settings.env)
+    sleeve_tokens = runopts.sleeve_tokens(settings.env)
     home = settings.home
     if not args.dry_run:
         private_home(home)
