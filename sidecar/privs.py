@@ -144,10 +144,10 @@ def spawn_credentials(user: User | None) -> Credentials:
     return {"user": user.uid, "group": user.gid, "extra_groups": list(user.groups)}
 
 
-def user_env(env: Mapping[str, str], user: User | None, home: Path) -> dict[str, str]:
+def user_env(env: Mapping[str, str], user: User | None, home: Path | None) -> dict[str, str]:
     """The CLI's environment: `env` with HOME, USER and LOGNAME of the CLI's user."""
     out = dict(env)
-    if user is None:
+    if user is None or home is None:
         return out
     out["HOME"] = str(home)
     name = user.name or str(user.uid)

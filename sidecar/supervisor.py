@@ -57,7 +57,7 @@ class Supervisor:
         self.cli = ProcStatus()
         # With SIDECAR_USER: the CLI's environment (its HOME), and how the sidecar acts in the
         # workspace (as that user; see sidecar.privs). Without it: the sidecar's own.
-        self.cli_env = privs.user_env(config.child_env, config.user, config.cli_home or Path())
+        self.cli_env = privs.user_env(config.child_env, config.user, config.cli_home)
         user_env = self.cli_env if config.user is not None else None
         self.owner = privs.workspace_owner(config.user, config.workspace, os.geteuid())
         self.ttyd = TtydRunner(
