@@ -49,11 +49,14 @@ def wait_until(
         time.sleep(interval)  # sleep-ok: polling interval of a deadline wait
 
 
-def get_json(port: int, path: str, timeout: float = 2.0) -> tuple[int, Any]:
+def get_json(
+    port: int, path: str, timeout: float = 2.0, token: str | None = None
+) -> tuple[int, Any]:
     """GET http://127.0.0.1:port/path; raises OSError while nothing listens."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("GET", path)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        conn.request("GET", path, headers=headers)
         resp = conn.getresponse()
         body = resp.read()
     finally:
@@ -83,10 +86,10 @@ def answers(port: int, path: str = "/health") -> bool:
         return False
 
 
-def fully_healthy(port: int) -> bool:
+def fully_healthy(port: int, token: str | None = None) -> bool:
     """The CLI runs and ttyd answers (the supervisor marks ttyd running once its port accepts)."""
     try:
-        code, body = get_json(port, "/status")
+        code, body = get_json(port, "/status", token=token)
     except OSError:
         return False
     return code == 200 and body["cli_running"] and body["ttyd_state"] == "running"

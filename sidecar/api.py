@@ -314,7 +314,7 @@ def create_app(sup: Supervisor) -> web.Application:
     app.on_shutdown.append(end_event_streams)
     operations = [
         *core_operations(),
-        *message_operations(app, cfg.workspace),
+        *message_operations(app, cfg.workspace, sup.owner),
         *terminal_operations(app, sup),
     ]
     boxes = app[MAILBOXES]

@@ -15,7 +15,7 @@ import pathlib
 from aiohttp import web
 from msgspec import UnsetType
 
-from sidecar import httpio, needlecast
+from sidecar import httpio, needlecast, privs
 from sidecar.mailbox import Mailbox
 from sidecar.needlecast import Message, ParseResult
 from sidecar.openapi import Operation
@@ -112,9 +112,14 @@ async def _post_inbox(request: web.Request) -> web.Response:
     return httpio.answer(MessageCreated(id=message.id, timestamp=message.time or ""), status=201)
 
 
-def message_operations(app: web.Application, workspace: pathlib.Path) -> list[Operation]:
-    """The four message routes; files live in `<workspace>/.needlecast/`."""
-    boxes = Mailboxes(inbox=Mailbox(workspace, "inbox"), outbox=Mailbox(workspace, "outbox"))
+def message_operations(
+    app: web.Application, workspace: pathlib.Path, owner: privs.Owner | None = None
+) -> list[Operation]:
+    """The four message routes; files live in `<workspace>/.needlecast/`, handled as `owner`."""
+    boxes = Mailboxes(
+        inbox=Mailbox(workspace, "inbox", owner=owner),
+        outbox=Mailbox(workspace, "outbox", owner=owner),
+    )
     app[MAILBOXES] = boxes
     return [
         Operation(

@@ -56,7 +56,22 @@ def _attach(env: dict[str, str]) -> int:
     if tmux is None:
         print("sidecar attach: tmux is not installed", file=sys.stderr)
         return 1
-    socket = Path(env.get("SIDECAR_STATE_DIR") or "/run/sidecar") / "tmux.sock"
+    from sidecar.config import SESSION_DIR
+    from sidecar.privs import become, parse_user
+
+    state = Path(env.get("SIDECAR_STATE_DIR") or "/run/sidecar")
+    socket = state / "tmux.sock"
+    # (A SIDECAR_USER naming the sidecar's own uid switches nothing: no session dir then.)
+    if env.get("SIDECAR_USER", "").strip() and (state / SESSION_DIR).is_dir():
+        socket = state / SESSION_DIR / "tmux.sock"
+        if os.geteuid() == 0:
+            # The session is that user's, and so must this client be: a root tmux client runs
+            # whatever the user's server tells it to (`detach-client -E`).
+            try:
+                become(parse_user(env["SIDECAR_USER"]))
+            except (ValueError, OSError) as exc:
+                print(f"sidecar attach: SIDECAR_USER: {exc}", file=sys.stderr)
+                return 1
     if not socket.exists():
         print(
             f"sidecar attach: no tmux socket at {socket}; is the sidecar running?", file=sys.stderr

@@ -21,6 +21,28 @@ class ClientError(Exception):
         self.status = status
 
 
+def _token(env: Mapping[str, str]) -> str | None:
+    """SIDECAR_TOKEN, else the file SIDECAR_TOKEN_FILE names (None if unreadable: the API's
+    401 then says what is missing)."""
+    if env.get("SIDECAR_TOKEN"):
+        return env["SIDECAR_TOKEN"]
+    path = env.get("SIDECAR_TOKEN_FILE")
+    if not path:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not hang
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, 8192)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    text = raw.removesuffix(b"\n").removesuffix(b"\r").decode("utf-8", "replace")
+    return text or None
+
+
 class SidecarClient:
     def __init__(self, base_url: str, token: str | None = None, timeout: float = 10.0) -> None:
         self.base_url = base_url.rstrip("/")
@@ -37,7 +59,7 @@ class SidecarClient:
         if ":" in host:
             host = f"[{host}]"
         port = env.get("SIDECAR_PORT") or "8080"
-        return cls(f"http://{host}:{port}", env.get("SIDECAR_TOKEN") or None)
+        return cls(f"http://{host}:{port}", _token(env))
 
     def _request(
         self, method: str, path: str, body: Any = None, timeout: float | None = None

@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+
+from sidecar import tokens
+from sidecar.privs import User, UserError, parse_user
+
+#: With SIDECAR_USER, the directory in the state dir that the CLI's user may write: its tmux
+#: socket, ttyd's socket, the pane's exit status and environment files. (Without it, the state
+#: dir itself plays that part: the sidecar and the CLI are one user.)
+SESSION_DIR = "session"
 
 
 class ConfigError(Exception):
@@ -32,13 +41,18 @@ class Config:
     repo: str | None = None
     port: int = 8080
     host: str = "0.0.0.0"  # noqa: S104 - the container's API is meant to be published
-    ttyd_port: int = 7681
+    # None: ttyd listens on a unix socket only the sidecar (and the CLI's user) can reach.
+    ttyd_port: int | None = None
     workspace: Path = Path("/workspace")
     state_dir: Path = Path("/run/sidecar")
     token: str | None = None
     view_token: str | None = None
     # Browser origins allowed besides the page's own (a reverse proxy's public origin); "*": any.
     allowed_origins: frozenset[str] = frozenset()
+    # SIDECAR_USER: tmux, ttyd and the CLI run as this user (the sidecar started as root).
+    user: User | None = None
+    # SIDECAR_USER_HOME: that user's HOME when its passwd entry does not give one.
+    user_home: Path | None = None
     cli_config: Path | None = None
     restart: RestartPolicy = RestartPolicy.NO
     stop_grace: float = 5.0
@@ -46,11 +60,30 @@ class Config:
     child_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
+    def session_dir(self) -> Path:
+        """Where the CLI's user writes: a subdirectory with SIDECAR_USER, else the state dir."""
+        return self.state_dir / SESSION_DIR if self.user is not None else self.state_dir
+
+    @property
     def tmux_socket(self) -> Path:
-        return self.state_dir / "tmux.sock"
+        return self.session_dir / "tmux.sock"
+
+    @property
+    def ttyd_socket(self) -> Path:
+        return self.session_dir / "ttyd.sock"
+
+    @property
+    def cli_home(self) -> Path | None:
+        """The CLI user's HOME: SIDECAR_USER_HOME, else its passwd entry's, else the workspace
+        (None without SIDECAR_USER: the CLI inherits the sidecar's HOME)."""
+        if self.user is None:
+            return None
+        return self.user_home or self.user.home or self.workspace
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Config:
+    def from_env(cls, env: Mapping[str, str], *, euid: int | None = None) -> Config:
+        """`euid`: the uid the sidecar runs as (default: this process's), for SIDECAR_USER."""
+
         def text(name: str, *, required: bool = False) -> str | None:
             value = env.get(name)
             if value is None or value.strip() == "":
@@ -114,12 +147,15 @@ class Config:
 
         cli_config = text("SIDECAR_CLI_CONFIG")
         port_value = port("SIDECAR_PORT", 8080)
-        ttyd_port = port("TTYD_PORT", 7681)
+        ttyd_port = port("TTYD_PORT", 0) or None
         if port_value == ttyd_port:
             msg = f"TTYD_PORT must differ from SIDECAR_PORT (both are {port_value})"
             raise ConfigError(msg)
-        token = text("SIDECAR_TOKEN")
-        view_token = text("SIDECAR_VIEW_TOKEN")
+        try:
+            token = tokens.resolve(env, "SIDECAR_TOKEN")
+            view_token = tokens.resolve(env, "SIDECAR_VIEW_TOKEN")
+        except tokens.TokenError as exc:
+            raise ConfigError(str(exc)) from None
         if token is not None and token == view_token:
             msg = "SIDECAR_VIEW_TOKEN must differ from SIDECAR_TOKEN"
             raise ConfigError(msg)
@@ -138,6 +174,13 @@ class Config:
                 )
                 raise ConfigError(msg)
 
+        user = _user(text("SIDECAR_USER"), os.geteuid() if euid is None else euid)
+        user_home_raw = text("SIDECAR_USER_HOME")
+        user_home = Path(user_home_raw) if user_home_raw else None
+        if user_home is not None and not user_home.is_absolute():
+            msg = f"SIDECAR_USER_HOME must be an absolute path, got {user_home_raw!r}"
+            raise ConfigError(msg)
+        hidden = {*tokens.TOKEN_VARS, tokens.HANDOVER_VAR}
         return cls(
             sleeve_name=name,
             cli=cli.strip(),
@@ -150,9 +193,31 @@ class Config:
             state_dir=Path(text("SIDECAR_STATE_DIR") or "/run/sidecar").absolute(),
             token=token,
             view_token=view_token,
+            user=user,
+            user_home=user_home if user is not None else None,
             allowed_origins=allowed_origins,
             cli_config=Path(cli_config) if cli_config else None,
             restart=restart,
             stop_grace=grace,
-            child_env=dict(env),
+            # The CLI never inherits the API's tokens.
+            child_env={k: v for k, v in env.items() if k not in hidden},
         )
+
+
+def _user(raw: str | None, euid: int) -> User | None:
+    if raw is None:
+        return None
+    try:
+        user = parse_user(raw)
+    except UserError as exc:
+        msg = f"SIDECAR_USER: {exc}"
+        raise ConfigError(msg) from None
+    if euid != 0:
+        if user.uid == euid:
+            return None  # the sidecar already runs as that user: nothing to switch
+        msg = (
+            f"SIDECAR_USER={raw} needs the sidecar to start as root, but it runs as uid {euid}; "
+            "unset it (everything then runs as this uid) or start the sidecar as root"
+        )
+        raise ConfigError(msg)
+    return user

@@ -1,10 +1,11 @@
 """The mailbox store: one needlecast message file (`.needlecast/inbox.md` or `outbox.md`) on disk.
 
 One ``flock`` shared by every writer, journalled appends (a torn end is repaired), temp file +
-fsync + rename rewrites, symlinks never followed, a parse cache; the text itself is
-`sidecar.needlecast`'s. Limits: a read parses at most MAX_FILE_BYTES (16 MiB) and then lists
-only whole messages, marks the answer truncated and says so in a warning; appends to a file
-that big are refused.
+fsync + rename rewrites that keep the file's mode and owner, symlinks never followed, a parse
+cache; the text itself is `sidecar.needlecast`'s. Given a `privs.Owner`, the files are handled
+as the CLI's user and what is created belongs to it. Limits: a read parses at most
+MAX_FILE_BYTES (16 MiB) and then lists only whole messages, marks the answer truncated and says
+so in a warning; appends to a file that big are refused.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from sidecar import privs
 from sidecar.needlecast import (
     Message,
     ParseResult,
@@ -97,8 +99,16 @@ class Mailbox:
     may see its message half-written.
     """
 
-    def __init__(self, workspace: Path, name: str, *, max_bytes: int = MAX_FILE_BYTES) -> None:
+    def __init__(
+        self,
+        workspace: Path,
+        name: str,
+        *,
+        max_bytes: int = MAX_FILE_BYTES,
+        owner: privs.Owner | None = None,
+    ) -> None:
         self.workspace = workspace
+        self.owner = owner
         self.filename = f"{name}.md"
         self.lockname = f".{name}.md.lock"
         self.max_bytes = max_bytes
@@ -124,13 +134,29 @@ class Mailbox:
         except FileNotFoundError:
             if not create:
                 return None
+        made = False
         with contextlib.suppress(FileExistsError):
             os.mkdir(real, 0o700)  # messages are private to the user running the CLI
-        return os.open(real, flags)
+            made = True
+        fd = os.open(real, flags)
+        if made:
+            privs.claim(self.owner, fd)
+        return fd
 
     def _open(self, dfd: int, name: str, flags: int) -> int:
+        flags |= os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            if flags & os.O_CREAT:
+                # Made here (O_EXCL tells): it belongs to the workspace's owner. One that exists
+                # keeps its owner.
+                try:
+                    fd = os.open(name, flags | os.O_EXCL, 0o600, dir_fd=dfd)
+                except FileExistsError:
+                    flags &= ~os.O_CREAT
+                else:
+                    privs.claim(self.owner, fd)
+                    return fd
+            return os.open(name, flags, 0o600, dir_fd=dfd)
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink: never followed
                 msg = f"{NEEDLECAST_DIR}/{name} is a symlink; refusing to follow it"
@@ -177,6 +203,10 @@ class Mailbox:
 
     def read(self) -> ParseResult:
         """The messages (at most :attr:`max_bytes` of the file), cached by (inode, mtime, size)."""
+        with privs.acting(self.owner):
+            return self._read()
+
+    def _read(self) -> ParseResult:
         dfd = self._open_dir(create=False)
         if dfd is None:
             return ParseResult((), ())
@@ -242,6 +272,10 @@ class Mailbox:
 
     def append(self, message: Message) -> None:
         """Add one message at the end (raises MailboxFullError past :attr:`max_bytes`)."""
+        with privs.acting(self.owner):
+            self._append(message)
+
+    def _append(self, message: Message) -> None:
         data = render_message(message).encode()
         dfd = self._open_dir(create=True)
         assert dfd is not None
@@ -270,7 +304,10 @@ class Mailbox:
     def remove(self, ids: Iterable[str]) -> RemoveResult:
         """Take exactly the messages with these ids out (within the first :attr:`max_bytes`, the
         part :meth:`read` shows); everything else stays byte for byte."""
-        wanted = set(ids)
+        with privs.acting(self.owner):
+            return self._remove(set(ids))
+
+    def _remove(self, wanted: set[str]) -> RemoveResult:
         dfd = self._open_dir(create=False)
         if dfd is None or not wanted:
             if dfd is not None:
@@ -335,6 +372,8 @@ class Mailbox:
         out = self._open(dfd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             try:
+                # The new file keeps the old one's mode and owner (not the sidecar's 0600).
+                privs.keep_owner(out, os.fstat(src))
                 _write_all(out, head)
                 offset = end = tail_from
                 while True:  # the tail past the read limit, copied in bounded chunks

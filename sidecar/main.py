@@ -3,53 +3,69 @@ runs the supervisor plus the HTTP API in its child; other subcommands are API cl
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import sys
 from typing import TYPE_CHECKING
 
-from sidecar.config import Config, ConfigError
-
 if TYPE_CHECKING:
     from sidecar.clis import CLIDef
+    from sidecar.config import Config
     from sidecar.init import Incarnation
 
 # The init process (PID 1) stays small: asyncio, aiohttp and the rest are imported in its child
 # only. Whatever init has imported before the fork is a copy the supervisor does not need.
 
-log = logging.getLogger("sidecar")
 SHUTDOWN_TIMEOUT = 2.0  # seconds the API waits for requests still running at shutdown
+log = logging.getLogger("sidecar")
 
 
 def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
+    from sidecar import privs, statedir
     from sidecar.clis import load_registry
+    from sidecar.config import Config
 
     config = Config.from_env(env)
+    owner = None
+    if config.user is not None:
+        _take_user_group(config)
+        owner = privs.Owner(config.user.uid, config.user.gid, act_as=True)
     shell = env.get("SHELL") or "/bin/bash"
-    registry = load_registry(
-        config.cli_config, login_shell=shell if os.path.isabs(shell) else "/bin/bash"
-    )
-    _prepare_state_dir(config)
+    with privs.acting(owner):  # it may be the user's own file, private to it (a workspace's)
+        registry = load_registry(
+            config.cli_config, login_shell=shell if os.path.isabs(shell) else "/bin/bash"
+        )
+    statedir.prepare(config)
     return config, dict(registry)
 
 
-def _prepare_state_dir(config: Config) -> None:
-    """Create SIDECAR_STATE_DIR (0700) now, so an unusable one is a config error (exit 2)."""
-    state = config.state_dir
-    try:
-        state.mkdir(mode=0o700, parents=True, exist_ok=True)
-        state.chmod(0o700)
-        probe = state / ".probe"
-        probe.touch()
-        probe.unlink()
-    except OSError as exc:
-        msg = f"SIDECAR_STATE_DIR: {state} is not a usable directory: {exc.strerror}"
-        raise ConfigError(msg) from None
-    # A unix socket path must fit in sun_path (108 bytes with its NUL).
-    if len(os.fsencode(config.tmux_socket)) > 107:
-        msg = f"SIDECAR_STATE_DIR: {state} is too long for a socket path inside it (max ~98 bytes)"
+def _take_user_group(config: Config) -> None:
+    """SIDECAR_USER: check that the capabilities to switch users are there, and make the CLI
+    user's group the sidecar's only supplementary one (see `sidecar.statedir`)."""
+    from sidecar import privs
+    from sidecar.config import ConfigError
+
+    assert config.user is not None
+    missing = privs.NEEDED_CAPS - privs.current_caps()
+    if missing:
+        adds = " ".join(f"--cap-add {privs.CAP_NAMES[c]}" for c in sorted(missing))
+        msg = (
+            f"SIDECAR_USER: running the CLI as another user needs the capabilities "
+            f"{privs.cap_names(privs.NEEDED_CAPS)}; this process lacks {privs.cap_names(missing)} "
+            f"(docker run {adds})"
+        )
         raise ConfigError(msg)
+    os.setgroups([config.user.gid])
+
+
+def _drop_privileges(config: Config) -> None:
+    """With SIDECAR_USER, init and the supervisor keep only what they use from here on."""
+    from sidecar import privs
+
+    keep = set(privs.NEEDED_CAPS)
+    if config.port < 1024:
+        keep.add(privs.CAP_NET_BIND_SERVICE)
+    privs.keep_only(keep)
 
 
 async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarnation) -> int:
@@ -57,6 +73,7 @@ async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarn
     (started, or after a crash adopted). A task of the supervisor that fails ends it with 1
     and nothing stopped: init starts a new one, which adopts what runs."""
     import asyncio
+    import errno
     import signal
 
     from aiohttp import web
@@ -122,10 +139,33 @@ async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarn
 
 
 def run(env: dict[str, str]) -> int:
+    # Only what the re-exec needs is imported before it: it is paid twice when it happens.
+    from sidecar import tokens
+
+    if tokens.in_environment(env):
+        # Before anything else: this process's environment block (what /proc/<pid>/environ
+        # shows to the CLI when it runs as the same user) must not keep the tokens.
+        try:
+            tokens.reexec_without_tokens(env)
+        except OSError as exc:
+            print(
+                f"sidecar: cannot start again without the tokens in its environment: {exc}",
+                file=sys.stderr,
+            )
+            return 2
+    from sidecar.config import ConfigError
+
+    handed = tokens.take_over(env)  # also takes the descriptor's variable out of env
+    env = {**env, **handed}
     try:
         config, registry = _load(env)
+        if config.user is not None:
+            _drop_privileges(config)
     except ConfigError as exc:
         print(f"sidecar: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the kernel refused setgroups or capset
+        print(f"sidecar: SIDECAR_USER: cannot drop privileges: {exc}", file=sys.stderr)
         return 2
     if config.cli not in registry:
         # Not fatal: the sidecar serves degraded (the terminal and /status say why) and a

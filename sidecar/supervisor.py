@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
@@ -21,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from sidecar import cstack_files, persist
+from sidecar import cstack_files, persist, privs
 from sidecar.adopt import Adopting
 from sidecar.clis import CLIDef, claude_has_history
 from sidecar.config import Config, RestartPolicy
@@ -39,7 +38,6 @@ from sidecar.tmux import (
     Tmux,
     TmuxError,
     fatal_pane_argv,
-    pane_command,
     recreate_socket,
 )
 from sidecar.ttyd import TtydRunner, stop_stale
@@ -74,14 +72,22 @@ class Supervisor(Adopting):
         self.bus = bus
         self.cli_name = config.cli
         self.cli = ProcStatus()
+        # With SIDECAR_USER: the CLI's environment (its HOME), and how the sidecar acts in the
+        # workspace (as that user; see sidecar.privs). Without it: the sidecar's own.
+        self.cli_env = privs.user_env(config.child_env, config.user, config.cli_home)
+        user_env = self.cli_env if config.user is not None else None
+        self.owner = privs.workspace_owner(config.user, config.workspace, os.geteuid())
         self.ttyd = TtydRunner(
             port=config.ttyd_port,
+            socket_path=config.ttyd_socket,
             tmux_socket=config.tmux_socket,
             session=SESSION,
             state_dir=config.state_dir,
             path_env=config.child_env.get("PATH"),
             bus=bus,
             on_change=self._save,
+            run_as=config.user,
+            env=user_env,
         )
         # The sidecar's start (init's), not this supervisor's: /health's uptime survives a crash.
         self.started = time.monotonic() if started is None else started
@@ -92,9 +98,15 @@ class Supervisor(Adopting):
         self.crashed = asyncio.Event()
         self.warnings: list[str] = []
         self.stats = SupervisorStats()
-        self.current = CurrentWatcher(config.workspace / ".cstack" / "CURRENT.md", bus)
+        self.current = CurrentWatcher(
+            config.workspace / ".cstack" / "CURRENT.md", bus, config.workspace, self.owner
+        )
         self.tmux = Tmux(
-            config.tmux_socket, config.state_dir / "tmux.conf", config.state_dir / "cli.status"
+            config.tmux_socket,
+            config.state_dir / "tmux.conf",
+            config.session_dir / "cli.status",
+            run_as=config.user,
+            env=user_env,
         )
         self.pane: PaneInfo | None = None
         self._pane_started: float | None = None  # the pane process's start time (pid reuse)
@@ -173,19 +185,20 @@ class Supervisor(Adopting):
             return (), {}, fatal
         argv = self._argv_for(cli, resume=resume)
         env = dict(cli.env)
-        path = {**self.config.child_env, **env}.get("PATH", os.defpath)
-        if shutil.which(argv[0], path=path) is None:
+        path = {**self.cli_env, **env}.get("PATH", os.defpath)
+        if privs.which(argv[0], path, self.owner) is None:
             fatal = f"{argv[0]!r} not found on PATH ({path}); the {cli.name} CLI is not installed"
             return argv, env, fatal
         return argv, env, None
 
     def _argv_for(self, cli: CLIDef, *, resume: bool) -> tuple[str, ...]:
-        env = self.config.child_env
-        history = claude_has_history(
-            self.config.workspace,
-            Path(env.get("HOME", "/root")),
-            Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else None,
-        )
+        env = self.cli_env
+        with privs.acting(self.owner):  # the history is the CLI user's, maybe private to it
+            history = claude_has_history(
+                self.config.workspace,
+                Path(env.get("HOME", "/root")),
+                Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else None,
+            )
         return cli.argv(resume=resume, has_history=history)
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -208,15 +221,21 @@ class Supervisor(Adopting):
         if stop_at_once or (ours is not None and ours.stopping):
             await self._take_over_to_stop(ours)
             return True
-        try:
-            cfg.workspace.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            self.warnings.append(f"workspace {cfg.workspace} cannot be created: {exc.strerror}")
-        if cfg.workspace.is_dir() and not os.access(cfg.workspace, os.W_OK):
-            self.warnings.append(f"workspace {cfg.workspace} is read-only")
+        with privs.acting(self.owner):  # made by, and checked for, the CLI's user
+            try:
+                cfg.workspace.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                self.warnings.append(f"workspace {cfg.workspace} cannot be created: {exc.strerror}")
+            if cfg.workspace.is_dir() and not os.access(
+                cfg.workspace, os.W_OK, effective_ids=os.access in os.supports_effective_ids
+            ):
+                who = f" for SIDECAR_USER {cfg.user.spec}" if cfg.user else ""
+                self.warnings.append(f"workspace {cfg.workspace} is read-only{who}")
         if cfg.goal and not self.restarts:  # a restart must not undo the agent's own edits
             try:
-                await asyncio.to_thread(cstack_files.write_goal, self.current.path, cfg.goal)
+                await asyncio.to_thread(
+                    cstack_files.write_goal, self.current.path, cfg.goal, cfg.workspace, self.owner
+                )
             except OSError as exc:
                 self.warnings.append(f"SLEEVE_GOAL not written to CURRENT.md: {exc.strerror}")
         if ours is not None:
@@ -247,7 +266,7 @@ class Supervisor(Adopting):
         # from here on tells by the pane's argv whether this launch happened.
         self.cli = ProcStatus(ProcState.STARTING)
         self._argv, self._resume = tuple(argv), resume
-        self._pane_command = persist.digest(pane_command(argv, env, self.tmux.status_file))
+        self._pane_command = persist.digest(self.tmux.pane_argv(argv, env))
         self._cli_ref, self._restart_due = None, None
         if fresh_server:
             self._server = None
@@ -479,7 +498,13 @@ class Supervisor(Adopting):
             await wait_exited([self.pane.server_pid], 2.0)
         self.cli = replace(self.cli, state=ProcState.STOPPED)
         try:
-            await asyncio.to_thread(cstack_files.write_status, self.current.path, "killed")
+            await asyncio.to_thread(
+                cstack_files.write_status,
+                self.current.path,
+                "killed",
+                self.config.workspace,
+                self.owner,
+            )
         except OSError as exc:
             log.warning("could not mark CURRENT.md killed: %s", exc)
         # Nothing is left to adopt.

@@ -4,12 +4,16 @@ The page is fetched from ttyd (which runs with `--base-path /terminal`); the Web
 (subprotocol `tty`) is relayed frame for frame. A viewer's input and resize frames are dropped
 here, so a view token can watch the CLI but never type or reshape its window.
 
-ttyd runs with a random credential (see `sidecar.ttyd.Credential`) that never leaves this
-process: the proxy adds it to every request to ttyd and puts it into the WebSocket's init
-message, and answers the page's `/terminal/token` itself with an empty token (ttyd's own
-answer is the credential). Only ttyd's page is proxied: ttyd 1.7.7 serves nothing else (its
-page is self-contained), and it normalises paths (`%74oken`, `x/../token`, `token;x` all reach
-its `/token`), so forwarding any other path could hand out the credential.
+ttyd listens on a unix socket only the sidecar reaches (aiohttp's UnixConnector), or, with
+TTYD_PORT, on loopback with a random credential (see `sidecar.ttyd.Credential`) that never
+leaves this process: the proxy adds it to every request to ttyd and puts it into the
+WebSocket's init message, and answers the page's `/terminal/token` itself with an empty token
+(ttyd's own answer is the credential). Only ttyd's page is proxied: ttyd 1.7.7 serves nothing
+else (its page is self-contained), and it normalises paths (`%74oken`, `x/../token`, `token;x`
+all reach its `/token`), so forwarding any other path could hand out the credential.
+
+The upstream URL is the proxy's own, never the client's: it carries the tmux attach flags as
+ttyd's URL argument, read-only for a viewer (a second guard behind the frame filter).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import contextlib
 import json
 import logging
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -28,11 +32,12 @@ from sidecar import httpio
 from sidecar.openapi import HTML, Media, Operation
 from sidecar.shapes import TerminalToken
 from sidecar.supervisor import Supervisor
-from sidecar.ttyd import BASE_PATH, Credential
+from sidecar.ttyd import BASE_PATH, VIEWER_FLAGS, WRITER_FLAGS, Upstream
 
 log = logging.getLogger(__name__)
 
 SESSION = web.AppKey("terminal_session", aiohttp.ClientSession)
+UNIX_SESSION = web.AppKey("terminal_unix_session", aiohttp.ClientSession)
 CLIENTS = web.AppKey("terminal_clients", weakref.WeakSet[web.WebSocketResponse])
 # ttyd's protocol: the first client message is a JSON object ({"AuthToken", "columns",
 # "rows"}); after it every frame starts with one command byte.
@@ -62,7 +67,7 @@ def allowed_from_viewer(data: bytes | str) -> bool:
     return bool(raw) and raw[0] in VIEWER_ALLOWED
 
 
-def authenticated_init(data: bytes | str, credential: Credential) -> str | None:
+def authenticated_init(data: bytes | str, auth_token: str) -> str | None:
     """The client's init message with ttyd's credential as its AuthToken; None when it is not
     a JSON object (such a message must never reach ttyd). The size passes as sent: tmux
     ignores it (ignore-size)."""
@@ -72,7 +77,7 @@ def authenticated_init(data: bytes | str, credential: Credential) -> str | None:
         return None
     if not isinstance(init, dict):
         return None
-    init["AuthToken"] = credential.token
+    init["AuthToken"] = auth_token
     return json.dumps(init)
 
 
@@ -80,7 +85,7 @@ async def _relay_to_ttyd(
     client: web.WebSocketResponse,
     upstream: aiohttp.ClientWebSocketResponse,
     viewer: bool,
-    credential: Credential,
+    auth_token: str,
     first_output: asyncio.Event,
 ) -> None:
     try:
@@ -90,7 +95,7 @@ async def _relay_to_ttyd(
         return
     if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
         return  # close, error
-    init = authenticated_init(msg.data, credential)
+    init = authenticated_init(msg.data, auth_token)
     if init is None:
         log.info("terminal client's first message is not ttyd's JSON init; closing")
         await client.close(code=WSCloseCode.POLICY_VIOLATION, message=b"expected the init message")
@@ -144,18 +149,19 @@ async def _relay_to_client(
 
 async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse:
     # While ttyd is starting (the sidecar itself has just started), wait for it a moment.
-    credential = await sup.ttyd.usable()
-    if credential is None:
+    target = await sup.ttyd.usable()
+    if target is None:
         return _unavailable(sup)
-    session = request.app[SESSION]
-    url = f"http://127.0.0.1:{sup.config.ttyd_port}{BASE_PATH}/ws"
+    session = _session_for(request.app, target)
+    viewer = request.get("role") == "viewer"
     try:
         upstream = await session.ws_connect(
-            url,
+            f"{target.base_url}{BASE_PATH}/ws",
+            params={"arg": VIEWER_FLAGS if viewer else WRITER_FLAGS},
             protocols=("tty",),
             max_msg_size=MAX_FRAME,
             autoping=True,
-            headers={"Authorization": credential.header},
+            headers=target.headers,
         )
     except (aiohttp.ClientError, OSError) as exc:
         log.warning("terminal: cannot reach ttyd: %s", exc)
@@ -166,11 +172,12 @@ async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse
     async with upstream:
         await client.prepare(request)
         request.app[CLIENTS].add(client)
-        viewer = request.get("role") == "viewer"
         log.info("terminal client connected (%s)", "view-only" if viewer else "read-write")
         first_output = asyncio.Event()
         tasks = [
-            asyncio.create_task(_relay_to_ttyd(client, upstream, viewer, credential, first_output)),
+            asyncio.create_task(
+                _relay_to_ttyd(client, upstream, viewer, target.auth_token, first_output)
+            ),
             asyncio.create_task(_relay_to_client(upstream, client, first_output)),
         ]
         try:
@@ -186,17 +193,16 @@ async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse
 
 async def page(request: web.Request, sup: Supervisor) -> web.StreamResponse:
     """ttyd's page (GET only), streamed back."""
-    credential = await sup.ttyd.usable()
-    if credential is None:
+    target = await sup.ttyd.usable()
+    if target is None:
         return _unavailable(sup)
-    url = f"http://127.0.0.1:{sup.config.ttyd_port}{BASE_PATH}/"
     headers = {
         k: v for k, v in request.headers.items() if k.lower() in ("accept", "accept-encoding")
     }
-    headers["Authorization"] = credential.header
+    headers.update(target.headers)
     try:
-        async with request.app[SESSION].get(
-            url, headers=headers, allow_redirects=False
+        async with _session_for(request.app, target).get(
+            f"{target.base_url}{BASE_PATH}/", headers=headers, allow_redirects=False
         ) as upstream:
             response = web.StreamResponse(status=upstream.status)
             for key, value in upstream.headers.items():
@@ -212,15 +218,31 @@ async def page(request: web.Request, sup: Supervisor) -> web.StreamResponse:
         return _unavailable(sup)
 
 
-async def _client_session(app: web.Application) -> AsyncIterator[None]:
+def _session_for(app: web.Application, target: Upstream) -> aiohttp.ClientSession:
+    """The client session for ttyd: over its unix socket, or TCP to its loopback port."""
+    return app[UNIX_SESSION] if target.socket_path is not None else app[SESSION]
+
+
+def _new_session(connector: aiohttp.BaseConnector | None = None) -> aiohttp.ClientSession:
     # auto_decompress off: ttyd's gzipped page is passed through as it is.
-    session = aiohttp.ClientSession(
-        auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None, connect=5)
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None, connect=5),
     )
-    app[SESSION] = session
-    yield
-    with contextlib.suppress(Exception):  # closing at shutdown; nothing useful to do on error
-        await session.close()
+
+
+def _client_sessions(sup: Supervisor) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        app[SESSION] = _new_session()
+        # The socket path is fixed for the sidecar's life; ttyd makes the file again on start.
+        app[UNIX_SESSION] = _new_session(aiohttp.UnixConnector(path=str(sup.config.ttyd_socket)))
+        yield
+        for session in (app[SESSION], app[UNIX_SESSION]):
+            with contextlib.suppress(Exception):  # closing at shutdown; nothing to do on error
+                await session.close()
+
+    return ctx
 
 
 TERMINAL_TEXT = (
@@ -233,7 +255,8 @@ TERMINAL_TEXT = (
 )
 UPGRADE = Media(
     "WebSocket upgrade (`Upgrade: websocket`, subprotocol `tty`), relayed frame for frame to "
-    "ttyd; with the view token input and resize frames are dropped"
+    "ttyd; with the view token input and resize frames are dropped, and the tmux client behind "
+    "it is attached read-only"
 )
 PAGE = Media("ttyd's page", HTML)
 
@@ -279,7 +302,7 @@ def terminal_operations(app: web.Application, sup: Supervisor) -> list[Operation
 
     app[CLIENTS] = weakref.WeakSet()
     app.on_shutdown.append(close_clients)
-    app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_client_sessions(sup))
     return [
         Operation(
             "GET",

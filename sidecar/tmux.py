@@ -9,13 +9,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import libtmux
 from libtmux import exc as tmux_exc
+
+from sidecar.privs import User, read_regular, spawn_credentials, write_new
 
 log = logging.getLogger(__name__)
 
@@ -67,36 +71,108 @@ class PaneInfo:
 # exits), and only the parent can learn a process's exit status. `trap :` keeps the waiter
 # alive through a Ctrl-C meant for the CLI (a caught signal is reset to default across exec,
 # so the CLI still gets SIGINT normally; an ignored one would be inherited).
-WAITER_SCRIPT = 'f=$1; shift; trap : INT QUIT; "$@"; c=$?; printf "%s\\n" "$c" >"$f"; exit "$c"'
+# The CLI's own variables (registry `env:`) come from a file, one NAME=VALUE a line with `\`
+# and newlines escaped, exported by `read` and `printf %b`: in no argv (the waiter's stays for
+# the CLI's whole life) and never parsed as shell syntax. `umask 027` before the status file:
+# with SIDECAR_USER the sidecar reads it through the session dir's group.
+WAITER_SCRIPT = (
+    "f=$1; e=$2; shift 2; trap : INT QUIT; "
+    'if [ -n "$e" ]; then while IFS= read -r l || [ -n "$l" ]; do '
+    'v=$(printf "%bx" "${l#*=}"); export "${l%%=*}=${v%x}"; done <"$e"; fi; '
+    '"$@"; c=$?; umask 027; printf "%s\\n" "$c" >"$f"; exit "$c"'
+)
 
 
-def pane_command(argv: Sequence[str], env: Mapping[str, str], status_file: Path) -> list[str]:
-    """The argv tmux runs in the pane: the waiter, then `env` setting the CLI's own variables
-    for this pane only (a later CLI in the same pane does not inherit them)."""
-    # `env -- NAME=VALUE... PROGRAM ARGS`: the registry rejects a program name with "=".
-    env_argv = ["env", "--", *(f"{k}={v}" for k, v in env.items()), *argv]
-    return ["sh", "-c", WAITER_SCRIPT, "sidecar-cli", str(status_file), *env_argv]
+def env_file_text(env: Mapping[str, str]) -> str:
+    """`env` as the waiter reads it back: NAME=VALUE lines, backslashes and newlines escaped
+    for `printf %b`."""
+    lines = []
+    for name, value in env.items():
+        escaped = value.replace("\\", "\\\\").replace("\n", "\\n")
+        lines.append(f"{name}={escaped}\n")
+    return "".join(lines)
+
+
+def pane_command(argv: Sequence[str], status_file: Path, env_file: Path | None) -> list[str]:
+    """The argv tmux runs in the pane: the waiter, then the CLI's own argv."""
+    env_arg = "" if env_file is None else str(env_file)
+    return ["sh", "-c", WAITER_SCRIPT, "sidecar-cli", str(status_file), env_arg, *argv]
 
 
 class Tmux:
-    def __init__(self, socket_path: Path, conf_path: Path, status_file: Path) -> None:
+    """`run_as` (SIDECAR_USER): every tmux client, the one that starts the server included,
+    runs as that user, with `env` as the server's (and so the CLI's) environment. Root never
+    talks to that user's server: a tmux server can make its clients run commands (MSG_SHELL,
+    `detach-client -E`), and the user controls that server."""
+
+    def __init__(
+        self,
+        socket_path: Path,
+        conf_path: Path,
+        status_file: Path,
+        *,
+        run_as: User | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.socket_path = socket_path
         self.conf_path = conf_path
         self.status_file = status_file
+        self.env_file = status_file.with_name("cli.env")
+        self.run_as = run_as
+        self.env = dict(env) if env is not None else None
         self.server = libtmux.Server(socket_path=str(socket_path), config_file=str(conf_path))
 
     def _cmd(self, *args: str) -> list[str]:
+        if self.run_as is not None:
+            return self._cmd_as_user(args)
         result = self.server.cmd(*args)
         if result.returncode != 0:
             msg = f"tmux {args[0]} failed: {' '.join(result.stderr).strip() or result.returncode}"
             raise TmuxError(msg)
         return list(result.stdout)
 
+    def _cmd_as_user(self, args: Sequence[str]) -> list[str]:
+        binary = shutil.which("tmux", path=(self.env or {}).get("PATH")) or "tmux"
+        argv = [binary, "-S", str(self.socket_path), "-f", str(self.conf_path), *args]
+        try:
+            result = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                errors="backslashreplace",
+                env=self.env,
+                check=False,
+                **spawn_credentials(self.run_as),
+            )
+        except FileNotFoundError:
+            msg = "tmux is not installed"
+            raise TmuxError(msg) from None
+        if result.returncode != 0:
+            msg = f"tmux {args[0]} failed: {result.stderr.strip() or result.returncode}"
+            raise TmuxError(msg)
+        return result.stdout.splitlines()
+
+    def pane_argv(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        """The argv the pane runs for the CLI `argv` with its own variables `env` (pure)."""
+        return pane_command(argv, self.status_file, self.env_file if env else None)
+
+    def _pane_command(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        """Write the CLI's own variables for the waiter (0640: with SIDECAR_USER, the session
+        dir is setgid, so the user's group reads it), then the pane's argv."""
+        if not env:
+            with contextlib.suppress(FileNotFoundError):
+                self.env_file.unlink()
+        else:
+            data = env_file_text(env).encode("utf-8", "surrogateescape")
+            write_new(self.env_file, data, 0o640)
+        return self.pane_argv(argv, env)
+
     def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> PaneInfo:
         """Start a fresh server with session `main` running `argv`; any old server is killed."""
         self.kill_server()
         self.clear_status()
-        self.conf_path.write_text(TMUX_CONF, encoding="utf-8")
+        # 0644: with SIDECAR_USER the server reads it as that user.
+        write_new(self.conf_path, TMUX_CONF.encode(), 0o644)
         # The server's global environment is the sidecar's own (secrets were removed from it
         # at start); each CLI's extra variables come in through `pane_command`.
         self._cmd(
@@ -110,7 +186,7 @@ class Tmux:
             str(HEIGHT),
             "-c",
             str(cwd),
-            *pane_command(argv, env, self.status_file),
+            *self._pane_command(argv, env),
             # Attached web clients must never resize the window the CLI draws in. (tmux 3.3a
             # crashes when window-size/default-size come from the config file before the first
             # session exists, so they are set right after it, in the same command list.)
@@ -137,7 +213,7 @@ class Tmux:
             f"{SESSION}:0.0",
             "-c",
             str(cwd),
-            *pane_command(argv, env, self.status_file),
+            *self._pane_command(argv, env),
         )
         # Old output stays visible above, like a terminal; the scrollback limit bounds it.
         return self.pane_info()
@@ -147,10 +223,12 @@ class Tmux:
             self.status_file.unlink()
 
     def exit_status(self) -> int | None:
-        """The CLI's exit code as its waiter recorded it (None: not exited, or killed)."""
+        """The CLI's exit code as its waiter recorded it (None: not exited, or killed). The file
+        is the CLI user's: a FIFO or a symlink put in its place is not followed or waited on."""
+        data = read_regular(self.status_file, 64)
         try:
-            return int(self.status_file.read_text(encoding="ascii").strip())
-        except (OSError, ValueError):
+            return None if data is None else int(data.strip())
+        except ValueError:
             return None
 
     def pane_info(self) -> PaneInfo:
@@ -191,9 +269,12 @@ class Tmux:
 
     def kill_server(self) -> None:
         try:
-            if self.server.is_alive():
+            if self.run_as is not None:
+                if self.socket_path.exists():
+                    self._cmd("kill-server")
+            elif self.server.is_alive():
                 self.server.kill()
-        except (tmux_exc.LibTmuxException, OSError) as exc:
+        except (tmux_exc.LibTmuxException, TmuxError, OSError) as exc:
             log.debug("kill-server: %s", exc)
         # A killed server leaves its socket file behind.
         with contextlib.suppress(FileNotFoundError):

@@ -1,10 +1,18 @@
 """ttyd, the web terminal attached to tmux: finding the binary, its argv (pure), readiness, and
 `TtydRunner`, the loop that keeps it running (with backoff) and says when it is usable.
 
-ttyd listens on 127.0.0.1 only; browsers reach it through the sidecar's `/terminal` proxy,
-which is why it runs with `--base-path /terminal`. Loopback is not private (any web page the
-user visits can open a WebSocket to it, and so can any local user), so ttyd also runs with a
-random `--credential`, new on every start, that only the proxy knows.
+Browsers reach ttyd only through the sidecar's `/terminal` proxy (hence `--base-path
+/terminal`). By default ttyd listens on a unix socket in the state dir, which only the sidecar
+(and, with SIDECAR_USER, the CLI's user, who owns the session anyway) can reach: no credential
+is needed, so none is in any argv. With TTYD_PORT it listens on 127.0.0.1, which is not
+private (any web page the user visits can open a WebSocket to it, and so can any local user),
+so ttyd then runs with a random `--credential`, new on every start, that only the proxy knows;
+but an argv is readable by every local process, which makes this the weaker mode.
+
+The tmux client flags come from the URL (`--url-arg`): the proxy, never the browser, builds the
+upstream URL, with `ignore-size` for a writer and `ignore-size,read-only` for a viewer, whose
+tmux client then cannot type even if a frame got past the proxy's filter. A connection without
+the argument gets no terminal (tmux refuses `-f` without flags).
 """
 
 from __future__ import annotations
@@ -22,12 +30,14 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sidecar.events import EventBus
 from sidecar.persist import ProcRef
+from sidecar.privs import User, spawn_credentials
 from sidecar.proc import parent_death_signal
 from sidecar.proctree import wait_exited
 from sidecar.shapes import ErrorEvent
@@ -41,6 +51,10 @@ KNOWN_SHA256 = {
 }
 BASE_PATH = "/terminal"
 CREDENTIAL_USER = "sidecar"
+#: tmux attach flags, passed as ttyd's URL argument: no client ever reshapes the CLI's window,
+#: and a viewer's client is read-only.
+WRITER_FLAGS = "ignore-size"
+VIEWER_FLAGS = "ignore-size,read-only"
 
 
 class TtydNotFound(Exception):
@@ -72,9 +86,11 @@ def find_ttyd(state_dir: Path, path_env: str | None = None) -> str:
             raise TtydNotFound(msg)
         if os.access(candidate, os.X_OK):
             return str(candidate)
-        # Wheels drop the executable bit: run a private copy from the state dir.
+        # Wheels drop the executable bit: run a copy from the state dir (0755: with
+        # SIDECAR_USER, ttyd runs as the CLI's user).
         target = state_dir / "bin" / "ttyd"
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        target.parent.chmod(0o755)
         tmp = target.with_suffix(".tmp")
         shutil.copyfile(candidate, tmp)
         tmp.chmod(0o755)
@@ -123,31 +139,55 @@ class Credential:
 def ttyd_argv(
     binary: str,
     *,
-    port: int,
     tmux_socket: Path,
     session: str,
-    credential: Credential,
-    writable: bool = True,
+    socket_path: Path | None = None,
+    port: int | None = None,
+    credential: Credential | None = None,
     base_path: str = BASE_PATH,
 ) -> list[str]:
-    """ttyd serving `tmux attach` to our session on 127.0.0.1:`port`, to `credential` only.
+    """ttyd serving `tmux attach` to our session, on the unix socket `socket_path`, or on
+    127.0.0.1:`port` to `credential` only.
 
-    The argv holds the password, so it is never logged. ttyd 1.7.7 takes it no other way, and
-    /proc/<pid>/cmdline is readable by every local user unless /proc is mounted `hidepid=2`:
-    the credential keeps web pages out, not a local user who reads the process list."""
-    attach = ["tmux", "-S", str(tmux_socket), "attach-session", "-t", session]
-    # ignore-size: a browser's window size never reshapes the CLI's 200x50 window;
-    # read-only: a viewer's tmux client cannot type even if a frame slipped through.
-    attach += ["-f", "ignore-size" if writable else "ignore-size,read-only"]
-    argv = [binary, "--interface", "127.0.0.1", "--port", str(port), "--base-path", base_path]
-    argv += ["--ping-interval", "20", "--debug", "3"]
+    In port mode the argv holds the password, so it is never logged. ttyd 1.7.7 takes it no
+    other way, and /proc/<pid>/cmdline is readable by every local user unless /proc is mounted
+    `hidepid=2`: the credential keeps web pages out, not a local user who reads the process
+    list. The attach flags are the URL's argument (see the module docstring)."""
+    attach = ["tmux", "-S", str(tmux_socket), "attach-session", "-t", session, "-f"]
+    if socket_path is not None:
+        argv = [binary, "--interface", str(socket_path)]
+    elif port is not None:
+        argv = [binary, "--interface", "127.0.0.1", "--port", str(port)]
+    else:
+        msg = "ttyd needs a unix socket path or a port"
+        raise ValueError(msg)
+    argv += ["--base-path", base_path, "--ping-interval", "20", "--debug", "3"]
     # The page must not ask "leave site?" and should keep its own look.
     argv += ["--client-option", "disableLeaveAlert=true", "--client-option", "titleFixed=sleeve"]
     argv += ["--client-option", "disableResizeOverlay=true"]
-    argv += ["--credential", credential.pair]
-    if writable:
-        argv.append("--writable")
+    if credential is not None:
+        argv += ["--credential", credential.pair]
+    # Writable: a writer's keys reach tmux; a viewer's tmux client is read-only itself.
+    argv += ["--writable", "--url-arg"]
     return [*argv, *attach]
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """How the proxy reaches the running ttyd."""
+
+    base_url: str  # http://127.0.0.1:PORT, or http://localhost over the unix socket
+    socket_path: Path | None
+    credential: Credential | None  # port mode only
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {} if self.credential is None else {"Authorization": self.credential.header}
+
+    @property
+    def auth_token(self) -> str:
+        """What ttyd expects as the init message's AuthToken ("" without a credential)."""
+        return "" if self.credential is None else self.credential.token
 
 
 def port_free(host: str, port: int) -> bool:
@@ -164,10 +204,22 @@ def port_free(host: str, port: int) -> bool:
 
 async def wait_port(host: str, port: int, deadline: float) -> bool:
     """Poll until something accepts on host:port or the monotonic `deadline` passes."""
+    return await _wait_accepting(lambda: asyncio.open_connection(host, port), deadline)
+
+
+async def wait_unix(path: Path, deadline: float) -> bool:
+    """Poll until something accepts on the unix socket `path` or `deadline` passes."""
+    return await _wait_accepting(lambda: asyncio.open_unix_connection(str(path)), deadline)
+
+
+async def _wait_accepting(
+    connect: Callable[[], Coroutine[Any, Any, tuple[asyncio.StreamReader, asyncio.StreamWriter]]],
+    deadline: float,
+) -> bool:
     delay = 0.005
     while True:
         try:
-            _, writer = await asyncio.open_connection(host, port)
+            _, writer = await connect()
         except OSError:
             if time.monotonic() >= deadline:
                 return False
@@ -207,21 +259,28 @@ async def stop_stale(ttyd: ProcRef, tmux_socket: Path) -> bool:
 
 
 class TtydRunner:
-    """Keeps ttyd running: find it, check its port, start it with a new credential, wait until it
-    accepts, and start it again (with backoff) when it exits. `status` is what /status shows."""
+    """Keeps ttyd running: find it, check its port, start it (with a new credential in port
+    mode), wait until it accepts, and start it again (with backoff) when it exits. `status` is
+    what /status shows. `run_as` (SIDECAR_USER): ttyd and its tmux clients run as that user."""
 
     def __init__(
         self,
         *,
-        port: int,
+        port: int | None,
+        socket_path: Path,
         tmux_socket: Path,
         session: str,
         state_dir: Path,
         path_env: str | None,
         bus: EventBus,
         on_change: Callable[[], None] | None = None,
+        run_as: User | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.port = port
+        self.socket_path = None if port is not None else socket_path
+        self.run_as = run_as
+        self.env = dict(env) if env is not None else None
         self.tmux_socket = tmux_socket
         self.session = session
         self.state_dir = state_dir
@@ -245,9 +304,9 @@ class TtydRunner:
         if self.on_change is not None:
             self.on_change()
 
-    async def usable(self, timeout: float = READY_WITHIN) -> Credential | None:
-        """The running ttyd's credential; while ttyd is (about to be) starting, wait for it up to
-        `timeout` seconds. None when it is not running (backoff, fatal, stopped)."""
+    async def usable(self, timeout: float = READY_WITHIN) -> Upstream | None:
+        """How to reach the running ttyd; while ttyd is (about to be) starting, wait for it up
+        to `timeout` seconds. None when it is not running (backoff, fatal, stopped)."""
         deadline = time.monotonic() + timeout
         while self.status.state in (ProcState.STOPPED, ProcState.STARTING) and not self._stopping:
             remaining = deadline - time.monotonic()
@@ -257,7 +316,11 @@ class TtydRunner:
                 await asyncio.wait_for(self._changed.wait(), remaining)
             except TimeoutError:
                 break
-        return self.credential if self.status.state is ProcState.RUNNING else None
+        if self.status.state is not ProcState.RUNNING:
+            return None
+        if self.socket_path is not None:
+            return Upstream("http://localhost", self.socket_path, None)
+        return Upstream(f"http://127.0.0.1:{self.port}", None, self.credential)
 
     async def run(self) -> None:
         """Run ttyd until `stop()`; a ttyd that exits is started again after a backoff."""
@@ -292,16 +355,24 @@ class TtydRunner:
 
     async def _once(self, binary: str, started: float) -> tuple[int | None, str]:
         """Run ttyd until it exits; returns its exit code and what went wrong."""
-        if not port_free("127.0.0.1", self.port):
-            # Checked first: another program's listener would pass the readiness probe, and
-            # /terminal would then proxy to it.
-            return None, f"TTYD_PORT {self.port} is in use by another program"
-        credential = Credential.new()
+        credential: Credential | None = None
+        if self.socket_path is not None:
+            # A socket file left by an earlier ttyd (it does not remove its own).
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+        else:
+            assert self.port is not None
+            if not port_free("127.0.0.1", self.port):
+                # Checked first: another program's listener would pass the readiness probe,
+                # and /terminal would then proxy to it.
+                return None, f"TTYD_PORT {self.port} is in use by another program"
+            credential = Credential.new()
         argv = ttyd_argv(
             binary,
-            port=self.port,
             tmux_socket=self.tmux_socket,
             session=self.session,
+            socket_path=self.socket_path,
+            port=self.port,
             credential=credential,
         )
         self.credential = credential
@@ -312,6 +383,8 @@ class TtydRunner:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
+                env=self.env,
+                **spawn_credentials(self.run_as),
                 # ttyd dies with the supervisor that started it (its credential dies there too),
                 # so a crashed supervisor leaves no ttyd holding the port. subprocess runs this
                 # after any user/group change it makes, which would clear the setting.
@@ -327,7 +400,11 @@ class TtydRunner:
         task = asyncio.create_task(self._forward_output(proc, credential), name="ttyd-log")
         self._log_tasks.add(task)
         task.add_done_callback(self._log_tasks.discard)
-        ready = await wait_port("127.0.0.1", self.port, started + READY_WITHIN)
+        if self.socket_path is not None:
+            ready = await wait_unix(self.socket_path, started + READY_WITHIN)
+        else:
+            assert self.port is not None
+            ready = await wait_port("127.0.0.1", self.port, started + READY_WITHIN)
         if not ready and proc.returncode is None:
             proc.kill()
             await proc.wait()
@@ -335,17 +412,22 @@ class TtydRunner:
         if proc.returncode is None:
             # STARTING -> RUNNING: ttyd accepts connections.
             self._set(ProcStatus(ProcState.RUNNING, pid=proc.pid, started_at=started))
-            log.info("ttyd running as pid %d on 127.0.0.1:%d", proc.pid, self.port)
+            where = self.socket_path or f"127.0.0.1:{self.port}"
+            log.info("ttyd running as pid %d on %s", proc.pid, where)
         code = await proc.wait()
         return code, f"exited with {code}"
 
     @staticmethod
-    async def _forward_output(proc: asyncio.subprocess.Process, credential: Credential) -> None:
+    async def _forward_output(
+        proc: asyncio.subprocess.Process, credential: Credential | None
+    ) -> None:
         assert proc.stdout is not None
         async for raw in proc.stdout:
             # ttyd prints its credential at start-up, at a debug level above ours (3): redacted
             # anyway, should the level ever change.
-            line = credential.redact(raw.decode("utf-8", "replace").rstrip())
+            line = raw.decode("utf-8", "replace").rstrip()
+            if credential is not None:
+                line = credential.redact(line)
             if line:
                 log.info("ttyd: %s", line)
 

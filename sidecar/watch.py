@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sidecar import privs
 from sidecar.cstack import CurrentState
 from sidecar.cstack_files import read_current
 from sidecar.events import EventBus
@@ -30,16 +31,25 @@ def _same(a: ProgressUpdate, b: ProgressUpdate) -> bool:
 
 
 class CurrentWatcher:
-    def __init__(self, path: Path, bus: EventBus) -> None:
+    def __init__(
+        self,
+        path: Path,
+        bus: EventBus,
+        workspace: Path | None = None,
+        owner: privs.Owner | None = None,
+    ) -> None:
         self.path = path
         self._bus = bus
+        self._workspace = workspace  # symlinks are followed only inside it
+        self._owner = owner  # looked at as the CLI's user (see sidecar.privs)
         self._key: StatKey = None
         self._state: CurrentState | None = None
         self.mtime: float | None = None
 
     def _stat(self) -> tuple[StatKey, float | None]:
         try:
-            st = os.stat(self.path)
+            with privs.acting(self._owner):
+                st = os.stat(self.path)
         except OSError:
             return None, None
         return (st.st_ino, st.st_size, st.st_mtime_ns), st.st_mtime
@@ -49,7 +59,7 @@ class CurrentWatcher:
         key, mtime = self._stat()
         if self._state is not None and key == self._key:
             return self._state
-        state = read_current(self.path)
+        state = read_current(self.path, self._workspace, self._owner)
         previous = self._state
         self._state, self._key, self.mtime = state, key, mtime
         if previous is not None:

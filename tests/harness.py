@@ -133,14 +133,14 @@ class Sidecar:
     cli: str = "shell"
     env_extra: dict[str, str] = field(default_factory=dict)
     wrapper: list[str] = field(default_factory=list)
-    port: int = 0  # 0: a free port, picked with ttyd_port so that the two differ
-    ttyd_port: int = 0
+    port: int = 0  # 0: a free port (never ttyd_port)
+    # None: ttyd on its unix socket (the default); a port: the loopback mode with a credential.
+    ttyd_port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     def __post_init__(self) -> None:
-        spare = [p for p in free_ports(2) if p not in (self.port, self.ttyd_port)]
-        self.port = self.port or spare.pop()
-        self.ttyd_port = self.ttyd_port or spare.pop()
+        if not self.port:
+            self.port = next(p for p in free_ports(2) if p != self.ttyd_port)
 
     @property
     def workspace(self) -> Path:
@@ -165,7 +165,6 @@ class Sidecar:
             SLEEVE_CLI=self.cli,
             SIDECAR_HOST="127.0.0.1",
             SIDECAR_PORT=str(self.port),
-            TTYD_PORT=str(self.ttyd_port),
             SIDECAR_WORKSPACE=str(self.workspace),
             SIDECAR_STATE_DIR=str(self.state_dir),
             SIDECAR_STOP_GRACE="2",
@@ -175,6 +174,8 @@ class Sidecar:
             HOME=str(self.tmp / "home"),
             PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         )
+        if self.ttyd_port is not None:
+            env["TTYD_PORT"] = str(self.ttyd_port)
         env.update(self.env_extra)
         return env
 
@@ -250,11 +251,11 @@ class Sidecar:
                     p.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
-        subprocess.run(
-            ["tmux", "-S", str(self.state_dir / "tmux.sock"), "kill-server"],
-            capture_output=True,
-            check=False,
-        )
+        for sock in (self.state_dir / "tmux.sock", self.state_dir / "session" / "tmux.sock"):
+            if sock.exists():
+                subprocess.run(
+                    ["tmux", "-S", str(sock), "kill-server"], capture_output=True, check=False
+                )
 
 
 @contextlib.contextmanager

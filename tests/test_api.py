@@ -20,7 +20,7 @@ import aiohttp
 import psutil
 import pytest
 
-from tests.harness import Sidecar, http, py_cli, wait_for, write_cli_config
+from tests.harness import Sidecar, free_port, http, py_cli, wait_for, write_cli_config
 
 TOKEN = "admin-token-0123456789"
 VIEW = "viewer-token-9876543210"
@@ -567,10 +567,10 @@ async def connect_to_ttyd_directly(
 async def test_ttyd_serves_nothing_without_its_credential(
     make_sidecar: Callable[..., Sidecar],
 ) -> None:
-    """ttyd listens on the host's loopback: a page in the user's browser or another local
-    user can reach its port. Without the per-start credential that only the proxy holds, HTTP
-    answers 401 and a WebSocket gets no terminal."""
-    sc = make_sidecar().start()
+    """With TTYD_PORT, ttyd listens on the host's loopback: a page in the user's browser or
+    another local user can reach its port. Without the per-start credential that only the proxy
+    holds, HTTP answers 401 and a WebSocket gets no terminal."""
+    sc = make_sidecar(ttyd_port=free_port()).start()
     _, credential = ttyd_credential(sc)
     user, password = credential.split(":", 1)
     assert user == "sidecar"
@@ -605,9 +605,15 @@ async def test_ttyd_serves_nothing_without_its_credential(
     assert basic(credential) not in log
 
 
-def test_the_terminal_page_gets_an_empty_token_never_ttyds_credential(secured: Sidecar) -> None:
-    """ttyd's /token answers its credential: the proxy answers the page's request itself, for
-    every spelling ttyd would take for /token, for the admin and the view token alike."""
+def test_the_terminal_page_gets_an_empty_token_never_ttyds_credential(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    """ttyd's /token answers its credential (TTYD_PORT mode): the proxy answers the page's
+    request itself, for every spelling ttyd would take for /token, for the admin and the view
+    token alike."""
+    secured = make_sidecar(
+        ttyd_port=free_port(), env_extra={"SIDECAR_TOKEN": TOKEN, "SIDECAR_VIEW_TOKEN": VIEW}
+    ).start()
     _, credential = ttyd_credential(secured)
     secrets = (credential.split(":", 1)[1], basic(credential))
     for token in (TOKEN, VIEW):
@@ -662,7 +668,7 @@ async def test_a_first_frame_that_is_not_the_init_message_is_refused(
 async def test_a_restarted_ttyd_has_a_new_credential_and_the_proxy_follows(
     make_sidecar: Callable[..., Sidecar],
 ) -> None:
-    sc = make_sidecar().start()
+    sc = make_sidecar(ttyd_port=free_port()).start()
     pid, first = ttyd_credential(sc)
     psutil.Process(pid).kill()
     pid_after, second = wait_for(
@@ -724,7 +730,7 @@ async def test_flooding_input_and_a_stalled_reader_do_not_hurt_the_sidecar(
 def test_terminal_is_503_with_a_reason_while_ttyd_is_down(
     make_sidecar: Callable[..., Sidecar],
 ) -> None:
-    sc = make_sidecar()
+    sc = make_sidecar(ttyd_port=free_port())
     # Hold ttyd's port (bound, not listening): ttyd cannot start, connections are refused.
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", sc.ttyd_port))

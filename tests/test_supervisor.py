@@ -66,13 +66,15 @@ def test_start_serves_health_status_and_terminal_with_the_shell_cli(
     assert psutil.Process(status["cli_pid"]).name() == "bash"
     assert status["last_activity"].endswith("Z")
     assert status["warnings"] == []
-    # ttyd is reachable only through the proxy, and listens on loopback only.
-    listening = [
-        c
-        for c in psutil.net_connections("tcp")
-        if c.laddr and c.laddr.port == sc.ttyd_port and c.status == "LISTEN"
-    ]
-    assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening)
+    # ttyd is reachable only through the proxy: by default on a unix socket in the 0700 state
+    # dir, with no TCP listener and no credential in its argv.
+    assert sc.proc is not None
+    ttyd = next(
+        p for p in psutil.Process(sc.proc.pid).children(recursive=True) if p.name() == "ttyd"
+    )
+    assert ttyd.net_connections("tcp") == []
+    assert "--credential" not in ttyd.cmdline()
+    assert (sc.state_dir / "ttyd.sock").is_socket()
     with urllib.request.urlopen(sc.url + "/terminal/", timeout=10) as resp:
         assert resp.status == 200
         assert b"<html" in resp.read(4096).lower() or resp.headers.get("Content-Encoding") == "gzip"

@@ -25,6 +25,7 @@ NAMES = (
     "scale.linear.time",
     "scale.linear.uss",
 )
+TOKEN = "bench-token-0123456789abcdef"  # noqa: S105 - a test token for local sleeves
 LINEAR = Target("≤1.25× one sleeve's (linear)", (Check("ratio", "<=", 1.25),))
 
 
@@ -41,6 +42,8 @@ class Launcher:
             if k not in drop and not k.startswith(("SIDECAR_", "SLEEVE_"))
         }
         self.env["SLEEVE_HOME"] = str(self.home)
+        # Sleeves are closed by default; the caller's own token is the one they get.
+        self.env["SIDECAR_TOKEN"] = TOKEN
         slots = Project(self.project, self.home)
         for _ in range(max(COUNTS)):
             slots.create()
@@ -77,7 +80,7 @@ class Launcher:
                     _, err = proc.communicate()
                     msg = f"sleeve run failed ({proc.returncode}): {err.strip()[-800:]}"
                     raise BenchError(msg)
-            pending.difference_update([p for p in list(pending) if fully_healthy(p)])
+            pending.difference_update([p for p in list(pending) if fully_healthy(p, TOKEN)])
             return not pending
 
         wait_until(all_healthy, 120, f"{count} sleeves healthy", interval=0.005)

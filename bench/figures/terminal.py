@@ -1,13 +1,12 @@
 """Keystroke echo: type a unique marker into the shell pane and wait for it to come back,
-through the sidecar's `/terminal/ws` proxy and through ttyd's own port, alternately.
+through the sidecar's `/terminal/ws` proxy and through ttyd's own socket, alternately.
 
 ttyd's protocol (subprotocol `tty`): the client's first message is JSON
 `{"AuthToken", "columns", "rows"}`; then binary frames whose first byte is a command: client
 `0`+input, server `0`+output.
 
-ttyd runs with a per-start `--credential` that only the proxy knows; the direct baseline reads
-it from ttyd's argv (this runs as the same user) and sends what the proxy sends: the Basic
-header on the handshake and the credential as the init message's AuthToken.
+ttyd listens on a unix socket in the state dir (the default); the direct baseline connects to
+it as the proxy does, with the writer's tmux attach flags as ttyd's URL argument.
 
 Two clients type into one shell, in turn. A round first clears the line (Ctrl-U, then an untimed
 marker, in one frame, until that marker echoes), then times one marker typed alone. Either way a
@@ -21,20 +20,19 @@ keystroke "lost" in about one short run in eight.)
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import re
 import secrets
 import time
+from pathlib import Path
 
 import aiohttp
-import psutil
 
 from bench.context import Context
 from bench.core import Baseline, Figure, at_most, ratio_at_most
-from bench.procs import BenchError, running, tree
-from tests.harness import Sidecar
+from bench.procs import BenchError, running
+from sidecar.ttyd import WRITER_FLAGS
 
 NAMES = ("terminal.echo", "terminal.lost")
 TIMEOUT = 10.0
@@ -138,42 +136,32 @@ class Term:
         return None if took is None else took * 1000
 
 
-def ttyd_token(sc: Sidecar) -> str:
-    """The base64 `user:password` ttyd expects, from the `--credential` in its argv."""
-    assert sc.proc is not None
-    for proc in tree(sc.proc.pid):
-        with contextlib.suppress(psutil.Error):
-            argv = proc.cmdline()
-            if "--credential" in argv and str(sc.ttyd_port) in argv:
-                return base64.b64encode(argv[argv.index("--credential") + 1].encode()).decode()
-    msg = "no ttyd with a --credential under the sidecar"
-    raise BenchError(msg)
-
-
-async def _connect(session: aiohttp.ClientSession, url: str, token: str) -> Term:
-    """`token` is ttyd's credential (base64) for a direct connection, "" through the proxy."""
-    headers = {"Authorization": f"Basic {token}"} if token else {}
-    ws = await session.ws_connect(url, protocols=("tty",), max_msg_size=1 << 22, headers=headers)
+async def _connect(session: aiohttp.ClientSession, url: str) -> Term:
+    ws = await session.ws_connect(url, protocols=("tty",), max_msg_size=1 << 22)
     if ws.protocol != "tty":
         msg = f"{url} did not accept the tty subprotocol"
         raise BenchError(msg)
-    await ws.send_str(json.dumps({"AuthToken": token, "columns": 200, "rows": 50}))
+    await ws.send_str(json.dumps({"AuthToken": "", "columns": 200, "rows": 50}))
     term = Term(ws)
     await term.drawn()
     return term  # the warm-up rounds wait for the shell's first prompt
 
 
 async def _measure(
-    port: int, ttyd_port: int, token: str, rounds: int, warmup: int
+    port: int, ttyd_socket: Path, rounds: int, warmup: int
 ) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
     urls = {
-        "proxy": (f"ws://127.0.0.1:{port}/terminal/ws", ""),
-        "direct": (f"ws://127.0.0.1:{ttyd_port}/terminal/ws", token),
+        "proxy": f"ws://127.0.0.1:{port}/terminal/ws",
+        "direct": f"http://localhost/terminal/ws?arg={WRITER_FLAGS}",
     }
     out: dict[str, list[float]] = {name: [] for name in urls}
     lost: dict[str, list[str]] = {name: [] for name in urls}
-    async with aiohttp.ClientSession() as session:
-        terms = {name: await _connect(session, *where) for name, where in urls.items()}
+    unix = aiohttp.UnixConnector(path=str(ttyd_socket))
+    async with aiohttp.ClientSession() as session, aiohttp.ClientSession(connector=unix) as direct:
+        terms = {
+            "proxy": await _connect(session, urls["proxy"]),
+            "direct": await _connect(direct, urls["direct"]),
+        }
         try:
             for _ in range(2):  # twice: the second client's attach can disturb the first
                 for term in terms.values():
@@ -199,9 +187,8 @@ async def _measure(
 
 def run(ctx: Context) -> list[Figure]:
     with running(ctx.scratch("te")) as sc:
-        token = ttyd_token(sc)
         got, lost = asyncio.run(
-            _measure(sc.port, sc.ttyd_port, token, ctx.pick(5, 40), ctx.pick(2, 5))
+            _measure(sc.port, sc.state_dir / "ttyd.sock", ctx.pick(5, 40), ctx.pick(2, 5))
         )
     return [
         Figure(

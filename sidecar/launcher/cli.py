@@ -21,9 +21,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.launcher import engine, instances, kube, launch, manifest
+from sidecar.launcher import engine, instances, kube, launch, manifest, runopts
 from sidecar.launcher.fsutil import LauncherError, locked, private_home
-from sidecar.launcher.runtimes import RunPlan, audit, home_mounts, passthrough_env
+from sidecar.launcher.runtimes import (
+    RunPlan,
+    audit,
+    home_mounts,
+    passthrough_env,
+    systemd_problem,
+)
 from sidecar.launcher.slots import Project, Slot, SlotState, prepare_home_files
 from sidecar.launcher.state import Run, StateStore, running_slots
 
@@ -171,7 +177,6 @@ def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: 
         cli="shell" if args.shell else args.cli,
         goal=args.goal,
         port=launch.check_port(args.port) if args.port else launch.free_port(),
-        ttyd_port=launch.free_port(),
         image=args.image,
         network_host=args.network == "host",
         passthrough=passthrough_env(settings.env),
@@ -181,6 +186,14 @@ def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     project = _project(args, settings, read_only=args.dry_run)  # --dry-run writes nothing
     runtime = launch.choose_runtime(args.runtime, dry_run=args.dry_run)
+    limits = runopts.limits(args.cpus, args.memory, args.pids_limit)
+    if runtime == "bwrap" and limits.any and (problem := systemd_problem()) is not None:
+        msg = (
+            f"--cpus, --memory and --pids-limit with the bwrap runtime need a systemd scope "
+            f"(systemd-run --scope), but {problem}; use --runtime docker, or run without limits"
+        )
+        raise LauncherError(msg)
+    sleeve_tokens = runopts.sleeve_tokens(settings.env)
     home = settings.home
     if not args.dry_run:
         private_home(home)
@@ -193,18 +206,25 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         slot = launch.pick_slot(project, runs, args.slot, create=not args.dry_run)
         if not args.dry_run:
             prepare_home_files(slot)
-        plan = _plan(args, settings, project, slot)
+        # docker: the CLI runs as the invoking user (as root when that is who runs us).
+        user = (os.getuid(), os.getgid()) if runtime == "docker" and os.getuid() != 0 else None
+        plan = dataclasses.replace(
+            _plan(args, settings, project, slot), user=user, limits=limits, tokens=sleeve_tokens
+        )
         run = Run(launch.new_run_id(), project.key, slot.index, slot.id, runtime, plan.cli)
         run.port = plan.port
+        run.token = sleeve_tokens["SIDECAR_TOKEN"]  # for the owner: `sleeve ps --json`
         command = launch.command_for(run, plan, home, settings.env)
         if args.dry_run:
-            print(shlex.join(command.argv))  # the very list the real run executes
+            for step in command.steps:
+                print(shlex.join(step))  # the very lists the real run executes
             print(audit(home_mounts(plan), command.env_names), file=sys.stderr)
             return 0
         launch.start(run, plan, command)
         StateStore(home).upsert(run)
     url = launch.await_health(home, run, args.wait)
-    print(f"slot {slot.index} ({slot.id}) runs {plan.cli} under {runtime}: {url}")
+    # Printed once; `sleeve ps --json` has the token again.
+    print(f"slot {slot.index} ({slot.id}) runs {plan.cli} under {runtime}: {url}?token={run.token}")
     return 0
 
 
@@ -404,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="docker network (default bridge, API published on 127.0.0.1)",
     )
     p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for /health")
+    p.add_argument("--cpus", type=float, help="CPU limit, e.g. 1.5 (bwrap: needs systemd)")
+    p.add_argument("--memory", help="memory limit, e.g. 512m or 2g (bwrap: needs systemd)")
+    p.add_argument("--pids-limit", type=int, help="most processes at once (bwrap: needs systemd)")
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -423,7 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
         "its tokens kept in $SLEEVE_HOME/kube/)",
     )
     # What `sleeve run` asks about the host and the cluster has no use for.
-    p.set_defaults(shell=False, port=None, network="bridge")
+    p.set_defaults(shell=False, port=None, network="bridge", cpus=None, memory=None)
+    p.set_defaults(pids_limit=None)
     add("ps", cmd_ps, "recorded runs, reconciled with reality", listing=True, project_default=None)
     add("instances", cmd_instances, "per-project history dirs", listing=True)
     p = add("gc", cmd_gc, "remove instances whose project root is gone")

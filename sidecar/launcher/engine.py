@@ -35,10 +35,25 @@ def _docker(args: list[str], timeout: float = _TIMEOUT) -> subprocess.CompletedP
 
 
 def _answered(
-    argv: list[str], timeout: float, hint: str = "", env: Mapping[str, str] | None = None
+    argv: list[str],
+    timeout: float,
+    hint: str = "",
+    env: Mapping[str, str] | None = None,
+    stdin: bytes | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run a docker `argv`; one that does not answer in `timeout` s is a LauncherError."""
     try:
+        if stdin is not None:
+            done = subprocess.run(
+                argv,
+                input=stdin,
+                capture_output=True,
+                check=False,
+                timeout=timeout,
+                env=None if env is None else dict(env),
+            )
+            text = (done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace"))
+            return subprocess.CompletedProcess(argv, done.returncode, *text)
         return subprocess.run(
             argv,
             capture_output=True,
@@ -128,10 +143,11 @@ def list_containers(home_label: str) -> list[Container] | None:
     return parse_ps(out.stdout)
 
 
-def run(argv: list[str], env: Mapping[str, str]) -> None:
-    out = _answered(argv, _RUN_TIMEOUT, _TRY_BWRAP, env)
+def run(argv: list[str], env: Mapping[str, str], stdin: bytes | None = None) -> None:
+    """One step of starting a sleeve (`docker create`, `docker cp -`, `docker start`)."""
+    out = _answered(argv, _RUN_TIMEOUT, _TRY_BWRAP, env, stdin)
     if out.returncode != 0:
-        msg = f"runtime docker: `docker run` failed: {out.stderr.strip()}"
+        msg = f"runtime docker: `docker {argv[1]}` failed: {out.stderr.strip()}"
         raise LauncherError(msg)
 
 

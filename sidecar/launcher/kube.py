@@ -143,8 +143,7 @@ def pod_env(plan: RunPlan) -> list[Obj]:
     }
     env = dict(host)
     # The cluster's ttyd listens on a unix socket in the state dir (TTYD_PORT unset).
-    fixed = fixed_env(plan, port=CONTAINER_PORT, ttyd_port=0, host="0.0.0.0")  # noqa: S104
-    del fixed["TTYD_PORT"]
+    fixed = fixed_env(plan, port=CONTAINER_PORT, host="0.0.0.0")  # noqa: S104
     env.update(fixed)
     env["SIDECAR_STOP_GRACE"] = f"{stop_grace(host):g}"
     env["SIDECAR_TOKEN_FILE"] = f"{TOKEN_DIR}/token"

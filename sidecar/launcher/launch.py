@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from sidecar.launcher import engine
 from sidecar.launcher.fsutil import FILE_MODE, LauncherError, private_dir
@@ -126,27 +127,37 @@ def pick_slot(project: Project, runs: list[Run], wanted: int | None, *, create: 
     raise LauncherError(msg)
 
 
-def spawn_detached(argv: list[str], env: Mapping[str, str], log: Path) -> tuple[int, float | None]:
+def spawn_detached(
+    argv: list[str], env: Mapping[str, str], log: Path, fds: Mapping[int, bytes] | None = None
+) -> tuple[int, float | None]:
     """Start the waiter `argv` in a new session, output to a 0600 `log`, its stop signals
-    blocked until it waits for them; returns its pid and start time."""
+    blocked until it waits for them; returns its pid and start time. `fds`: pipes holding this
+    data at those descriptor numbers (the token files bwrap copies in; read once, then empty)."""
     private_dir(log.parent)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, FILE_MODE)
+    actions: list[tuple[Any, ...]] = [
+        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_DUP2, fd, 1),
+        (os.POSIX_SPAWN_DUP2, fd, 2),
+    ]
+    readers = []
     try:
+        for number, data in sorted((fds or {}).items()):
+            read_end, write_end = os.pipe()  # a token is far below a pipe's 64 KiB: no block
+            try:
+                os.write(write_end, data)
+            finally:
+                os.close(write_end)
+            readers.append(read_end)
+            actions.append((os.POSIX_SPAWN_DUP2, read_end, number))
         # posix_spawn, not Popen: the child outlives us, and no Popen object is left to warn.
         pid = os.posix_spawn(
-            argv[0],
-            argv,
-            dict(env),
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, fd, 1),
-                (os.POSIX_SPAWN_DUP2, fd, 2),
-            ],
-            setsid=True,
-            setsigmask=WATCHED,
+            argv[0], argv, dict(env), file_actions=actions, setsid=True, setsigmask=WATCHED
         )
     finally:
         os.close(fd)
+        for read_end in readers:
+            os.close(read_end)
     # None if already gone: the waiter's own record says how it ended.
     return pid, start_time(pid)
 
@@ -174,7 +185,7 @@ def command_for(run: Run, plan: RunPlan, home: Path, host_env: Mapping[str, str]
     run.log = str(home / "logs" / f"{run.project}-{run.slot}-{run.id}.log")
     inner = bwrap_command(plan, HostPython.current())
     argv = waiter_argv(sys.executable, run, home, inner.argv)
-    return Command(argv, inner.env, inner.env_names)
+    return Command(argv, inner.env, inner.env_names, fds=inner.fds)
 
 
 def start(run: Run, plan: RunPlan, command: Command) -> None:
@@ -182,10 +193,17 @@ def start(run: Run, plan: RunPlan, command: Command) -> None:
     if run.runtime == "docker":
         run.container = plan.name
         engine.remove_stopped(plan.name)
-        engine.run(command.argv, command.env)
+        try:
+            for i, step in enumerate(command.steps):
+                engine.run(step, command.env, command.stdin.get(i))
+        except LauncherError:
+            engine.remove_stopped(plan.name)  # created but not started: leave nothing behind
+            raise
     else:
         assert run.log is not None
-        run.pid, run.pid_start = spawn_detached(command.argv, command.env, Path(run.log))
+        run.pid, run.pid_start = spawn_detached(
+            command.argv, command.env, Path(run.log), command.fds
+        )
 
 
 def await_health(home: Path, run: Run, deadline_s: float) -> str:

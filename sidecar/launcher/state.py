@@ -64,6 +64,8 @@ class Run:
     stop_requested: bool = False
     adopted: bool = False
     log: str | None = None
+    # The sleeve's API token (state.json is 0600): `sleeve ps --json` shows it to its owner.
+    token: str | None = None
 
     @property
     def active(self) -> bool:

@@ -29,6 +29,10 @@ from tests.e2e.anthropic_stub import TEST_API_KEY, AnthropicStub, claude_json
 from tests.tools import missing
 
 IMAGE = "sleeve-e2e:latest"
+# Sleeves are closed by default; the e2e launcher gives this one as its own token (`sleeve run`
+# uses a caller's SIDECAR_TOKEN), and `http` sends it. (tests/e2e/test_e2e_privileges.py
+# proves the generated one.)
+E2E_TOKEN = "e2e-token-0123456789abcdef0123456789"
 ARTIFACTS = dockerenv.REPO / "artifacts" / "e2e"
 SLEEVE = Path(sys.executable).parent / "sleeve"
 
@@ -151,11 +155,15 @@ def stub() -> Iterator[AnthropicStub]:
 # --- HTTP helpers (stdlib: the tests act like any client of the API) -----------------------
 
 
-def http(method: str, url: str, body: Any = None, timeout: float = 5.0) -> tuple[int, Any]:
+def http(
+    method: str, url: str, body: Any = None, timeout: float = 5.0, token: str | None = E2E_TOKEN
+) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
     if data is not None:
         req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             raw = resp.read()
@@ -255,7 +263,8 @@ def new_launcher(engine: dockerenv.Engine, stub: AnthropicStub, base: Path) -> L
     project.mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(project)], check=True)
     home = base / "sleeve-home"
-    return Launcher(engine, home, project, sleeve_env(engine, home, stub.url))
+    env = {**sleeve_env(engine, home, stub.url), "SIDECAR_TOKEN": E2E_TOKEN}
+    return Launcher(engine, home, project, env)
 
 
 def remove_started(lch: Launcher) -> None:

@@ -22,6 +22,7 @@ from tests.e2e import dockerenv, pngcheck
 from tests.e2e.anthropic_stub import REPLY_TEXT, AnthropicStub
 from tests.e2e.cdp import TERMINAL_TEXT_JS, Browser
 from tests.e2e.conftest import (
+    E2E_TOKEN,
     Launcher,
     Sleeve,
     descendants,
@@ -109,7 +110,9 @@ async def test_terminal_shows_the_claude_prompt_and_a_typed_prompt_reaches_the_a
     claude: tuple[Launcher, Sleeve], stub: AnthropicStub
 ) -> None:
     _, sleeve = claude
-    term = await TerminalClient.connect(f"ws://127.0.0.1:{sleeve.port}/terminal/ws")
+    term = await TerminalClient.connect(
+        f"ws://127.0.0.1:{sleeve.port}/terminal/ws?token={E2E_TOKEN}"
+    )
     try:
         mark = await _submit_prompt(term, stub, PROMPT)
         await term.wait_for(REPLY_TEXT, 30, since=mark)
@@ -178,7 +181,7 @@ async def test_dashboard_in_headless_chromium_shows_the_claude_code_terminal(
     shot.unlink(missing_ok=True)
     browser = await Browser.start(chromium, tmp_path / "profile", (1400, 900))
     try:
-        await browser.open(f"{sleeve.url}/")
+        await browser.open(f"{sleeve.url}/?token={E2E_TOKEN}")
         screen = await browser.wait_for_text(TERMINAL_TEXT_JS, ["Claude Code", "❯"], 30)
         await browser.wait_for_text("document.getElementById('cli').textContent", ["claude"], 10)
         await browser.screenshot(shot)

@@ -1,19 +1,23 @@
 """A stand-in `docker` client for the launcher tests, at the OS seam only.
 
 No Docker engine runs on the test machines (the image tests start a private one); this script
-records every call (argv + which variables it got) to $FAKE_DOCKER_LOG and answers like the
-client would. `run` starts a tiny real HTTP server on the published port, so `sleeve run`
-waits on a real /health, and records its pid in $FAKE_DOCKER_LOG.pids. The commands named in
-$FAKE_DOCKER_HANG (comma-separated: `run,stop`) never answer, like a wedged engine.
+records every call (argv + which variables it got, and for `cp -` the names and modes in the tar
+it was given, not their contents) to $FAKE_DOCKER_LOG and answers like the client would.
+`start` (of a container `create` made) starts a tiny real HTTP server on the published port,
+so `sleeve run` waits on a real /health, and records its pid in $FAKE_DOCKER_LOG.pids. The
+commands named in $FAKE_DOCKER_HANG (comma-separated: `create,stop`) never answer, like a
+wedged engine.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 
 SERVER = """
 import http.server, json, sys
@@ -30,8 +34,12 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 def main() -> int:
     args = sys.argv[1:]
     log = os.environ["FAKE_DOCKER_LOG"]
+    entry: dict[str, object] = {"argv": args, "env": sorted(os.environ)}
+    if args[:2] == ["cp", "-"]:
+        with tarfile.open(fileobj=io.BytesIO(sys.stdin.buffer.read())) as tar:
+            entry["tar"] = [[m.name, oct(m.mode), m.uid, m.size] for m in tar.getmembers()]
     with open(log, "a") as fh:
-        fh.write(json.dumps({"argv": args, "env": sorted(os.environ)}) + "\n")
+        fh.write(json.dumps(entry) + "\n")
     command = args[0] if args else ""
     if command and command in os.environ.get("FAKE_DOCKER_HANG", "").split(","):
         signal.pause()  # until the caller's timeout kills us
@@ -41,8 +49,15 @@ def main() -> int:
         print(os.environ.get("FAKE_DOCKER_PS", ""), end="")
     elif command == "inspect":
         print("running")
-    elif command == "run":
-        publish = args[args.index("--publish") + 1]
+    elif command == "create":
+        name = args[args.index("--name") + 1]
+        with open(f"{log}.{name}.create", "w") as fh:
+            json.dump(args, fh)
+        print("0123456789ab")
+    elif command == "start":
+        with open(f"{log}.{args[1]}.create") as fh:
+            created = json.load(fh)
+        publish = created[created.index("--publish") + 1]
         port = publish.split(":")[1]
         server = subprocess.Popen(
             [sys.executable, "-c", SERVER, port],
@@ -52,7 +67,7 @@ def main() -> int:
         )
         with open(log + ".pids", "a") as fh:
             fh.write(f"{server.pid}\n")
-        print("0123456789ab")
+        print(args[1])
         server.returncode = 0  # detached on purpose; stop the Popen destructor from warning
     return 0
 

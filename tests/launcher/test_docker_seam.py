@@ -78,16 +78,26 @@ def test_docker_run_executes_the_dry_run_argv_with_secrets_by_name_only(
     assert res.code == 0, res.err
     assert f"http://127.0.0.1:{port}/" in res.out
 
-    (run_call,) = [c for c in docker.calls() if c["argv"][0] == "run"]
-    assert ["docker", *run_call["argv"]] == shlex.split(dry.out)
+    steps = [c for c in docker.calls() if c["argv"][0] in ("create", "cp", "start")]
+    assert [["docker", *c["argv"]] for c in steps] == [
+        shlex.split(line) for line in dry.out.splitlines()
+    ]
+    run_call, copy, _ = steps
     assert "ANTHROPIC_API_KEY" in run_call["env"]  # docker copies the value itself
     assert all(SECRET not in " ".join(c["argv"]) for c in docker.calls())
+    # The sleeve's token: a file copied in before the start, root's and private; in no argv.
+    token = res.out.strip().rsplit("?token=", 1)[1]
+    assert len(token) >= 32 and all(token not in " ".join(c["argv"]) for c in docker.calls())
+    assert copy["tar"] == [["sleeve", "0o700", 0, 0], ["sleeve/token", "0o600", 0, len(token) + 1]]
+    assert "SIDECAR_TOKEN_FILE=/run/sleeve/token" in run_call["argv"]
 
     name = run_call["argv"][run_call["argv"].index("--name") + 1]
     key = Project(project, home).key
     running = ps_line(name, "running", "Up 2 seconds", key, slot=1, port=port)
     runs = json.loads(sleeve_proc("ps", "--json", extra_env={**env, "FAKE_DOCKER_PS": running}).out)
     assert [(r["container"], r["status"], r["port"]) for r in runs] == [(name, RUNNING, port)]
+    assert runs[0]["token"] == token  # again, for the owner of $SLEEVE_HOME
+    assert token not in sleeve_proc("ps", extra_env={**env, "FAKE_DOCKER_PS": running}).out
     exited = ps_line(name, "exited", "Exited (137) 1 second ago", key, slot=1, port=port)
     runs = json.loads(sleeve_proc("ps", "--json", extra_env={**env, "FAKE_DOCKER_PS": exited}).out)
     assert [r["status"] for r in runs] == ["failed (code 137)"]
@@ -134,7 +144,8 @@ HANG_TIMEOUT = 2.0  # what the wedged call gets instead of 20-120 s; the fake an
     ("hang", "command", "expected"),
     [
         ("rm", "run", "`docker rm` did not answer in 2 s; try `--runtime bwrap`"),
-        ("run", "run", "`docker run` did not answer in 2 s; try `--runtime bwrap`"),
+        ("create", "run", "`docker create` did not answer in 2 s; try `--runtime bwrap`"),
+        ("start", "run", "`docker start` did not answer in 2 s; try `--runtime bwrap`"),
         ("inspect", "run", "`docker inspect` did not answer in 2 s"),
         ("stop", "stop", "`docker stop` did not answer in 2 s"),
         ("image", "build", "`docker image inspect` did not answer in 2 s"),

@@ -247,7 +247,7 @@ def test_manifest_and_run_share_one_plan(
     assert {k: pod_env[k] for k in host} == host
     assert pod_env["SLEEVE_NAME"] == slot_id and pod_env["SLEEVE_GOAL"] == "g o a l"
     # The cluster's own choices: ttyd on a unix socket, tokens from files.
-    assert "TTYD_PORT" not in pod_env and "TTYD_PORT" in docker_env
+    assert "TTYD_PORT" not in pod_env and "TTYD_PORT" not in docker_env
     assert pod_env["SIDECAR_TOKEN_FILE"] == "/etc/sleeve/tokens/token"
 
 

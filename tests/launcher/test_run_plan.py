@@ -25,11 +25,13 @@ SECRET = "sk-ant-api03-TESTKEY-abcdefghij0123456789"
 
 
 def dry_run(sleeve: Callable[..., Result], project: Path, *args: str) -> tuple[list[str], str]:
+    """The first command `sleeve run` would execute (docker: `docker create`, then it copies
+    the token file in and starts the container), and the audit."""
     res = sleeve(
         "run", "--project", project, "--dry-run", *args, extra_env={"ANTHROPIC_API_KEY": SECRET}
     )
     assert res.code == 0, res.err
-    return shlex.split(res.out), res.err
+    return shlex.split(res.out.splitlines()[0]), res.err
 
 
 def test_docker_argv_names_container_labels_and_publishes_on_loopback(
@@ -40,7 +42,7 @@ def test_docker_argv_names_container_labels_and_publishes_on_loopback(
     root = project.resolve()
     crc0, crc1 = slot_chain(root, 1)
     key = Project(root, home).key
-    assert argv[:3] == ["docker", "run", "--detach"]
+    assert argv[:2] == ["docker", "create"]
     assert argv[argv.index("--name") + 1] == f"sleeve-{key}-{crc1}" and key.endswith(crc0)
     assert "--privileged" not in argv
     assert argv[argv.index("--publish") + 1] == "127.0.0.1:18123:8080"
@@ -116,9 +118,9 @@ def test_bwrap_argv_runs_the_sidecar_as_pid_1_with_overlays_after_the_config_dir
     )
     assert SECRET not in " ".join(argv) and SECRET not in audit
     names = audit.split("env names:")[1].split()
-    assert {"ANTHROPIC_API_KEY", "SIDECAR_PORT", "SLEEVE_NAME", "HOME", "PATH", "TTYD_PORT"} <= set(
-        names
-    )
+    assert {"ANTHROPIC_API_KEY", "SIDECAR_PORT", "SLEEVE_NAME", "HOME", "PATH"} <= set(names)
+    assert "TTYD_PORT" not in names  # ttyd on its unix socket
+    assert "SIDECAR_TOKEN_FILE" in names and "SIDECAR_TOKEN" not in names
     assert "SLEEVE_HOME" not in names and "SSL_CERT_FILE" not in names
 
 
