@@ -236,7 +236,9 @@ async def test_hard_resleeve_keeps_cstack_and_the_cli_history(
     in history.jsonl and the conversation in projects/ (what the sidecar resumes by)."""
     lch, sleeve = own_claude
     prompt = "remember this across the hard resleeve"
-    term = await TerminalClient.connect(f"ws://127.0.0.1:{sleeve.port}/terminal/ws")
+    term = await TerminalClient.connect(
+        f"ws://127.0.0.1:{sleeve.port}/terminal/ws?token={E2E_TOKEN}"
+    )
     try:
         mark = await _submit_prompt(term, stub, prompt)
         await term.wait_for(REPLY_TEXT, 30, since=mark)
