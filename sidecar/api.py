@@ -28,12 +28,16 @@ from aiohttp import ClientConnectionResetError, web
 from msgspec import UnsetType
 
 from sidecar import httpio, mailbox
+from sidecar.agent_api import HookRefused, agent_operations
 from sidecar.api_messages import message_operations
+from sidecar.awareness import NotRunning, StateMismatch
 from sidecar.contract import MAX_BODY_BYTES
 from sidecar.events import encode_line
 from sidecar.httpio import BadRequest, error
 from sidecar.openapi import HTML, NDJSON, Media, Operation, document
+from sidecar.pane_input import DeliveryError, InputError
 from sidecar.shapes import (
+    AgentInfo,
     HealthAnswer,
     Heartbeat,
     Progress,
@@ -58,6 +62,8 @@ COOKIE = "sidecar_token"
 NEW_COOKIE = "sidecar_new_cookie"  # request key: the token to set as a cookie in the answer
 Role = Literal["admin", "viewer"]
 PUBLIC = frozenset({"/health"})
+# Claude Code's hooks: no API token (the CLI never has it), their own secret (sidecar.agent_api).
+PUBLIC_PREFIXES = ("/hooks/",)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -86,9 +92,11 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status == 413:
             message = f"request body too large (limit {MAX_BODY_BYTES} bytes)"
         return error(exc.status, message, **headers)
-    except (BadRequest, UnknownCLI) as exc:
+    except (BadRequest, UnknownCLI, InputError) as exc:
         return error(400, str(exc))
-    except ResleeveBusy as exc:
+    except HookRefused as exc:
+        return error(401, str(exc))
+    except (ResleeveBusy, NotRunning, StateMismatch, DeliveryError) as exc:
         return error(409, str(exc))
     except mailbox.UnsafePathError as exc:
         # The workspace is set up so that writing would leave it: a state problem, not the
@@ -189,7 +197,7 @@ def make_auth(
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not tokens or request.path in PUBLIC:
+        if not tokens or request.path in PUBLIC or request.path.startswith(PUBLIC_PREFIXES):
             request["role"] = "admin" if not tokens else "public"
             return await handler(request)
         role, used = _token_role(request, tokens)
@@ -237,7 +245,11 @@ async def health(request: web.Request) -> web.Response:
     sup = request.app[SUPERVISOR]
     uptime = int(time.monotonic() - sup.started)
     return httpio.answer(
-        HealthAnswer(status="healthy" if sup.healthy else "degraded", uptime=uptime)
+        HealthAnswer(
+            status="healthy" if sup.healthy else "degraded",
+            uptime=uptime,
+            agent=sup.awareness.machine.state.value,
+        )
     )
 
 
@@ -250,6 +262,21 @@ def _last_activity(sup: Supervisor) -> float | None:
             times.append(os.stat(sup.pane.tty).st_mtime)
     known = [t for t in times if t is not None]
     return max(known) if known else None
+
+
+def agent_info(sup: Supervisor) -> AgentInfo:
+    agent = sup.awareness.machine.status()
+    return AgentInfo(
+        state=agent.state.value,
+        since=_iso_ms(agent.since),
+        reason=agent.reason,
+        source=agent.source,  # type: ignore[arg-type]  # hooks, activity or none
+        session_id=agent.session_id,
+    )
+
+
+def _iso_ms(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def status_body(sup: Supervisor) -> StatusAnswer:
@@ -278,6 +305,7 @@ def status_body(sup: Supervisor) -> StatusAnswer:
         health="healthy" if sup.healthy else "degraded",
         repo=sup.config.repo,
         warnings=warnings,
+        agent=agent_info(sup),
     )
 
 
@@ -432,6 +460,7 @@ def create_app(sup: Supervisor) -> web.Application:
         *core_operations(),
         *message_operations(app, cfg.workspace),
         *terminal_operations(app, sup),
+        *agent_operations(app, sup.awareness),
     ]
     for op in operations:
         app.router.add_route(op.method, op.path, op.handler)
