@@ -237,6 +237,7 @@ def claude_json(workspace: str, api_key: str = TEST_API_KEY) -> dict[str, Any]:
     """`~/.claude.json` that takes the real CLI past onboarding, key approval and trust prompts."""
     return {
         "hasCompletedOnboarding": True,
+        "hasSeenAutoDefaultNudge": True,  # 2.1.330 asks once whether auto mode should be default
         "theme": "dark",
         "customApiKeyResponses": {"approved": [api_key[-20:]], "rejected": []},
         "projects": {workspace: {"hasTrustDialogAccepted": True}},
