@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 
 import psutil
 import pytest
