@@ -29,7 +29,7 @@ MAX_HOOK_BODY = 256 * 1024  # a bigger hook payload (a PostToolUse with a large 
 
 
 class HookRefused(Exception):
-    """A hook call without the running CLI's secret (401)."""
+    """A hook call without the running CLI's secret (403)."""
 
 
 async def _input(request: web.Request) -> web.Response:
@@ -101,10 +101,10 @@ def agent_operations(app: web.Application, awareness: Awareness) -> list[Operati
             {204: Media("taken; the answer is empty, so it never changes the CLI's decisions")},
             description="Called by the hooks the sidecar installs with `--settings`; needs the "
             f"per-launch secret in `{SECRET_HEADER}` (no API token). The body is the hook's "
-            "JSON input. 400: an unknown event or a body that is not a JSON object; 401: no "
+            "JSON input. 400: an unknown event or a body that is not a JSON object; 403: no "
             "or a stale secret.",
             body=None,
-            errors=(400, 401),
+            errors=(400,),
             public=True,
             parameters=(
                 {

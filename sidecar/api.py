@@ -95,7 +95,7 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except (BadRequest, UnknownCLI, InputError) as exc:
         return error(400, str(exc))
     except HookRefused as exc:
-        return error(401, str(exc))
+        return error(403, str(exc))
     except (ResleeveBusy, NotRunning, StateMismatch, DeliveryError) as exc:
         return error(409, str(exc))
     except mailbox.UnsafePathError as exc:

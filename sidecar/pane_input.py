@@ -39,8 +39,8 @@ def check_text(text: str) -> bytes:
     if bad is not None:
         msg = (
             f"invalid body: `text` holds control character U+{ord(bad.group()):04X} at "
-            f"offset {bad.start()}; only tab, newline and carriage return are typed as text (send Escape and "
-            "other keys with `keys`)"
+            f"offset {bad.start()}; only tab, newline and carriage return are typed as text "
+            "(send Escape and other keys with `keys`)"
         )
         raise InputError(msg)
     data = text.encode("utf-8", "surrogatepass")

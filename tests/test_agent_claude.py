@@ -145,7 +145,7 @@ def test_forged_malformed_and_stale_hook_calls_change_nothing(
     ]
     for headers, raw, event in bad:
         code, body = http("POST", f"{sc.url}{HOOK}/{event}", headers=headers, raw=raw)
-        assert code in (400, 401), (event, code, body)
+        assert code in (400, 403), (event, code, body)
         assert "error" in body
     assert agent(sc)["state"] == "idle"
     assert events.of("agent-state") == []
@@ -154,7 +154,7 @@ def test_forged_malformed_and_stale_hook_calls_change_nothing(
         "POST", f"{sc.url}{HOOK}/PermissionRequest", headers={"Authorization": f"Bearer {TOKEN}"},
         raw=json.dumps(payload).encode(),
     )  # fmt: skip
-    assert code == 401
+    assert code == 403
     code, body = sc.post("/resleeve", {})
     assert code == 202, body
     sc.wait_status(lambda s: not s["resleeving"] and s["cli_running"], "resleeved")
@@ -164,6 +164,6 @@ def test_forged_malformed_and_stale_hook_calls_change_nothing(
         "POST", f"{sc.url}{HOOK}/PermissionRequest", headers={"X-Sidecar-Hook": secret},
         raw=json.dumps(payload).encode(),
     )  # fmt: skip
-    assert code == 401
+    assert code == 403
     assert agent(sc)["state"] == "idle"
     assert events.of("agent-state")[mark:] == []
