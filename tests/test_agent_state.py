@@ -3,6 +3,9 @@ input, and inbox notices: real sidecar processes with real tmux on private socke
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.agenttools import EventLog, subsequence
-from tests.harness import CLIS, Sidecar, wait_for, write_cli_config
+from tests.harness import CLIS, REPO, Sidecar, wait_for, write_cli_config
 
 TOKEN = "agent-state-admin-0123456789"
 VIEW = "agent-state-view-0123456789"
@@ -225,3 +228,39 @@ def test_no_notice_for_a_cli_without_a_prompt_or_with_notices_off(
     wait_for(lambda: "marker" in typed.read_text(), 10, what="marker")
     assert events.of("inbox-notified") == []
     assert typed.read_text() == "marker\n"
+
+
+def test_sidecar_input_keys_and_wait_commands(
+    make_sidecar: Callable[..., Sidecar], short_tmp: Path
+) -> None:
+    config, typed = prompt_cli(short_tmp)
+    sc = make_sidecar(
+        cli="pcli", env_extra={"SIDECAR_CLI_CONFIG": str(config), "SIDECAR_TOKEN": TOKEN}
+    ).start()
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(REPO),
+        "SIDECAR_PORT": str(sc.port),
+        "SIDECAR_TOKEN": TOKEN,
+    }
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sidecar", *args],
+            env=env, capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+
+    waited = run("wait", "--state", "idle", "--timeout", "15")
+    assert waited.returncode == 0 and waited.stdout.strip() == "idle", waited
+    assert run("input", "first line").returncode == 0
+    assert run("input", "--no-submit", "second").returncode == 0
+    done = run("keys", "Space", "y", "Enter", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["delivered"] is True
+    wait_for(lambda: "second y\n" in typed.read_text(), 10, what="typed")
+    assert typed.read_text() == "first line\nsecond y\n"
+    missed = run("wait", "--state", "exited", "--state", "waiting", "--timeout", "1")
+    assert missed.returncode == 1 and "not exited or waiting" in missed.stderr
+    bad = run("keys", "Enter; kill-server")
+    assert bad.returncode == 2  # argparse: not one of the key names
+    status = run("status")
+    assert "agent     idle" in status.stdout or "agent     working" in status.stdout

@@ -300,7 +300,7 @@ STATUS = {
                 "reason": None,
             },
             True,
-        ),  # fmt: skip
+        ),
         ("Event", {"type": "inbox-notified", "time": "t", "ids": ["m"], "text": "x"}, True),
         ("InputRequest", {"text": "hello", "submit": False}, True),
         ("InputRequest", {"keys": ["Down", "Enter"], "if_state": ["waiting"]}, True),
@@ -313,7 +313,7 @@ STATUS = {
             "InputAccepted",
             {"delivered": True, "agent": "working", "held": 0.7, "changed": True},
             True,
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_contract_payloads_conform(

@@ -18,6 +18,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import psutil
@@ -286,6 +287,14 @@ def test_sigterm_stops_everything_marks_killed_and_exits_0(
     assert not (sc.state_dir / "tmux.sock").exists()
 
 
+def next_event(stream: Any) -> dict[str, Any]:
+    """The next line that is not an agent-state event (the shell's own, at any moment)."""
+    while True:
+        event = dict(json.loads(stream.readline()))
+        if event["type"] != "agent-state":
+            return event
+
+
 def test_events_stream_reports_progress_within_a_second_of_an_edit(
     make_sidecar: Callable[..., Sidecar],
 ) -> None:
@@ -297,13 +306,13 @@ def test_events_stream_reports_progress_within_a_second_of_an_edit(
         current.write_text(
             current.read_text().replace("## Progress\n", "## Progress\n- [x] one\n- [ ] two\n")
         )
-        event = json.loads(stream.readline())
+        event = next_event(stream)
         elapsed = time.monotonic() - edited
         assert event["type"] == "progress-update"
         assert event["progress"] == {"total": 2, "completed": 1}
         assert elapsed < 1.5
         current.write_text(current.read_text().replace("## Status\nworking", "## Status\ndone"))
-        kinds = {json.loads(stream.readline())["type"], json.loads(stream.readline())["type"]}
+        kinds = {next_event(stream)["type"], next_event(stream)["type"]}
         assert kinds == {"progress-update", "completion"}
 
 
