@@ -26,7 +26,18 @@ from typing import Any
 
 from bench import core
 from bench.context import Context
-from bench.figures import http, idle, launcher, outbox, resleeve, scale, soak, start, terminal
+from bench.figures import (
+    agent,
+    http,
+    idle,
+    launcher,
+    outbox,
+    resleeve,
+    scale,
+    soak,
+    start,
+    terminal,
+)
 
 log = logging.getLogger("bench")
 
@@ -38,11 +49,14 @@ GROUPS: dict[str, ModuleType] = {
     "http": http,
     "outbox": outbox,
     "terminal": terminal,
+    "agent": agent,
     "launcher": launcher,
     "scale": scale,
     "soak": soak,
 }
-ORDER = ["start", "resleeve", "http", "idle", "outbox", "terminal", "launcher", "scale", "soak"]
+ORDER = [
+    "start", "resleeve", "http", "idle", "outbox", "terminal", "agent", "launcher", "scale", "soak",
+]  # fmt: skip
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 

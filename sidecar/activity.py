@@ -38,16 +38,28 @@ class PaneActivity:
         self._proc: asyncio.subprocess.Process | None = None
         self._paused: set[bytes] = set()
         self._stop = False
+        self._wake = asyncio.Event()
+
+    def attach(self) -> None:
+        """A session with the CLI exists (again): attach now if not attached."""
+        self._wake.set()
 
     async def run(self) -> None:
-        """Attach, follow, attach again (after a heal or a resleeve's new server); until stop."""
+        """Attach when told a session exists, follow it until it ends (a heal or a resleeve's
+        new server), then wait to be told again; until stop. No polling while detached."""
         while not self._stop:
-            if self.socket_path.exists():
-                try:
-                    await self._follow()
-                except OSError as exc:
-                    log.debug("activity client: %s", exc)
-            await asyncio.sleep(RETRY)
+            await self._wake.wait()
+            self._wake.clear()
+            if self._stop:
+                return
+            try:
+                await self._follow()
+            except OSError as exc:
+                log.debug("activity client: %s", exc)
+            if self.socket_path.exists() and not self._stop:
+                # The client ended while tmux runs (a heal in progress): try again shortly.
+                await asyncio.sleep(RETRY)
+                self._wake.set()
 
     async def _follow(self) -> None:
         proc = await asyncio.create_subprocess_exec(
@@ -112,6 +124,7 @@ class PaneActivity:
 
     async def stop(self) -> None:
         self._stop = True
+        self._wake.set()
         proc = self._proc
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):

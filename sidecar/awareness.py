@@ -114,6 +114,8 @@ class Awareness:
             # Hooks of a CLI being stopped are refused from here on (a resleeve's old CLI).
             self.files.update(hook_secret=None)
         self.machine.process_changed(state)
+        if state is ProcState.RUNNING:
+            self.activity.attach()
         if state is ProcState.RUNNING and self._cli is not None and self._cli.state == "activity":
             self._arm_quiet(self.config.activity_quiet)
 

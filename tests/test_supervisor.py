@@ -237,7 +237,7 @@ def test_restart_no_leaves_the_sleeve_degraded_with_the_exit_code(
     assert status["health"] == "degraded"
     assert sc.get("/health") == (
         200,
-        {"status": "degraded", "uptime": sc.get("/health")[1]["uptime"]},
+        {"status": "degraded", "uptime": sc.get("/health")[1]["uptime"], "agent": "exited"},
     )
 
 
@@ -643,6 +643,10 @@ def test_status_never_forks(make_sidecar: Callable[..., Sidecar], short_tmp: Pat
             tracer.wait(10)
         return [line for line in out.read_text().splitlines() if FORK.search(line)]
 
+    def control_client() -> bool:  # the activity source's `tmux -C attach` (sidecar.activity)
+        return any("-C" in p.cmdline() for p in supervisor.children())
+
+    wait_for(control_client, what="the activity client attached")
     before = {p.pid for p in supervisor.children(recursive=True)}
 
     def poll_status() -> None:
