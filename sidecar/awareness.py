@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -207,13 +208,11 @@ class Awareness:
                 msg = "the CLI is not running"
                 raise NotRunning(msg)
             held = 0.0
+            self._check_state(wanted)  # at once: no hold for keys that will not be sent
             answering = keys is not None and self.machine.state is AgentState.WAITING
             if answering:
                 held = await self._hold_for_prompt()
-            state = self.machine.state
-            if wanted is not None and state.value not in wanted:
-                msg = f"the agent is {state.value}, not {' or '.join(sorted(wanted))}"
-                raise StateMismatch(msg)
+            state = self._check_state(wanted)  # and again right before delivery
             if not self._process_running():
                 msg = "the CLI is not running"
                 raise NotRunning(msg)
@@ -228,6 +227,13 @@ class Awareness:
             return InputAccepted(
                 delivered=True, agent=self.machine.state.value, held=round(held, 3), changed=changed
             )
+
+    def _check_state(self, wanted: Collection[str] | None) -> AgentState:
+        state = self.machine.state
+        if wanted is not None and state.value not in wanted:
+            msg = f"the agent is {state.value}, not {' or '.join(sorted(wanted))}"
+            raise StateMismatch(msg)
+        return state
 
     async def _hold_for_prompt(self) -> float:
         started = time.monotonic()
