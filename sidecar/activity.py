@@ -24,7 +24,6 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SAMPLE = 0.25  # seconds the pane stays paused for this client after output
-RETRY = 0.5  # seconds between attach attempts while the tmux session is not there
 OUTPUT_RE = re.compile(rb"(?:^|\n)%(?:extended-)?output (%\d+) ")
 
 
@@ -42,7 +41,8 @@ class PaneActivity:
 
     def attach(self) -> None:
         """A session with the CLI exists (again): attach now if not attached."""
-        self._wake.set()
+        if self._proc is None:
+            self._wake.set()
 
     async def run(self) -> None:
         """Attach when told a session exists, follow it until it ends (a heal or a resleeve's
@@ -52,14 +52,13 @@ class PaneActivity:
             self._wake.clear()
             if self._stop:
                 return
+            # Never on its own initiative: a client connecting while the supervisor makes a new
+            # server can make tmux 3.3a's new server exit ("server exited unexpectedly"). The
+            # supervisor says when a session exists (`attach`), after every fresh start.
             try:
                 await self._follow()
             except OSError as exc:
                 log.debug("activity client: %s", exc)
-            if self.socket_path.exists() and not self._stop:
-                # The client ended while tmux runs (a heal in progress): try again shortly.
-                await asyncio.sleep(RETRY)
-                self._wake.set()
 
     async def _follow(self) -> None:
         proc = await asyncio.create_subprocess_exec(
