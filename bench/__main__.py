@@ -27,6 +27,7 @@ from typing import Any
 from bench import core
 from bench.context import Context
 from bench.figures import (
+    agent,
     crash,
     http,
     idle,
@@ -50,6 +51,7 @@ GROUPS: dict[str, ModuleType] = {
     "http": http,
     "outbox": outbox,
     "terminal": terminal,
+    "agent": agent,
     "launcher": launcher,
     "scale": scale,
     "soak": soak,
@@ -62,6 +64,7 @@ ORDER = [
     "idle",
     "outbox",
     "terminal",
+    "agent",
     "launcher",
     "scale",
     "soak",

@@ -23,14 +23,18 @@ from aiohttp import ClientConnectionResetError, web
 from msgspec import UnsetType
 
 from sidecar import httpio, mailbox
+from sidecar.agent_api import HookRefused, agent_operations
 from sidecar.api_messages import MAILBOXES, message_operations
+from sidecar.awareness import NotRunning, StateMismatch
 from sidecar.contract import MAX_BODY_BYTES
 from sidecar.events import encode_line
 from sidecar.guard import make_guard, set_token_cookie
 from sidecar.httpio import BadRequest, error
 from sidecar.metrics import Metrics, RequestCounter
 from sidecar.openapi import HTML, NDJSON, Media, Operation, document
+from sidecar.pane_input import DeliveryError, InputError
 from sidecar.shapes import (
+    AgentInfo,
     HealthAnswer,
     Heartbeat,
     Progress,
@@ -80,9 +84,11 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status == 413:
             message = f"request body too large (limit {MAX_BODY_BYTES} bytes)"
         return error(exc.status, message, **headers)
-    except (BadRequest, UnknownCLI) as exc:
+    except (BadRequest, UnknownCLI, InputError) as exc:
         return error(400, str(exc))
-    except ResleeveBusy as exc:
+    except HookRefused as exc:
+        return error(403, str(exc))
+    except (ResleeveBusy, NotRunning, StateMismatch, DeliveryError) as exc:
         return error(409, str(exc))
     except mailbox.UnsafePathError as exc:
         # The workspace is set up so that writing would leave it: a state problem, not the
@@ -108,7 +114,11 @@ async def health(request: web.Request) -> web.Response:
     sup = request.app[SUPERVISOR]
     uptime = int(time.monotonic() - sup.started)
     return httpio.answer(
-        HealthAnswer(status="healthy" if sup.healthy else "degraded", uptime=uptime)
+        HealthAnswer(
+            status="healthy" if sup.healthy else "degraded",
+            uptime=uptime,
+            agent=sup.awareness.machine.state.value,
+        )
     )
 
 
@@ -121,6 +131,21 @@ def _last_activity(sup: Supervisor) -> float | None:
             times.append(os.stat(sup.pane.tty).st_mtime)
     known = [t for t in times if t is not None]
     return max(known) if known else None
+
+
+def agent_info(sup: Supervisor) -> AgentInfo:
+    agent = sup.awareness.machine.status()
+    return AgentInfo(
+        state=agent.state.value,
+        since=_iso_ms(agent.since),
+        reason=agent.reason,
+        source=agent.source,  # type: ignore[arg-type]  # hooks, activity or none
+        session_id=agent.session_id,
+    )
+
+
+def _iso_ms(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def status_body(sup: Supervisor) -> StatusAnswer:
@@ -150,6 +175,7 @@ def status_body(sup: Supervisor) -> StatusAnswer:
         repo=sup.config.repo,
         warnings=warnings,
         sidecar_restarts=sup.restarts,
+        agent=agent_info(sup),
     )
 
 
@@ -316,17 +342,21 @@ def create_app(sup: Supervisor) -> web.Application:
         *core_operations(),
         *message_operations(app, cfg.workspace, sup.owner),
         *terminal_operations(app, sup),
+        *agent_operations(app, sup.awareness),
     ]
     boxes = app[MAILBOXES]
     requests = RequestCounter()
     operations.append(metrics_operation(Metrics(sup, requests, boxes.inbox, boxes.outbox)))
+    public = []  # the routes that need no API token (/health, Claude Code's hooks)
     for op in operations:
-        app.router.add_route(op.method, op.path, op.handler)
+        route = app.router.add_route(op.method, op.path, op.handler)
+        if op.public and route.resource is not None:
+            public.append(route.resource)
     guard = make_guard(
         allowed_origins=cfg.allowed_origins,
         token=cfg.token,
         view_token=cfg.view_token,
-        public={op.path for op in operations if op.public},
+        public=public,
     )
     app.middlewares.extend([json_errors, guard])
 

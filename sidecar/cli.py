@@ -1,4 +1,5 @@
-"""`sidecar status|outbox|inbox|send|resleeve|events|attach`: debugging from `docker exec`.
+"""`sidecar status|outbox|inbox|send|resleeve|events|attach|input|keys|wait`: debugging from
+`docker exec`.
 
 They talk to the local API (address and token from the same environment the sidecar reads);
 human output by default, `--json` for machines.
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.client import ClientError, SidecarClient
-from sidecar.contract import MESSAGE_TYPES
+from sidecar.contract import AGENT_STATES, INPUT_KEYS, MESSAGE_TYPES
 
 
 def _print_status(s: dict[str, Any]) -> None:
@@ -28,6 +29,11 @@ def _print_status(s: dict[str, Any]) -> None:
     print(f"progress  {progress.get('completed', 0)}/{progress.get('total', 0)}")
     for blocker in s.get("blockers") or []:
         print(f"blocker   {blocker}")
+    agent = s.get("agent") or {}
+    if agent:
+        reason = f"  ({agent['reason']})" if agent.get("reason") else ""
+        print(f"agent     {agent.get('state')} since {agent.get('since')}{reason}")
+        print(f"          source {agent.get('source')}, session {agent.get('session_id') or '-'}")
     print(f"activity  {s.get('last_activity') or '-'}")
     for warning in s.get("warnings") or []:
         print(f"warning   {warning}")
@@ -104,6 +110,21 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("resleeve", help="restart the CLI in place, or swap it with --cli")
     sp.add_argument("--cli", help="CLI to run next (default: the current one)")
     sp.add_argument("--json", action="store_true")
+    sp = sub.add_parser("input", help="type text into the CLI (a paste), then Enter")
+    sp.add_argument("text", help="the text; '-' reads standard input")
+    sp.add_argument("--no-submit", action="store_true", help="do not press Enter after it")
+    sp.add_argument("--if-state", action="append", choices=AGENT_STATES, dest="if_state")
+    sp.add_argument("--json", action="store_true")
+    sp = sub.add_parser("keys", help="press named keys in the CLI")
+    sp.add_argument(
+        "keys", nargs="+", choices=INPUT_KEYS, metavar="KEY", help=", ".join(INPUT_KEYS)
+    )
+    sp.add_argument("--if-state", action="append", choices=AGENT_STATES, dest="if_state")
+    sp.add_argument("--json", action="store_true")
+    sp = sub.add_parser("wait", help="wait until the agent is in a state (exit 1 on timeout)")
+    sp.add_argument("--state", action="append", required=True, choices=AGENT_STATES)
+    sp.add_argument("--timeout", type=float, help="seconds (default: no limit)")
+    sp.add_argument("--json", action="store_true")
     sub.add_parser("attach", help="attach this terminal to the tmux session")
     sub.add_parser("run", help="run the supervisor (the container entrypoint)")
     return p
@@ -123,7 +144,24 @@ def client_main(argv: list[str]) -> int:
                 print(json.dumps(event), flush=True)
             return 0
         result: dict[str, Any]
-        if args.command == "status":
+        if args.command == "wait":
+            reached = client.wait_state(args.state, args.timeout)
+            if args.json:
+                print(json.dumps({"reached": reached is not None, "state": reached}))
+            elif reached is not None:
+                print(reached)
+            else:
+                print(
+                    f"sidecar wait: not {' or '.join(args.state)} after {args.timeout} s",
+                    file=sys.stderr,
+                )
+            return 0 if reached is not None else 1
+        if args.command == "input":
+            text = sys.stdin.read() if args.text == "-" else args.text
+            result = client.input_text(text, submit=not args.no_submit, if_state=args.if_state)
+        elif args.command == "keys":
+            result = client.keys(args.keys, if_state=args.if_state)
+        elif args.command == "status":
             result = client.status()
         elif args.command in ("outbox", "inbox"):
             result = client.outbox() if args.command == "outbox" else client.inbox()
@@ -145,6 +183,8 @@ def client_main(argv: list[str]) -> int:
         _print_messages(result)
     elif args.command == "send":
         print(f"sent {result.get('id')}")
+    elif args.command in ("input", "keys"):
+        print(f"delivered; the agent is {result.get('agent')}")
     else:
         print(f"resleeving to {result.get('cli')}")
     return 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -118,6 +120,46 @@ class SidecarClient:
 
     def resleeve(self, cli: str | None = None) -> dict[str, Any]:
         return dict(self.call("POST", "/resleeve", {"cli": cli} if cli else {}))
+
+    def input_text(
+        self, text: str, *, submit: bool = True, if_state: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Type `text` into the CLI as a paste, then Enter unless `submit` is false."""
+        body: dict[str, Any] = {"text": text, "submit": submit}
+        if if_state:
+            body["if_state"] = if_state
+        return dict(self.call("POST", "/input", body))
+
+    def keys(self, keys: list[str], *, if_state: list[str] | None = None) -> dict[str, Any]:
+        """Press named keys (Enter, Escape, Up, 1, y, C-c, ...)."""
+        body: dict[str, Any] = {"keys": keys}
+        if if_state:
+            body["if_state"] = if_state
+        return dict(self.call("POST", "/input", body))
+
+    def wait_state(self, states: list[str], timeout: float | None = None) -> str | None:
+        """Wait until the agent is in one of `states`; its state, or None on timeout. Follows
+        /events (no polling): /status once after subscribing, then each agent-state event."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        result: list[str] = []
+
+        def follow() -> None:
+            for event in self.events():
+                if event.get("type") == "heartbeat" and not result:
+                    state = self.status().get("agent", {}).get("state")
+                    if state in states:
+                        result.append(state)
+                        return
+                    result.append("")  # subscribed and checked: from now on, events only
+                elif event.get("type") == "agent-state" and event.get("state") in states:
+                    result.append(str(event["state"]))
+                    return
+
+        reader = threading.Thread(target=follow, daemon=True)
+        reader.start()
+        reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        found = [r for r in result if r]
+        return found[0] if found else None
 
     def events(self) -> Iterator[dict[str, Any]]:
         """The NDJSON event stream, one dict per event, until the server closes it."""

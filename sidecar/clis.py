@@ -2,6 +2,9 @@
 
 A CLI is always an argv list (never a shell string); `resume` is the argv used when the CLI is
 started again in the same workspace (resleeve, self-healing, a hard resleeve with history).
+`prompt` marks an interactive prompt that takes typed lines (inbox notices); `state` says how the
+agent's state is known (`sidecar.agent`): `hooks` (Claude Code's own hooks), `activity` (pane
+output) or `none`.
 """
 
 from __future__ import annotations
@@ -10,13 +13,16 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import yaml
 
 from sidecar.config import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+StateSource = Literal["hooks", "activity", "none"]
+STATE_SOURCES: tuple[str, ...] = get_args(StateSource)
+KEYS = ("command", "resume", "env", "prompt", "state")
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,8 @@ class CLIDef:
     env: Mapping[str, str] = field(default_factory=dict)
     # Resume only when the CLI has history for this workspace (claude --continue fails without).
     resume_needs_history: bool = False
+    prompt: bool = False  # takes typed lines: inbox notices are typed into it
+    state: StateSource = "activity"
 
     def argv(self, *, resume: bool, has_history: bool) -> tuple[str, ...]:
         """The argv to run. `resume` asks for the resume argv (resleeve, restart, self-heal).
@@ -41,10 +49,19 @@ class CLIDef:
 
 def _builtins(login_shell: str) -> dict[str, CLIDef]:
     defs = [
-        CLIDef("claude-code", ("claude",), ("claude", "--continue"), resume_needs_history=True),
-        CLIDef("gemini-cli", ("gemini",)),
-        CLIDef("opencode", ("opencode",), ("opencode", "--continue")),
-        CLIDef("codex", ("codex",), ("codex", "resume", "--last")),
+        # claude-code's session arguments (--session-id/--resume/--continue) and --settings
+        # come from sidecar.claude_hooks; `resume` is what it does without hooks.
+        CLIDef(
+            "claude-code",
+            ("claude",),
+            ("claude", "--continue"),
+            resume_needs_history=True,
+            prompt=True,
+            state="hooks",
+        ),
+        CLIDef("gemini-cli", ("gemini",), prompt=True),
+        CLIDef("opencode", ("opencode",), ("opencode", "--continue"), prompt=True),
+        CLIDef("codex", ("codex",), ("codex", "resume", "--last"), prompt=True),
         CLIDef("shell", (login_shell, "-l")),
     ]
     return {d.name: d for d in defs}
@@ -80,9 +97,9 @@ def _parse_entry(name: Any, body: Any, source: str) -> CLIDef:
     if not isinstance(body, dict):
         msg = f"{source}: clis.{name} must be a mapping with a 'command' list"
         raise ConfigError(msg)
-    unknown = set(body) - {"command", "resume", "env"}
+    unknown = set(body) - set(KEYS)
     if unknown:
-        allowed = "command, resume, env"
+        allowed = ", ".join(KEYS)
         msg = f"{source}: clis.{name} has unknown keys {sorted(unknown)}; allowed: {allowed}"
         raise ConfigError(msg)
     command = _argv(body.get("command"), f"{source}: clis.{name}.command")
@@ -102,7 +119,19 @@ def _parse_entry(name: Any, body: Any, source: str) -> CLIDef:
             msg = f"{source}: clis.{name}.env.{key} must be a string or a number"
             raise ConfigError(msg)
         env[key] = str(value)
-    return CLIDef(name, command, resume, env)
+    prompt = body.get("prompt", False)
+    if not isinstance(prompt, bool):
+        msg = f"{source}: clis.{name}.prompt must be true or false"
+        raise ConfigError(msg)
+    state = body.get("state", "activity")
+    if state not in STATE_SOURCES:
+        msg = f"{source}: clis.{name}.state must be one of {', '.join(STATE_SOURCES)}"
+        raise ConfigError(msg)
+    if state == "hooks" and Path(command[0]).name != "claude":
+        # The only hooks the sidecar can install are Claude Code's.
+        msg = f"{source}: clis.{name}.state: hooks needs Claude Code (command `claude`)"
+        raise ConfigError(msg)
+    return CLIDef(name, command, resume, env, prompt=prompt, state=state)
 
 
 def load_registry(config_file: Path | None, login_shell: str = "/bin/bash") -> dict[str, CLIDef]:

@@ -27,6 +27,11 @@ class ConfigError(Exception):
     """A configuration value is missing or malformed; the message names the variable."""
 
 
+class InboxNotify(Enum):
+    IDLE = "idle"  # type a notice into an idle CLI marked `prompt: true`
+    OFF = "off"
+
+
 class RestartPolicy(Enum):
     NO = "no"
     ON_FAILURE = "on-failure"
@@ -56,6 +61,9 @@ class Config:
     cli_config: Path | None = None
     restart: RestartPolicy = RestartPolicy.NO
     stop_grace: float = 5.0
+    inbox_notify: InboxNotify = InboxNotify.IDLE
+    # `activity` source: pane output within this many seconds is `working`, quiet is `idle`.
+    activity_quiet: float = 3.0
     # The environment the CLI inherits (PATH, HOME, API keys, ...), captured once here.
     child_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -145,6 +153,28 @@ class Config:
                 msg = f"SIDECAR_STOP_GRACE must be between 0 and 3600 seconds, got {grace_raw!r}"
                 raise ConfigError(msg)
 
+        notify_raw = (text("SIDECAR_INBOX_NOTIFY") or "idle").strip().lower()
+        try:
+            inbox_notify = InboxNotify(notify_raw)
+        except ValueError:
+            msg = f"SIDECAR_INBOX_NOTIFY must be idle or off; got {notify_raw!r}"
+            raise ConfigError(msg) from None
+
+        quiet_raw = text("SIDECAR_ACTIVITY_QUIET")
+        quiet = 3.0
+        if quiet_raw is not None:
+            try:
+                quiet = float(quiet_raw)
+            except ValueError:
+                msg = f"SIDECAR_ACTIVITY_QUIET must be a number of seconds, got {quiet_raw!r}"
+                raise ConfigError(msg) from None
+            if not math.isfinite(quiet) or not 0.5 <= quiet <= 3600:
+                msg = (
+                    "SIDECAR_ACTIVITY_QUIET must be between 0.5 and 3600 seconds, "
+                    f"got {quiet_raw!r}"
+                )
+                raise ConfigError(msg)
+
         cli_config = text("SIDECAR_CLI_CONFIG")
         port_value = port("SIDECAR_PORT", 8080)
         ttyd_port = port("TTYD_PORT", 0) or None
@@ -199,6 +229,8 @@ class Config:
             cli_config=Path(cli_config) if cli_config else None,
             restart=restart,
             stop_grace=grace,
+            inbox_notify=inbox_notify,
+            activity_quiet=quiet,
             # The CLI never inherits the API's tokens.
             child_env={k: v for k, v in env.items() if k not in hidden},
         )

@@ -29,3 +29,17 @@ MAX_NAME_CHARS: Final = 256
 def utc_now() -> str:
     """RFC 3339 UTC time with milliseconds and a Z: the format of every time the API gives."""
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+#: What the agent is doing (`agent.state` in /status, `agent` in /health, `agent-state` events).
+AgentStateName = Literal["starting", "working", "waiting", "idle", "exited", "unknown"]
+AGENT_STATES: Final[tuple[str, ...]] = get_args(AgentStateName)
+
+#: Key names `POST /input` accepts (`keys`).
+InputKey = Literal[
+    "Enter", "Escape", "Tab", "BTab", "Up", "Down", "Left", "Right", "Space", "Backspace",
+    "C-c", "C-d", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "y", "n",
+]  # fmt: skip
+INPUT_KEYS: Final[tuple[str, ...]] = get_args(InputKey)
+#: Largest `text` of `POST /input`, in bytes of UTF-8.
+MAX_INPUT_BYTES: Final = 64 * 1024

@@ -16,6 +16,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from aiohttp import typedefs, web
+from aiohttp.web_urldispatcher import AbstractResource
 
 from sidecar.httpio import error
 
@@ -93,24 +94,25 @@ def make_guard(
     allowed_origins: frozenset[str],
     token: str | None,
     view_token: str | None,
-    public: Collection[str],
+    public: Collection[AbstractResource],
 ) -> typedefs.Middleware:
-    """The middleware: the browser checks, then the tokens (every route but `public` paths).
-    It sets `request["role"]`: `admin`, `viewer`, or `public` on a public path."""
+    """The middleware: the browser checks, then the tokens (every route but the `public` ones,
+    named by their resources, so a route with a variable part is matched as a whole). It sets
+    `request["role"]`: `admin`, `viewer`, or `public` on a public route."""
     tokens: dict[str, Role] = {}
     if token:
         tokens[token] = "admin"
     if view_token:
         tokens[view_token] = "viewer"
     have_token = bool(token)
-    public = frozenset(public)
+    public = frozenset(public)  # an identity set: a lookup per request
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         refusal = _browser_refusal(request, allowed_origins, have_token)
         if refusal is not None:
             return error(403, refusal)
-        if not tokens or request.path in public:
+        if not tokens or request.match_info.route.resource in public:
             request["role"] = "admin" if not tokens else "public"
             return await handler(request)
         role, used = _token_role(request, tokens)

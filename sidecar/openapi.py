@@ -56,7 +56,7 @@ ERRORS = {
 TAGS = {
     "status": "health, state and events",
     "messages": "inbox and outbox (`.needlecast/`)",
-    "control": "resleeve",
+    "control": "resleeve and typing into the CLI",
     "terminal": "the CLI's terminal (ttyd)",
     "meta": "dashboard and this document",
 }
@@ -87,6 +87,8 @@ class Operation:
     body_required: bool = True
     errors: tuple[int, ...] = ()
     public: bool = False  # no token needed
+    parameters: tuple[Mapping[str, Any], ...] = ()  # OpenAPI parameter objects (path, header)
+    raw_body: Mapping[str, Any] | None = None  # a request body schema not given as a shape
     extra_paths: tuple[str, ...] = field(default=())  # the same operation under other paths
 
 
@@ -133,11 +135,11 @@ def _operation(op: Operation, *, secured: bool) -> dict[str, Any]:
     }
     if op.description:
         out["description"] = op.description
-    if op.body is not None:
-        out["requestBody"] = {
-            "required": op.body_required,
-            "content": {JSON: {"schema": _schema_of(op.body)}},
-        }
+    if op.parameters:
+        out["parameters"] = [dict(p) for p in op.parameters]
+    if op.body is not None or op.raw_body is not None:
+        schema = _schema_of(op.body) if op.body is not None else dict(op.raw_body or {})
+        out["requestBody"] = {"required": op.body_required, "content": {JSON: {"schema": schema}}}
     if secured and op.public:
         out["security"] = []
     return out
@@ -163,6 +165,15 @@ def document(
     names = sorted(cli_names)
     if names and "ResleeveRequest" in schemas:  # JSON Schema forbids an empty enum
         schemas["ResleeveRequest"]["properties"]["cli"]["enum"] = names
+    if "InputRequest" in schemas:
+        # Exactly one of `text` and `keys`; `submit` only with `text` (msgspec cannot say it).
+        schemas["InputRequest"]["oneOf"] = [
+            {"required": ["text"], "not": {"required": ["keys"]}},
+            {
+                "required": ["keys"],
+                "not": {"anyOf": [{"required": ["text"]}, {"required": ["submit"]}]},
+            },
+        ]
     schemas["Event"] = {
         "description": "One line of `/events`: the object's `type` tells which.",
         "oneOf": [_schema_of(t) for t in get_args(shapes.AnyEvent)],

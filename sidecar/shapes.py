@@ -14,7 +14,16 @@ from typing import Annotated, Literal, get_args
 
 from msgspec import UNSET, Meta, Struct, UnsetType, field
 
-from sidecar.contract import MAX_NAME_CHARS, Health, MessageType, Status, utc_now
+from sidecar.contract import (
+    MAX_INPUT_BYTES,
+    MAX_NAME_CHARS,
+    AgentStateName,
+    Health,
+    InputKey,
+    MessageType,
+    Status,
+    utc_now,
+)
 from sidecar.states import ProcState
 
 # ---- building blocks ---------------------------------------------------------------------------
@@ -34,7 +43,10 @@ OneLine = Annotated[
         extra_json_schema={"pattern": "^[^\\x00-\\x1f\\x7f\\x85\\u2028\\u2029\\ufeff]*$"},
     ),
 ]
+# Text without the control characters a paste must not carry (tab, LF and CR are allowed).
+NO_CONTROLS = "^[^\\u0000-\\u0008\\u000b\\u000c\\u000e-\\u001f\\u007f-\\u009f]*$"
 ProcStateName = Annotated[ProcState, Meta(description="supervisor state of the process")]
+AgentStateField = Annotated[AgentStateName, Meta(description="what the agent is doing")]
 
 
 class Answer(Struct):
@@ -63,6 +75,26 @@ class HealthAnswer(Answer):
 
     status: Annotated[Health, Meta(description="`degraded` while the CLI is not running")]
     uptime: Annotated[int, Meta(ge=0, description="seconds since the sidecar started")]
+    agent: AgentStateField
+
+
+class AgentInfo(Answer):
+    """What the agent is doing, and how the sidecar knows."""
+
+    state: AgentStateField
+    since: Annotated[Timestamp, Meta(description="when it entered this state")]
+    reason: Annotated[
+        str | None,
+        Meta(
+            description="what it waits for (a permission prompt: the tool and its command or "
+            "path), or why the state is what it is"
+        ),
+    ]
+    source: Annotated[
+        Literal["hooks", "activity", "none"],
+        Meta(description="`hooks`: the CLI reports its lifecycle; `activity`: pane output"),
+    ]
+    session_id: Annotated[str | None, Meta(description="the CLI's conversation id, when known")]
 
 
 class Progress(Answer):
@@ -100,6 +132,7 @@ class StatusAnswer(Answer):
     sidecar_restarts: Annotated[
         int, Meta(ge=0, description="supervisor crashes init recovered from (see README)")
     ]
+    agent: AgentInfo
 
 
 # ---- messages ----------------------------------------------------------------------------------
@@ -176,6 +209,67 @@ class ResleeveAccepted(Answer):
     cli: str
 
 
+class InputRequest(Request):
+    """Text to paste (then Enter, if `submit`) or named keys to press: exactly one of the two."""
+
+    text: (
+        Annotated[
+            str,
+            Meta(
+                max_length=MAX_INPUT_BYTES,
+                # For the document; the API checks it itself, with a message saying where.
+                extra_json_schema={"pattern": NO_CONTROLS},
+                description="typed literally as a paste (bracketed where the CLI enabled it); "
+                "at most 64 KiB of UTF-8; tab and newline are the only control characters "
+                "allowed (use `keys` for Escape and the like)",
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
+    submit: (
+        Annotated[bool, Meta(description="press Enter after the text (default true)")] | UnsetType
+    ) = UNSET
+    keys: (
+        Annotated[list[InputKey], Meta(min_length=1, max_length=64, description="keys in order")]
+        | UnsetType
+    ) = UNSET
+    if_state: (
+        Annotated[
+            list[AgentStateName],
+            Meta(description="deliver only if the agent is in one of these states (else 409)"),
+        ]
+        | UnsetType
+    ) = UNSET
+
+
+class InputAccepted(Answer):
+    """The input was handed to the CLI's terminal."""
+
+    delivered: Literal[True]
+    agent: Annotated[
+        AgentStateName,
+        Meta(
+            description="the agent's state when the answer was made: for keys that answer a "
+            "prompt, after the sidecar saw the state change or gave up waiting (`changed`)"
+        ),
+    ]
+    held: Annotated[
+        float,
+        Meta(
+            ge=0,
+            description="seconds the keys were held so that the prompt on screen could "
+            "take them (Claude Code ignores keys for a moment after it draws a prompt)",
+        ),
+    ] = 0.0
+    changed: Annotated[
+        bool | None,
+        Meta(
+            description="keys sent while `waiting`: whether the agent left `waiting` within "
+            "2 s (false: the prompt may not have taken them); null otherwise"
+        ),
+    ] = None
+
+
 # ---- terminal ----------------------------------------------------------------------------------
 
 
@@ -245,8 +339,31 @@ class ErrorEvent(Event, tag="error"):
     cli: str | UnsetType = UNSET
 
 
+class AgentStateEvent(Event, tag="agent-state"):
+    """The agent's state (or the reason for it) changed."""
+
+    state: AgentStateField
+    previous: AgentStateField
+    reason: str | None
+
+
+class InboxNotified(Event, tag="inbox-notified"):
+    """A notice about new inbox messages was typed into the CLI."""
+
+    ids: Annotated[list[str], Meta(description="the messages it announced")]
+    text: Annotated[str, Meta(description="the line typed")]
+
+
 AnyEvent = (
-    Heartbeat | SidecarRestart | ProgressUpdate | Completion | CliExit | Resleeve | ErrorEvent
+    Heartbeat
+    | SidecarRestart
+    | ProgressUpdate
+    | Completion
+    | CliExit
+    | Resleeve
+    | AgentStateEvent
+    | InboxNotified
+    | ErrorEvent
 )
 EVENT_TYPES: tuple[str, ...] = tuple(str(t.__struct_config__.tag) for t in get_args(AnyEvent))
 
@@ -255,6 +372,7 @@ DOCUMENTED: tuple[type, ...] = (
     Error,
     HealthAnswer,
     StatusAnswer,
+    AgentInfo,
     MessageList,
     NewMessage,
     MessageCreated,
@@ -262,5 +380,7 @@ DOCUMENTED: tuple[type, ...] = (
     AckResult,
     ResleeveRequest,
     ResleeveAccepted,
+    InputRequest,
+    InputAccepted,
     TerminalToken,
 )

@@ -22,6 +22,7 @@ import psutil
 
 from sidecar import cstack_files, persist, privs
 from sidecar.adopt import Adopting
+from sidecar.awareness import Awareness
 from sidecar.clis import CLIDef, claude_has_history
 from sidecar.config import Config, RestartPolicy
 from sidecar.contract import utc_now
@@ -71,6 +72,8 @@ class Supervisor(Adopting):
         self.registry = dict(registry)
         self.bus = bus
         self.cli_name = config.cli
+        # What the agent is doing (sidecar.agent): told of every change of the CLI's state.
+        self.awareness = Awareness(config, bus)
         self.cli = ProcStatus()
         # With SIDECAR_USER: the CLI's environment (its HOME), and how the sidecar acts in the
         # workspace (as that user; see sidecar.privs). Without it: the sidecar's own.
@@ -132,6 +135,15 @@ class Supervisor(Adopting):
         self._tasks: set[asyncio.Task[None]] = set()
         self._backoff_task: asyncio.Task[None] | None = None
         self._pidfds: dict[str, int] = {}
+
+    @property
+    def cli(self) -> ProcStatus:
+        return self._cli
+
+    @cli.setter
+    def cli(self, value: ProcStatus) -> None:
+        self._cli = value
+        self.awareness.process_changed(value.state, self.registry.get(self.cli_name))
 
     # ---- helpers -------------------------------------------------------------------------
 
@@ -199,7 +211,8 @@ class Supervisor(Adopting):
                 Path(env.get("HOME", "/root")),
                 Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else None,
             )
-        return cli.argv(resume=resume, has_history=history)
+        argv = cli.argv(resume=resume, has_history=history)
+        return self.awareness.launch_argv(cli, argv, has_history=history)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -241,6 +254,7 @@ class Supervisor(Adopting):
         if ours is not None:
             self.warnings += [w for w in ours.warnings if w not in self.warnings]
         self.current.get()
+        self.awareness.start()
         # ttyd starts beside the CLI, not after it: it needs the tmux session only when a
         # browser attaches, and /terminal must be usable as soon as /health says healthy.
         self._spawn(self.ttyd.run(), "ttyd")
@@ -447,7 +461,9 @@ class Supervisor(Adopting):
             await self._stop_pane_tree()
             self.cli_name = name
             self._backoff_n = 0
-            await self._launch_cli(resume=True, fresh_server=self.pane is None)
+            # Another CLI starts with its command: its resume argv would look for a
+            # conversation of its own that this workspace never had.
+            await self._launch_cli(resume=name == previous, fresh_server=self.pane is None)
         self._resleeve_move = None
         self._save()
         self.bus.publish(
@@ -462,6 +478,7 @@ class Supervisor(Adopting):
         while not self._stopping:
             await asyncio.sleep(TICK)
             self.current.get()  # CURRENT.md edits become events within a second
+            self.awareness.tick()  # an inbox notice, if one is due
             pane = self.pane
             if pane is not None and not self.config.tmux_socket.exists():
                 log.warning(
@@ -489,6 +506,7 @@ class Supervisor(Adopting):
                 # -> STOPPING -> STOPPED
                 self.cli = replace(self.cli, state=ProcState.STOPPING)
                 await self._stop_pane_tree()
+        await self.awareness.stop()
         await self.ttyd.stop()
         await asyncio.to_thread(self.tmux.kill_server)
         if self.pane is not None:

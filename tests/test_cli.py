@@ -106,6 +106,8 @@ def test_events_prints_ndjson(make_sidecar: Callable[..., Sidecar]) -> None:
         assert json.loads(proc.stdout.readline())["type"] == "heartbeat"  # subscribed
         assert sc.post("/resleeve", {})[0] == 202
         event = json.loads(proc.stdout.readline())
+        while event["type"] == "agent-state":  # the shell's own, at any moment
+            event = json.loads(proc.stdout.readline())
         assert (event["type"], event["phase"]) == ("resleeve", "started")
     finally:
         proc.terminate()

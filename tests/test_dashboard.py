@@ -34,6 +34,10 @@ def dashboard_sidecar(make_sidecar: Callable[..., Sidecar]) -> Sidecar:
         "---\nid: msg-dash1\nfrom: test-sleeve\nto: envoy\ntype: milestone\n"
         "time: 2026-01-21T10:10:00Z\n---\nDashboard milestone reached.\n"
     )
+    assert (
+        sc.post("/inbox", {"from": "envoy", "type": "task", "content": "Inbox task here."})[0]
+        == 201
+    )
     subprocess.run(
         [
             "tmux",
@@ -52,7 +56,8 @@ def dashboard_sidecar(make_sidecar: Callable[..., Sidecar]) -> Sidecar:
 
 FIELDS_JS = """
 JSON.stringify(Object.fromEntries(
-  ['sleeve-id', 'cli', 'health', 'status', 'task', 'progress', 'blockers', 'outbox']
+  ['sleeve-id', 'cli', 'health', 'status', 'task', 'progress', 'blockers', 'outbox', 'inbox',
+   'agent-state', 'agent-since']
     .map(id => [id, (document.getElementById(id) || {}).textContent || ''])))
 """
 
@@ -76,6 +81,10 @@ async def test_dashboard_shows_status_progress_blockers_outbox_and_the_live_term
         fields = json.loads(
             await browser.wait_for_text(FIELDS_JS, [*wanted, "Dashboard milestone reached."], 15)
         )
+        await browser.wait_for_text(FIELDS_JS, ["Inbox task here.", "idle"], 15)
+        controls = await browser.evaluate(
+            "document.getElementById('controls').classList.contains('writer')"
+        )
         await browser.screenshot(shot)
         dom = await browser.evaluate("document.documentElement.outerHTML")
     finally:
@@ -88,6 +97,9 @@ async def test_dashboard_shows_status_progress_blockers_outbox_and_the_live_term
     assert "1/2" in fields["progress"]
     assert "waiting for fonts" in fields["blockers"]
     assert "Dashboard milestone reached." in fields["outbox"]
+    # The agent's state, and a prompt box for this writer token.
+    assert controls is True
+    assert 'id="agent-state"' in dom and 'class="s-' in dom
     assert 'id="terminal"' in dom
     # The terminal connected through the proxy, with the cookie the ?token= visit set.
     assert "terminal client connected (read-write)" in sc.log()

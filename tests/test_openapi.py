@@ -176,12 +176,15 @@ def test_error_answers_use_the_error_schema(spec: dict[str, Any]) -> None:
 
 
 def test_answers_allow_additions_and_requests_do_not(spec: dict[str, Any]) -> None:
-    requests = {
-        op["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+    bodies = [
+        op["requestBody"]["content"]["application/json"]["schema"]
         for _, _, op in operations(spec)
         if "requestBody" in op
-    }
-    assert requests == {"NewMessage", "AckRequest", "ResleeveRequest"}
+    ]
+    # Claude Code's hook input is its own (any JSON object); every body of ours is closed.
+    assert {"type": "object"} in bodies
+    requests = {b["$ref"].rsplit("/", 1)[1] for b in bodies if "$ref" in b}
+    assert requests == {"NewMessage", "AckRequest", "ResleeveRequest", "InputRequest"}
     for name, item in spec["components"]["schemas"].items():
         if item.get("type") == "object":
             assert (item.get("additionalProperties", True) is False) is (name in requests), name
@@ -217,6 +220,13 @@ STATUS = {
     "repo": None,
     "warnings": [],
     "sidecar_restarts": 0,
+    "agent": {
+        "state": "waiting",
+        "since": "2026-11-22T07:00:00.000Z",
+        "reason": "permission for Bash: rm -rf build",
+        "source": "hooks",
+        "session_id": "0b6f3c0e-8f7e-4a59-9f0e-3d2b1c4a5e6f",
+    },
     "state": "extra fields are fine",
 }
 
@@ -224,8 +234,10 @@ STATUS = {
 @pytest.mark.parametrize(
     ("name", "value", "ok"),
     [
-        ("HealthAnswer", {"status": "healthy", "uptime": 3}, True),
-        ("HealthAnswer", {"status": "sick", "uptime": 3}, False),
+        ("HealthAnswer", {"status": "healthy", "uptime": 3, "agent": "idle"}, True),
+        ("HealthAnswer", {"status": "healthy", "uptime": 3}, False),
+        ("HealthAnswer", {"status": "sick", "uptime": 3, "agent": "idle"}, False),
+        ("StatusAnswer", {**STATUS, "agent": {**STATUS["agent"], "state": "busy"}}, False),
         ("StatusAnswer", STATUS, True),
         (
             "StatusAnswer",
@@ -280,6 +292,30 @@ STATUS = {
         ),
         ("Event", {"type": "cli-exit", "time": "t", "cli": "shell"}, False),
         ("Event", {"type": "bogus", "time": "t"}, False),
+        (
+            "Event",
+            {
+                "type": "agent-state",
+                "time": "t",
+                "state": "idle",
+                "previous": "working",
+                "reason": None,
+            },
+            True,
+        ),
+        ("Event", {"type": "inbox-notified", "time": "t", "ids": ["m"], "text": "x"}, True),
+        ("InputRequest", {"text": "hello", "submit": False}, True),
+        ("InputRequest", {"keys": ["Down", "Enter"], "if_state": ["waiting"]}, True),
+        ("InputRequest", {"text": "a", "keys": ["Enter"]}, False),
+        ("InputRequest", {"keys": ["Enter"], "submit": True}, False),
+        ("InputRequest", {}, False),
+        ("InputRequest", {"keys": ["Enter; kill-server"]}, False),
+        ("InputRequest", {"text": "a\u001b[A"}, False),
+        (
+            "InputAccepted",
+            {"delivered": True, "agent": "working", "held": 0.7, "changed": True},
+            True,
+        ),
     ],
 )
 def test_contract_payloads_conform(

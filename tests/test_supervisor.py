@@ -18,6 +18,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import psutil
@@ -246,7 +247,7 @@ def test_restart_no_leaves_the_sleeve_degraded_with_the_exit_code(
     assert status["health"] == "degraded"
     assert sc.get("/health") == (
         200,
-        {"status": "degraded", "uptime": sc.get("/health")[1]["uptime"]},
+        {"status": "degraded", "uptime": sc.get("/health")[1]["uptime"], "agent": "exited"},
     )
 
 
@@ -296,6 +297,14 @@ def test_sigterm_stops_everything_marks_killed_and_exits_0(
     assert not (sc.state_dir / "tmux.sock").exists()
 
 
+def next_event(stream: Any) -> dict[str, Any]:
+    """The next line that is not an agent-state event (the shell's own, at any moment)."""
+    while True:
+        event = dict(json.loads(stream.readline()))
+        if event["type"] != "agent-state":
+            return event
+
+
 def test_events_stream_reports_progress_within_a_second_of_an_edit(
     make_sidecar: Callable[..., Sidecar],
 ) -> None:
@@ -307,13 +316,13 @@ def test_events_stream_reports_progress_within_a_second_of_an_edit(
         current.write_text(
             current.read_text().replace("## Progress\n", "## Progress\n- [x] one\n- [ ] two\n")
         )
-        event = json.loads(stream.readline())
+        event = next_event(stream)
         elapsed = time.monotonic() - edited
         assert event["type"] == "progress-update"
         assert event["progress"] == {"total": 2, "completed": 1}
         assert elapsed < 1.5
         current.write_text(current.read_text().replace("## Status\nworking", "## Status\ndone"))
-        kinds = {json.loads(stream.readline())["type"], json.loads(stream.readline())["type"]}
+        kinds = {next_event(stream)["type"], next_event(stream)["type"]}
         assert kinds == {"progress-update", "completion"}
 
 
@@ -646,6 +655,10 @@ def test_status_never_forks(make_sidecar: Callable[..., Sidecar], short_tmp: Pat
             tracer.wait(10)
         return [line for line in out.read_text().splitlines() if FORK.search(line)]
 
+    def control_client() -> bool:  # the activity source's `tmux -C attach` (sidecar.activity)
+        return any("-C" in p.cmdline() for p in supervisor.children())
+
+    wait_for(control_client, what="the activity client attached")
     before = {p.pid for p in supervisor.children(recursive=True)}
 
     def poll_status() -> None:

@@ -4,6 +4,11 @@ It answers `HEAD /api/hello` (the CLI's connectivity probe) and `POST /v1/messag
 as server-sent events in the Messages API shape when the request asks for `stream`, plain JSON
 otherwise - and records every request so a test can see what the CLI sent. This is the one fake
 in the end-to-end tests: the network seam, because no real API is reachable from these machines.
+
+With `bash_command` set, a streamed request that offers the Bash tool and ends with the user's
+own text is answered with a Bash `tool_use` running that command (so the CLI asks permission
+for it), and the request that carries its `tool_result` with the text reply and `end_turn`: one
+prompt, one tool call, one answer.
 """
 
 from __future__ import annotations
@@ -35,14 +40,16 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 class AnthropicStub:
     """Runs an aiohttp app on its own event loop in a thread; `url` is set once it listens."""
 
-    def __init__(self, reply: str = REPLY_TEXT) -> None:
+    def __init__(self, reply: str = REPLY_TEXT, bash_command: str | None = None) -> None:
         self.reply = reply
+        self.bash_command = bash_command
         self.url = ""
         self._requests: list[Recorded] = []
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: web.AppRunner | None = None
+        self._tool_uses = 0
 
     # --- recording ---------------------------------------------------------------------------
     @property
@@ -52,6 +59,20 @@ class AnthropicStub:
 
     def messages_posts(self) -> list[Recorded]:
         return [r for r in self.requests if r.method == "POST" and r.path == "/v1/messages"]
+
+    def tool_results(self) -> list[str]:
+        """Text of every `tool_result` the CLI sent back (what the tool printed), in order."""
+        found: list[str] = []
+        for rec in self.messages_posts():
+            for msg in (rec.body or {}).get("messages", []):
+                content = msg.get("content")
+                for block in content if isinstance(content, list) else []:
+                    if isinstance(block, dict) and block.get("type") == "tool_result":
+                        inner = block.get("content")
+                        if isinstance(inner, list):
+                            inner = "".join(c.get("text", "") for c in inner if isinstance(c, dict))
+                        found.append(str(inner))
+        return found
 
     def prompts_seen(self) -> list[str]:
         """Text of every user message the CLI sent, in order."""
@@ -97,6 +118,8 @@ class AnthropicStub:
             message["content"] = [{"type": "text", "text": self.reply}]
             message["stop_reason"] = "end_turn"
             return web.json_response(message)
+        if self._wants_bash(body):
+            return await self._stream(request, self._bash_events(message))
         text_block = {"type": "text", "text": ""}
         events: list[tuple[str, dict[str, Any]]] = [
             ("message_start", {"message": message}),
@@ -116,6 +139,51 @@ class AnthropicStub:
             ),
             ("message_stop", {}),
         ]
+        return await self._stream(request, events)
+
+    def _wants_bash(self, body: dict[str, Any]) -> bool:
+        """A turn of the main loop (it offers Bash) whose last message is the user's text, not
+        a tool's result: the one to answer with the tool call."""
+        if self.bash_command is None:
+            return False
+        if not any(
+            isinstance(t, dict) and t.get("name") == "Bash" for t in body.get("tools") or []
+        ):
+            return False
+        messages = body.get("messages") or []
+        last = messages[-1] if messages else {}
+        content = last.get("content") if isinstance(last, dict) else None
+        blocks = content if isinstance(content, list) else []
+        return not any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks)
+
+    def _bash_events(self, message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        self._tool_uses += 1
+        tool = {"type": "tool_use", "id": f"toolu_stub{self._tool_uses:04d}", "name": "Bash"}
+        args = json.dumps({"command": self.bash_command, "description": "Run the stub's command"})
+        return [
+            ("message_start", {"message": message}),
+            ("content_block_start", {"index": 0, "content_block": {**tool, "input": {}}}),
+            (
+                "content_block_delta",
+                {
+                    "index": 0,
+                    "delta": {"type": "input_json_delta", "partial_json": args},
+                },
+            ),
+            ("content_block_stop", {"index": 0}),
+            (
+                "message_delta",
+                {
+                    "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+                    "usage": {"output_tokens": 20},
+                },
+            ),
+            ("message_stop", {}),
+        ]
+
+    async def _stream(
+        self, request: web.Request, events: list[tuple[str, dict[str, Any]]]
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for name, data in events:
@@ -169,6 +237,7 @@ def claude_json(workspace: str, api_key: str = TEST_API_KEY) -> dict[str, Any]:
     """`~/.claude.json` that takes the real CLI past onboarding, key approval and trust prompts."""
     return {
         "hasCompletedOnboarding": True,
+        "hasSeenAutoDefaultNudge": True,  # 2.1.330 asks once whether auto mode should be default
         "theme": "dark",
         "customApiKeyResponses": {"approved": [api_key[-20:]], "rejected": []},
         "projects": {workspace: {"hasTrustDialogAccepted": True}},

@@ -1,0 +1,130 @@
+"""When the CLI last wrote to its pane, learnt from tmux itself: a control-mode client
+(`tmux -C attach`) on the sidecar's socket gets an `%output` line when the pane writes.
+
+Why this, not the alternatives (measured with tmux 3.3a): the tty's mtime is stamped only when
+it is 8 s or more behind (drivers/tty/tty_io.c), too coarse for "a few seconds"; `capture-pane`
+in a loop forks once per look; `pipe-pane` copies every byte through a shell and a pipe. Here
+each burst of output costs one wakeup: on the first `%output` the client pauses the pane for
+itself (`refresh-client -A %N:pause`: tmux keeps reading the pane and drops only this client's
+copy; a flooding CLI ran at full speed, ~100k lines/s, while paused) and continues it SAMPLE
+seconds later. A quiet pane costs nothing at all: no timer runs. Output is known to within
+SAMPLE seconds, which is what the `activity` source and the prompt-hold of `POST /input` need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SAMPLE = 0.25  # seconds the pane stays paused for this client after output
+OUTPUT_RE = re.compile(rb"(?:^|\n)%(?:extended-)?output (%\d+) ")
+
+
+class PaneActivity:
+    """Calls `on_output(monotonic time)` whenever the pane writes (at most once per SAMPLE)."""
+
+    def __init__(self, socket_path: Path, on_output: Callable[[float], None]) -> None:
+        self.socket_path = socket_path
+        self.on_output = on_output
+        self.last_output: float | None = None  # time.monotonic()
+        self._proc: asyncio.subprocess.Process | None = None
+        self._paused: set[bytes] = set()
+        self._stop = False
+        self._wake = asyncio.Event()
+
+    def attach(self) -> None:
+        """A session with the CLI exists (again): attach now if not attached."""
+        if self._proc is None:
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Attach when told a session exists, follow it until it ends (a heal or a resleeve's
+        new server), then wait to be told again; until stop. No polling while detached."""
+        while not self._stop:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._stop:
+                return
+            # Never on its own initiative: a client connecting while the supervisor makes a new
+            # server can make tmux 3.3a's new server exit ("server exited unexpectedly"). The
+            # supervisor says when a session exists (`attach`), after every fresh start.
+            try:
+                await self._follow()
+            except OSError as exc:
+                log.debug("activity client: %s", exc)
+
+    async def _follow(self) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            "tmux",
+            "-S",
+            str(self.socket_path),
+            "-C",
+            "attach-session",
+            "-f",
+            "ignore-size",
+            "-t",
+            "main",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        self._proc = proc
+        self._paused.clear()
+        assert proc.stdout is not None
+        tail = b""
+        try:
+            while chunk := await proc.stdout.read(1 << 16):
+                data, tail = tail + chunk, b""
+                panes = set(OUTPUT_RE.findall(data))
+                if panes:
+                    self._seen(panes)
+                # A line cut at the chunk's end is looked at again with the next chunk.
+                cut = data.rfind(b"\n")
+                tail = data[cut:][-64:] if cut >= 0 else data[-64:]
+        finally:
+            self._proc = None
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+            await proc.wait()
+
+    def _seen(self, panes: set[bytes]) -> None:
+        now = time.monotonic()
+        self.last_output = now
+        fresh = panes - self._paused
+        if fresh:
+            # Pause this client's copy of the pane's output; continue it SAMPLE s later.
+            self._command(b"".join(b"refresh-client -A " + p + b":pause\n" for p in fresh))
+            self._paused |= fresh
+            asyncio.get_running_loop().call_later(SAMPLE, self._resume, fresh)
+        self.on_output(now)
+
+    def _resume(self, panes: set[bytes]) -> None:
+        self._paused -= panes
+        self._command(b"".join(b"refresh-client -A " + p + b":continue\n" for p in panes))
+
+    def _command(self, line: bytes) -> None:
+        proc = self._proc
+        if proc is not None and proc.stdin is not None and not proc.stdin.is_closing():
+            proc.stdin.write(line)
+
+    def quiet_for(self) -> float:
+        """Seconds since the pane last wrote (infinity: not since the sidecar started)."""
+        if self.last_output is None:
+            return float("inf")
+        return time.monotonic() - self.last_output
+
+    async def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()

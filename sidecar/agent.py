@@ -1,0 +1,147 @@
+"""The agent's state (what the AI CLI is doing, not only whether its process runs): one machine,
+fed by one source per CLI, with the supervisor's process state on top.
+
+States: `starting` (launched, no sign yet), `working`, `waiting` (needs a person), `idle`,
+`exited` (the CLI process is not running: the supervisor's word beats any source's), `unknown`
+(the CLI gives no signal). A source reports what it sees with `report`; the effective state is
+published as an `agent-state` event whenever it or its reason changes, and the time spent in
+each state is kept for /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from enum import Enum
+
+from sidecar.events import EventBus
+from sidecar.shapes import AgentStateEvent
+from sidecar.states import ProcState
+
+log = logging.getLogger(__name__)
+
+MAX_REASON = 300  # characters of a reason kept (a command line can be long)
+
+
+class AgentState(Enum):
+    STARTING = "starting"
+    WORKING = "working"
+    WAITING = "waiting"
+    IDLE = "idle"
+    EXITED = "exited"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    state: AgentState
+    since: float  # wall-clock time (time.time()) the state began
+    reason: str | None
+    source: str  # hooks, activity or none
+    session_id: str | None
+
+
+def one_line(text: str, limit: int = MAX_REASON) -> str:
+    """`text` as one line of printable characters, at most `limit` long."""
+    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+class AgentMachine:
+    """Owns the agent's state. Sources call `report`; the supervisor calls `launched` and
+    `process_changed`; readers use `status`, `wait_for` and `seconds_in_states`."""
+
+    def __init__(self, bus: EventBus) -> None:
+        self.bus = bus
+        self.source = "none"
+        self.session_id: str | None = None
+        self._process = ProcState.STOPPED
+        self._seen = AgentState.STARTING  # what the source last said
+        self._seen_reason: str | None = None
+        self._state = AgentState.EXITED  # the effective state
+        self._reason: str | None = None
+        self._since = time.time()
+        self._since_mono = time.monotonic()
+        self._totals = dict.fromkeys(AgentState, 0.0)
+        self._changed = asyncio.Event()
+
+    # ---- inputs ------------------------------------------------------------------------------
+
+    def launched(self, source: str) -> None:
+        """A new CLI process was started: its source has said nothing yet."""
+        self.source = source
+        self._seen, self._seen_reason = (
+            (AgentState.UNKNOWN, None) if source == "none" else (AgentState.STARTING, None)
+        )
+        self._apply()
+
+    def process_changed(self, state: ProcState) -> None:
+        """The supervisor's state of the CLI process changed."""
+        self._process = state
+        self._apply()
+
+    def report(self, state: AgentState, reason: str | None = None) -> None:
+        """What the source sees now (ignored while the process is not running)."""
+        self._seen = state
+        self._seen_reason = one_line(reason) if reason else None
+        self._apply()
+
+    # ---- the machine ---------------------------------------------------------------------------
+
+    def _effective(self) -> tuple[AgentState, str | None]:
+        if self._process is ProcState.RUNNING:
+            return self._seen, self._seen_reason
+        if self._process is ProcState.STARTING:
+            return AgentState.STARTING, None
+        # Whatever the source says: a CLI that is not running is doing nothing.
+        return AgentState.EXITED, None
+
+    def _apply(self) -> None:
+        state, reason = self._effective()
+        if state is self._state and reason == self._reason:
+            return
+        previous = self._state
+        now_mono = time.monotonic()
+        if state is not previous:
+            self._totals[previous] += now_mono - self._since_mono
+            self._since, self._since_mono = time.time(), now_mono
+        self._state, self._reason = state, reason
+        log.info("agent %s -> %s%s", previous.value, state.value, f" ({reason})" if reason else "")
+        self.bus.publish(AgentStateEvent(state=state.value, previous=previous.value, reason=reason))
+        # Wake everyone waiting for a change, then arm a fresh event for the next one.
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # ---- readers -------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> AgentState:
+        return self._state
+
+    @property
+    def process(self) -> ProcState:
+        """The supervisor's state of the CLI process, as last told."""
+        return self._process
+
+    @property
+    def since_monotonic(self) -> float:
+        return self._since_mono
+
+    def status(self) -> AgentStatus:
+        return AgentStatus(self._state, self._since, self._reason, self.source, self.session_id)
+
+    def seconds_in_states(self) -> dict[str, float]:
+        """Seconds spent in each state since the sidecar started (the current one included)."""
+        totals = {s.value: t for s, t in self._totals.items()}
+        totals[self._state.value] += time.monotonic() - self._since_mono
+        return totals
+
+    async def wait_change(self, timeout: float) -> bool:
+        """Wait until the state or reason changes; False on timeout."""
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True

@@ -1,0 +1,205 @@
+"""Claude Code reporting its own lifecycle to the sidecar: the hook settings the sidecar passes
+with `--settings` (never the user's own settings files: Claude Code merges ours with theirs, so
+their hooks keep working), the session arguments that pin its conversation, and what each hook
+event means for the agent's state.
+
+The channel: HTTP hooks POST each event to `/hooks/claude-code/<event>` on the sidecar's own
+loopback port with a secret header. The secret is made anew for every launch of the CLI (a hook
+from a CLI stopped by a resleeve is refused) and kept in the state dir (`agent_files`), so a
+supervisor restart that adopts the running CLI still accepts it. Claude Code 2.1.330 runs no HTTP
+hooks for SessionStart, so that one event goes through a command hook, `sidecar.hook_relay`,
+which POSTs it the same way. Facts measured on 2.1.330 against a loopback API stub: PreToolUse
+then PermissionRequest come ~0.1 s after the prompt is submitted and before the permission prompt
+is drawn; a refused connection costs the CLI nothing; an empty 2xx answer leaves every decision
+to the CLI; the Notification hook for a permission prompt comes ~6 s later and not at all when
+the prompt was answered first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sidecar.agent import AgentState, one_line
+
+HOOK_PATH = "/hooks/claude-code"
+SECRET_HEADER = "X-Sidecar-Hook"  # noqa: S105 - the header's name, not a secret
+SETTINGS_FILE = "claude-hooks.json"
+HTTP_EVENTS = (
+    "UserPromptSubmit",
+    "PreToolUse",
+    "PostToolUse",
+    "PostToolUseFailure",
+    "PermissionRequest",
+    "PermissionDenied",
+    "Notification",
+    "Stop",
+    "StopFailure",
+    "SessionEnd",
+)
+COMMAND_EVENTS = ("SessionStart",)  # 2.1.330: "HTTP hooks are not supported for SessionStart"
+EVENTS = (*COMMAND_EVENTS, *HTTP_EVENTS)
+# Seconds Claude Code waits for our answer. HTTP hooks cannot be asynchronous, so this bounds
+# what a wedged sidecar costs each hook; a dead one refuses the connection at once.
+HOOK_TIMEOUT = 2
+RELAY_TIMEOUT = 5
+# Tools that ask the person something rather than act: the agent is waiting while they run.
+QUESTION_TOOLS = frozenset({"AskUserQuestion"})
+DETAIL_KEYS = ("command", "file_path", "notebook_path", "path", "url", "pattern", "query")
+UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def hook_base_url(host: str, port: int) -> str:
+    """Where the CLI reaches the API: loopback for a wildcard or localhost bind."""
+    if host in ("0.0.0.0", "localhost"):  # noqa: S104 - a wildcard bind is reached via loopback
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}{HOOK_PATH}/"
+
+
+def relay_command(settings_path: Path) -> str:
+    """The SessionStart command hook: this interpreter runs `sidecar.hook_relay`."""
+    return shlex.join([sys.executable, "-I", "-m", "sidecar.hook_relay", str(settings_path)])
+
+
+def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
+    """The `--settings` document: an HTTP hook per event, the relay for SessionStart."""
+    headers = {SECRET_HEADER: secret}
+    hooks: dict[str, Any] = {
+        event: [
+            {
+                "hooks": [
+                    {
+                        "type": "http",
+                        "url": base_url + event,
+                        "headers": headers,
+                        "timeout": HOOK_TIMEOUT,
+                    }
+                ]
+            }
+        ]
+        for event in HTTP_EVENTS
+    }
+    command = {"type": "command", "command": relay_command(settings_path)}
+    hooks["SessionStart"] = [{"hooks": [{**command, "timeout": RELAY_TIMEOUT}]}]
+    return {"hooks": hooks}
+
+
+def write_settings(path: Path, document: dict[str, Any], owner: tuple[int, int] | None) -> None:
+    """Write the settings file 0600 (it holds the secret), owned by the CLI's user when that is
+    another one (`owner`: uid, gid), so that only the CLI and the sidecar can read it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        if owner is not None:
+            os.fchown(fh.fileno(), *owner)
+        json.dump(document, fh, indent=1)
+    os.replace(tmp, path)
+
+
+# ---- sessions --------------------------------------------------------------------------------
+
+
+def new_session_id() -> str:
+    return str(uuid.uuid4())
+
+
+def transcript(workspace: Path, config_dir: Path, session_id: str) -> Path:
+    """Claude Code's transcript of a conversation: projects/<cwd, non-alphanumerics as ->/."""
+    encoded = re.sub(r"[^A-Za-z0-9]", "-", str(workspace))
+    return config_dir / "projects" / encoded / f"{session_id}.jsonl"
+
+
+def session_args(
+    session_id: str | None, workspace: Path, config_dir: Path, *, has_history: bool
+) -> tuple[tuple[str, ...], str | None]:
+    """The session arguments and the session id they pin (None: learnt from SessionStart).
+
+    The pinned id resumes its own conversation when Claude Code has it (`--resume`), and names
+    a new one when it has not (`--session-id`: Claude Code writes nothing before the first
+    prompt, and refuses `--resume` of an id it has no transcript for, or `--session-id` of one
+    it has). Without an id (the state dir was lost: a new container), `--continue` takes the
+    workspace's latest conversation when there is one."""
+    if session_id is not None:
+        if transcript(workspace, config_dir, session_id).exists():
+            return ("--resume", session_id), session_id
+        return ("--session-id", session_id), session_id
+    if has_history:
+        return ("--continue",), None
+    fresh = new_session_id()
+    return ("--session-id", fresh), fresh
+
+
+# ---- what an event means ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HookEffect:
+    state: AgentState | None  # None: the event says nothing about the state
+    reason: str | None = None
+    session_id: str | None = None
+
+
+def _detail(tool_input: Any) -> str:
+    if not isinstance(tool_input, dict):
+        return ""
+    for key in DETAIL_KEYS:
+        value = tool_input.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+    return ""
+
+
+def _question(tool_input: Any) -> str:
+    questions = tool_input.get("questions") if isinstance(tool_input, dict) else None
+    first = questions[0] if isinstance(questions, list) and questions else None
+    text = first.get("question") if isinstance(first, dict) else None
+    return text if isinstance(text, str) else ""
+
+
+def interpret(event: str, payload: dict[str, Any]) -> HookEffect:
+    """What a hook event says about the agent (pure: the caller applies it)."""
+    raw_session = payload.get("session_id")
+    session = raw_session if isinstance(raw_session, str) and UUID_RE.match(raw_session) else None
+    tool = payload.get("tool_name")
+    tool = tool if isinstance(tool, str) else "a tool"
+    if event == "SessionStart":
+        # A compaction mid-turn starts a "session" too; that one changes nothing.
+        source = payload.get("source")
+        state = None if source == "compact" else AgentState.IDLE
+        return HookEffect(state, session_id=session)
+    if event == "UserPromptSubmit":
+        return HookEffect(AgentState.WORKING, session_id=session)
+    if event == "PreToolUse" and tool in QUESTION_TOOLS:
+        question = _question(payload.get("tool_input"))
+        return HookEffect(AgentState.WAITING, one_line(f"question: {question}".strip(": ")))
+    if event in ("PreToolUse", "PostToolUse", "PostToolUseFailure", "PermissionDenied"):
+        return HookEffect(AgentState.WORKING)
+    if event == "PermissionRequest":
+        detail = _detail(payload.get("tool_input"))
+        return HookEffect(
+            AgentState.WAITING, one_line(f"permission for {tool}{': ' + detail if detail else ''}")
+        )
+    if event == "Notification":
+        kind = payload.get("notification_type")
+        message = payload.get("message")
+        text = one_line(message) if isinstance(message, str) else None
+        if kind == "idle_prompt":
+            return HookEffect(AgentState.IDLE)
+        if kind in ("permission_prompt", "elicitation_dialog"):
+            return HookEffect(AgentState.WAITING, text)
+        return HookEffect(None)
+    if event in ("Stop", "StopFailure"):
+        reason = "the turn ended with an API error" if event == "StopFailure" else None
+        return HookEffect(AgentState.IDLE, reason)
+    return HookEffect(None)  # SessionEnd: the process's exit is the supervisor's to report

@@ -1,0 +1,100 @@
+"""Helpers for the agent-state tests: the real Claude Code CLI set up to run offline against the
+loopback API stub, and an /events reader that keeps every line it saw."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.client import ClientError, SidecarClient
+from tests.e2e.anthropic_stub import TEST_API_KEY, AnthropicStub, claude_json
+from tests.harness import Sidecar, wait_for
+from tests.tools import missing
+
+CLAUDE = Path(sys.executable).parent / "claude"  # scripts/setup --test puts it in the venv
+
+
+def claude_binary() -> Path:
+    if not CLAUDE.exists():
+        missing(f"Claude Code is not installed at {CLAUDE} (scripts/setup --test installs it)")
+    return CLAUDE
+
+
+def claude_env(sc: Sidecar, stub: AnthropicStub) -> dict[str, str]:
+    """A HOME where the real CLI starts straight at its prompt, in manual permission mode (so
+    that it asks before running Bash), talking to `stub`."""
+    home = sc.tmp / "home"
+    (home / ".claude").mkdir(parents=True, exist_ok=True)
+    (home / ".claude.json").write_text(json.dumps(claude_json(str(sc.workspace))))
+    # The user's own settings, with a hook of their own: ours must not replace it.
+    user_hook = f"echo user-hook >> {sc.tmp / 'user-hook.txt'}"
+    settings = {
+        "permissions": {"defaultMode": "default"},
+        "hooks": {"UserPromptSubmit": [{"hooks": [{"type": "command", "command": user_hook}]}]},
+    }
+    (home / ".claude" / "settings.json").write_text(json.dumps(settings))
+    return {
+        "ANTHROPIC_BASE_URL": stub.url,
+        "ANTHROPIC_API_KEY": TEST_API_KEY,
+        "DISABLE_AUTOUPDATER": "1",
+        "PATH": f"{claude_binary().parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+    }
+
+
+class EventLog:
+    """Every /events line of one stream, read by a thread until the stream ends."""
+
+    def __init__(self, sc: Sidecar, token: str | None = None) -> None:
+        self.client = SidecarClient(sc.url, token)
+        self.lines: list[dict[str, Any]] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+        wait_for(lambda: self.lines, 10, what="the first /events line")
+
+    def _read(self) -> None:
+        try:
+            for event in self.client.events():
+                self.lines.append(event)
+        except ClientError:
+            pass
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in list(self.lines) if e.get("type") == kind]
+
+    def states(self) -> list[str]:
+        return [e["state"] for e in self.of("agent-state")]
+
+    def wait(
+        self, predicate: Callable[[dict[str, Any]], bool], what: str, timeout: float = 30
+    ) -> dict[str, Any]:
+        def found() -> dict[str, Any] | None:
+            return next((e for e in list(self.lines) if predicate(e)), None)
+
+        return wait_for(found, timeout, what=what)
+
+
+def subsequence(wanted: list[str], seen: list[str]) -> bool:
+    """Whether `wanted` appears in `seen` in order (other items may come between)."""
+    it: Iterator[str] = iter(seen)
+    return all(any(w == s for s in it) for w in wanted)
+
+
+@pytest.fixture
+def stub_factory() -> Iterator[Callable[..., AnthropicStub]]:
+    made: list[AnthropicStub] = []
+
+    def make(**kw: Any) -> AnthropicStub:
+        stub = AnthropicStub(**kw).start()
+        made.append(stub)
+        return stub
+
+    yield make
+    for stub in made:
+        stub.stop()

@@ -1,0 +1,99 @@
+"""Agent state end to end: `sleeve run --runtime docker` of the built image with the real Claude
+Code CLI, whose API stub (on 127.0.0.1) answers a prompt with a Bash tool call. The prompt and
+the answer to the permission prompt go through `POST /input`; `/events` shows the sequence, and
+`sidecar wait` inside the container sees the states."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.client import ClientError, SidecarClient
+from tests.e2e import dockerenv
+from tests.e2e.anthropic_stub import AnthropicStub
+from tests.e2e.conftest import Launcher, Sleeve, http, new_launcher, poll, remove_started
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
+
+COMMAND = "echo E2E-AGENT-RAN | tee e2e-agent.txt"
+
+
+@pytest.fixture(scope="module")
+def bash_stub() -> Iterator[AnthropicStub]:
+    with AnthropicStub(bash_command=COMMAND) as stub:
+        yield stub
+
+
+@pytest.fixture
+def claude_sleeve(
+    engine: dockerenv.Engine, image: str, bash_stub: AnthropicStub, tmp_path: Path
+) -> Iterator[tuple[Launcher, Sleeve]]:
+    lch = new_launcher(engine, bash_stub, tmp_path)
+    folder = lch.create_slot()
+    # Manual permission mode, so that the CLI asks before running Bash (REAL-PARTS.md).
+    (folder / ".claude").mkdir(exist_ok=True)
+    (folder / ".claude" / "settings.json").write_text(
+        json.dumps({"permissions": {"defaultMode": "default"}})
+    )
+    sleeve = lch.run("--slot", "1", cli="claude-code")
+    yield lch, sleeve
+    remove_started(lch)
+
+
+def _agent(sleeve: Sleeve) -> dict[str, Any] | None:
+    try:
+        code, body = http("GET", f"{sleeve.url}/status")
+    except OSError:
+        return None
+    return body["agent"] if code == 200 else None
+
+
+def _agent_in(sleeve: Sleeve, state: str, timeout: float) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        agent = _agent(sleeve)
+        return agent if agent is not None and agent["state"] == state else None
+
+    return dict(poll(check, timeout, f"agent {state}"))
+
+
+def test_prompt_permission_and_answer_through_the_api_in_the_container(
+    claude_sleeve: tuple[Launcher, Sleeve], bash_stub: AnthropicStub
+) -> None:
+    lch, sleeve = claude_sleeve
+    idle = _agent_in(sleeve, "idle", 60)
+    assert idle["source"] == "hooks" and idle["session_id"]
+    seen: list[dict[str, Any]] = []
+
+    def read() -> None:
+        with contextlib.suppress(ClientError):
+            seen.extend(SidecarClient(sleeve.url).events())
+
+    threading.Thread(target=read, daemon=True).start()
+    poll(lambda: seen, 10, "the /events stream")
+    code, body = http("POST", f"{sleeve.url}/input", {"text": "run the e2e command"})
+    assert code == 202, body
+    waiting = _agent_in(sleeve, "waiting", 60)
+    assert "Bash" in waiting["reason"] and COMMAND in waiting["reason"], waiting
+    # `sidecar wait` inside the container returns at once for a state the agent is in.
+    done = lch.exec(sleeve, "sidecar", "wait", "--state", "waiting", "--timeout", "10")
+    assert done.stdout.strip() == "waiting"
+    code, body = http("POST", f"{sleeve.url}/input", {"keys": ["Enter"]}, timeout=15)
+    assert code == 202 and body["changed"] is True, body
+    waited = lch.exec(sleeve, "sidecar", "wait", "--state", "idle", "--timeout", "60")
+    assert waited.returncode == 0, waited.stderr
+    assert (lch.project / "e2e-agent.txt").read_text() == "E2E-AGENT-RAN\n"
+    assert any("E2E-AGENT-RAN" in r for r in bash_stub.tool_results())
+    states = [e["state"] for e in list(seen) if e.get("type") == "agent-state"]
+    order = iter(states)
+    assert all(any(s == w for s in order) for w in ["working", "waiting", "working", "idle"]), (
+        states
+    )
+    # A wait that cannot be met ends with exit code 1.
+    missed = lch.exec(sleeve, "sidecar", "wait", "--state", "exited", "--timeout", "1", check=False)
+    assert missed.returncode == 1
