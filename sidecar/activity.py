@@ -19,7 +19,8 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from pathlib import Path
+
+from sidecar.tmux import Tmux
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,8 @@ OUTPUT_RE = re.compile(rb"(?:^|\n)%(?:extended-)?output (%\d+) ")
 class PaneActivity:
     """Calls `on_output(monotonic time)` whenever the pane writes (at most once per SAMPLE)."""
 
-    def __init__(self, socket_path: Path, on_output: Callable[[float], None]) -> None:
-        self.socket_path = socket_path
+    def __init__(self, tmux: Tmux, on_output: Callable[[float], None]) -> None:
+        self.tmux = tmux
         self.on_output = on_output
         self.last_output: float | None = None  # time.monotonic()
         self._proc: asyncio.subprocess.Process | None = None
@@ -61,19 +62,14 @@ class PaneActivity:
                 log.debug("activity client: %s", exc)
 
     async def _follow(self) -> None:
+        # A client of the session's own kind (with SIDECAR_USER: as the CLI's user, never as
+        # root, whom the user's server could make run commands).
         proc = await asyncio.create_subprocess_exec(
-            "tmux",
-            "-S",
-            str(self.socket_path),
-            "-C",
-            "attach-session",
-            "-f",
-            "ignore-size",
-            "-t",
-            "main",
+            *self.tmux.client_argv("-C", "attach-session", "-f", "ignore-size", "-t", "main"),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
+            **self.tmux.client_kwargs(),
         )
         self._proc = proc
         self._paused.clear()
@@ -128,3 +124,5 @@ class PaneActivity:
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
+            # Gone before the supervisor is: shutdown leaves nothing for PID 1's exit to kill.
+            await proc.wait()

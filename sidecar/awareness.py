@@ -12,17 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import os
 import secrets
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from msgspec import UnsetType
 
-from sidecar import claude_hooks, notify
+from sidecar import claude_hooks, notify, privs
 from sidecar.activity import SAMPLE, PaneActivity
 from sidecar.agent import AgentMachine, AgentState
 from sidecar.agent_files import AgentFiles
@@ -33,6 +34,7 @@ from sidecar.mailbox import Mailbox
 from sidecar.pane_input import PaneInput, check_text
 from sidecar.shapes import InboxNotified, InputAccepted, InputRequest
 from sidecar.states import ProcState
+from sidecar.tmux import Tmux
 
 log = logging.getLogger(__name__)
 
@@ -54,18 +56,22 @@ class StateMismatch(Exception):
 
 
 class Awareness:
-    def __init__(self, config: Config, bus: EventBus) -> None:
+    def __init__(self, config: Config, bus: EventBus, tmux: Tmux) -> None:
         self.config = config
         self.bus = bus
         self.machine = AgentMachine(bus)
         self.files = AgentFiles(config.state_dir)
         record = self.files.load()
         self.machine.session_id = record.session_id
-        self.activity = PaneActivity(config.tmux_socket, self._on_output)
-        self.pane = PaneInput(config.tmux_socket)
+        self.activity = PaneActivity(tmux, self._on_output)
+        self.pane = PaneInput(tmux)
         self.inbox = Mailbox(config.workspace, "inbox")
         self.lock = asyncio.Lock()  # one writer to the pane at a time: inputs and notices
-        self.settings_path = config.state_dir / claude_hooks.SETTINGS_FILE
+        # Where the CLI's user reads it (the session dir with SIDECAR_USER), as that user's.
+        self.settings_path = config.session_dir / claude_hooks.SETTINGS_FILE
+        self._settings_owner = (
+            privs.Owner(config.user.uid, config.user.gid, act_as=True) if config.user else None
+        )
         self._cli: CLIDef | None = None
         self._launched_at = time.monotonic()
         self._quiet_timer: asyncio.TimerHandle | None = None
@@ -76,10 +82,11 @@ class Awareness:
     # ---- the supervisor's side -----------------------------------------------------------------
 
     def launch_argv(
-        self, cli: CLIDef, argv: tuple[str, ...], *, has_history: bool
+        self, cli: CLIDef, argv: tuple[str, ...], env: Mapping[str, str], *, has_history: bool
     ) -> tuple[str, ...]:
-        """The argv to start `cli` with (`argv`: the registry's): Claude Code gets our hook
-        settings and its pinned session. A new hook secret for every launch."""
+        """The argv to start `cli` with (`argv`: the registry's; `env`: the CLI's environment):
+        Claude Code gets our hook settings and its pinned session. A new hook secret for every
+        launch."""
         self._cli = cli
         self._launched_at = time.monotonic()
         self.machine.launched(cli.state)
@@ -87,7 +94,6 @@ class Awareness:
             self.files.update(hook_secret=None)
             return argv
         record = self.files.record
-        env = self.config.child_env
         config_dir = (
             Path(env["CLAUDE_CONFIG_DIR"])
             if env.get("CLAUDE_CONFIG_DIR")
@@ -102,8 +108,10 @@ class Awareness:
         self.machine.session_id = session
         base = claude_hooks.hook_base_url(self.config.host, self.config.port)
         document = claude_hooks.settings(base, secret, self.settings_path)
-        # The file holds the secret: 0600, the CLI's user's (the same as ours for now).
-        claude_hooks.write_settings(self.settings_path, document, owner=None)
+        # The file holds the secret: 0600, made as the CLI's user (with SIDECAR_USER; the
+        # sidecar keeps the secret in memory and in its own state dir, never reads it back).
+        with privs.acting(self._settings_owner):
+            privs.write_new(self.settings_path, json.dumps(document, indent=1).encode(), 0o600)
         return (*cli.command, "--settings", str(self.settings_path), *args)
 
     def process_changed(self, state: ProcState, cli: CLIDef | None) -> None:

@@ -17,8 +17,6 @@ the prompt was answered first.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shlex
 import sys
@@ -93,18 +91,6 @@ def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
     command = {"type": "command", "command": relay_command(settings_path)}
     hooks["SessionStart"] = [{"hooks": [{**command, "timeout": RELAY_TIMEOUT}]}]
     return {"hooks": hooks}
-
-
-def write_settings(path: Path, document: dict[str, Any], owner: tuple[int, int] | None) -> None:
-    """Write the settings file 0600 (it holds the secret), owned by the CLI's user when that is
-    another one (`owner`: uid, gid), so that only the CLI and the sidecar can read it."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        if owner is not None:
-            os.fchown(fh.fileno(), *owner)
-        json.dump(document, fh, indent=1)
-    os.replace(tmp, path)
 
 
 # ---- sessions --------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 import subprocess
 from collections.abc import Sequence
-from pathlib import Path
 
 from sidecar.contract import INPUT_KEYS, MAX_INPUT_BYTES
+from sidecar.tmux import Tmux, TmuxError
 
 TMUX_TIMEOUT = 5.0
 BUFFER = "sidecar-input"  # one named buffer, deleted by the paste (-d)
@@ -59,17 +59,17 @@ def tmux_keys(keys: Sequence[str]) -> list[str]:
 
 
 class PaneInput:
-    def __init__(self, socket_path: Path, target: str = "main:0.0") -> None:
-        self.socket_path = socket_path
+    """Types into the pane through tmux clients of the session's own (`Tmux.run_client`: with
+    SIDECAR_USER they run as the CLI's user, never as root)."""
+
+    def __init__(self, tmux: Tmux, target: str = "main:0.0") -> None:
+        self.tmux = tmux
         self.target = target
 
     def _run(self, args: list[str], stdin: bytes | None = None) -> None:
-        argv = ["tmux", "-S", str(self.socket_path), *args]
         try:
-            done = subprocess.run(
-                argv, input=stdin, capture_output=True, timeout=TMUX_TIMEOUT, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            done = self.tmux.run_client(args, stdin=stdin, timeout=TMUX_TIMEOUT)
+        except (OSError, TmuxError, subprocess.TimeoutExpired) as exc:
             msg = f"tmux did not take the input: {exc}"
             raise DeliveryError(msg) from None
         if done.returncode != 0:

@@ -72,9 +72,6 @@ class Supervisor(Adopting):
         self.registry = dict(registry)
         self.bus = bus
         self.cli_name = config.cli
-        # What the agent is doing (sidecar.agent): told of every change of the CLI's state.
-        self.awareness = Awareness(config, bus)
-        self.cli = ProcStatus()
         # With SIDECAR_USER: the CLI's environment (its HOME), and how the sidecar acts in the
         # workspace (as that user; see sidecar.privs). Without it: the sidecar's own.
         self.cli_env = privs.user_env(config.child_env, config.user, config.cli_home)
@@ -111,6 +108,9 @@ class Supervisor(Adopting):
             run_as=config.user,
             env=user_env,
         )
+        # What the agent is doing (sidecar.agent): told of every change of the CLI's state.
+        self.awareness = Awareness(config, bus, self.tmux)
+        self.cli = ProcStatus()
         self.pane: PaneInfo | None = None
         self._pane_started: float | None = None  # the pane process's start time (pid reuse)
         self.resleeving = False
@@ -211,8 +211,8 @@ class Supervisor(Adopting):
                 Path(env.get("HOME", "/root")),
                 Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else None,
             )
-        argv = cli.argv(resume=resume, has_history=history)
-        return self.awareness.launch_argv(cli, argv, has_history=history)
+            argv = cli.argv(resume=resume, has_history=history)
+            return self.awareness.launch_argv(cli, argv, env, has_history=history)
 
     # ---- lifecycle -----------------------------------------------------------------------
 

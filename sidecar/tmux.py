@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import libtmux
 from libtmux import exc as tmux_exc
@@ -131,26 +132,41 @@ class Tmux:
             raise TmuxError(msg)
         return list(result.stdout)
 
-    def _cmd_as_user(self, args: Sequence[str]) -> list[str]:
+    def client_argv(self, *args: str) -> list[str]:
+        """A tmux client's argv on our socket (run it with `client_kwargs`)."""
         binary = shutil.which("tmux", path=(self.env or {}).get("PATH")) or "tmux"
-        argv = [binary, "-S", str(self.socket_path), "-f", str(self.conf_path), *args]
+        return [binary, "-S", str(self.socket_path), "-f", str(self.conf_path), *args]
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """`subprocess`/asyncio keyword arguments for a tmux client of ours: as the CLI's user
+        with its environment (SIDECAR_USER), else as the sidecar."""
+        return {"env": self.env, **spawn_credentials(self.run_as)}
+
+    def run_client(
+        self, args: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[bytes]:
+        """Run one tmux client with `args` (blocking); `stdin` reaches it as its input (what
+        `load-buffer -` reads: never an argument, so never parsed by tmux)."""
         try:
-            result = subprocess.run(
-                argv,
+            return subprocess.run(
+                self.client_argv(*args),
+                input=stdin,
                 capture_output=True,
-                text=True,
-                errors="backslashreplace",
-                env=self.env,
+                timeout=timeout,
                 check=False,
-                **spawn_credentials(self.run_as),
+                **self.client_kwargs(),
             )
         except FileNotFoundError:
             msg = "tmux is not installed"
             raise TmuxError(msg) from None
+
+    def _cmd_as_user(self, args: Sequence[str]) -> list[str]:
+        result = self.run_client(args)
         if result.returncode != 0:
-            msg = f"tmux {args[0]} failed: {result.stderr.strip() or result.returncode}"
+            why = result.stderr.decode(errors="backslashreplace").strip() or result.returncode
+            msg = f"tmux {args[0]} failed: {why}"
             raise TmuxError(msg)
-        return result.stdout.splitlines()
+        return result.stdout.decode(errors="backslashreplace").splitlines()
 
     def pane_argv(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
         """The argv the pane runs for the CLI `argv` with its own variables `env` (pure)."""

@@ -265,11 +265,11 @@ def test_sigterm_stops_every_process_it_started_before_the_supervisor_exits(
     late = {
         f"{started[pid]} {pid}": f"{(stamp - supervisor_ended) / 1e6:.1f} ms after, status {status}"
         for pid, (stamp, _, _, status) in ended.items()
-        if not started[pid].startswith("tmux") and stamp >= supervisor_ended
+        if started[pid] != "tmux: server" and stamp >= supervisor_ended
     }
     assert not late, f"outlived the supervisor, left for the kernel to kill: {late}"
     # tmux is told to exit (kill-server) and then ends by itself: exit status 0. Left to the
     # kernel it would be SIGKILLed (status 9) when init exits.
-    [tmux_status] = [st for pid, (*_, st) in ended.items() if started[pid].startswith("tmux")]
+    [tmux_status] = [st for pid, (*_, st) in ended.items() if started[pid] == "tmux: server"]
     assert tmux_status == 0, ended
     assert "SIGKILL to 2 processes" in sc.log()  # the stubborn pair, after the grace
