@@ -235,7 +235,8 @@ async def test_a_viewers_terminal_cannot_type_even_past_the_proxys_filter(
         )
         # The ttyd clients (the sidecar's own activity client is a control-mode one).
         flags = [
-            f for f in tmux_out("list-clients", "-F", "#{client_flags}").split()
+            f
+            for f in tmux_out("list-clients", "-F", "#{client_flags}").split()
             if "control-mode" not in f.split(",")
         ]
         assert sorted("read-only" in f.split(",") for f in flags) == [False, True], flags

@@ -17,7 +17,15 @@ import pytest
 from sidecar.client import ClientError, SidecarClient
 from tests.e2e import dockerenv
 from tests.e2e.anthropic_stub import AnthropicStub
-from tests.e2e.conftest import Launcher, Sleeve, http, new_launcher, poll, remove_started
+from tests.e2e.conftest import (
+    E2E_TOKEN,
+    Launcher,
+    Sleeve,
+    http,
+    new_launcher,
+    poll,
+    remove_started,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -72,7 +80,8 @@ def test_prompt_permission_and_answer_through_the_api_in_the_container(
 
     def read() -> None:
         with contextlib.suppress(ClientError):
-            seen.extend(SidecarClient(sleeve.url).events())
+            for event in SidecarClient(sleeve.url, token=E2E_TOKEN).events():
+                seen.append(event)
 
     threading.Thread(target=read, daemon=True).start()
     poll(lambda: seen, 10, "the /events stream")
