@@ -24,6 +24,7 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import AbstractResource
 
 from sidecar import __version__
+from sidecar.contract import AGENT_STATES
 from sidecar.mailbox import Mailbox, NeedlecastError
 from sidecar.proc import start_time
 from sidecar.states import ProcState
@@ -229,6 +230,19 @@ class Metrics:
         )
         out.one_hot(
             "sidecar_ttyd_state", "ttyd's process state", sup.ttyd.status.state.value, PROC_STATES
+        )
+        agent = sup.awareness.machine
+        out.one_hot(
+            "sidecar_agent_state",
+            "What the agent is doing (working, waiting for a person, idle, ...)",
+            agent.state.value,
+            AGENT_STATES,
+        )
+        out.family(
+            "sidecar_agent_state_seconds_total",
+            "counter",
+            "Seconds the agent has spent in each state since the supervisor started",
+            [({"state": name}, round(t, 3)) for name, t in agent.seconds_in_states().items()],
         )
         out.family(
             "sidecar_cli_exits_total",

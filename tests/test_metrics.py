@@ -9,6 +9,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar.contract import AGENT_STATES
 from tests.harness import Sidecar, py_cli, wait_for, write_cli_config
 
 TOKEN = "metrics-admin-token-0123"
@@ -52,6 +53,12 @@ def test_metrics_follow_the_sleeve(make_sidecar: Callable[..., Sidecar], short_t
     assert value(first, "sidecar_cli_state", state="running") == 1
     assert value(first, "sidecar_cli_state", state="exited") == 0
     assert value(first, "sidecar_ttyd_state", state="running") == 1
+    # The shell's agent state comes from its output (activity): one state is 1, the rest 0.
+    agent = {st: value(first, "sidecar_agent_state", state=st) for st in AGENT_STATES}
+    assert sorted(agent.values()) == [0] * (len(AGENT_STATES) - 1) + [1]
+    assert (
+        sum(value(first, "sidecar_agent_state_seconds_total", state=st) for st in AGENT_STATES) > 0
+    )
     assert value(first, "sidecar_info", sleeve_id="test-sleeve", cli="shell", version="0.1.0") == 1
     assert value(first, "sidecar_resleeve_duration_seconds_count") == 0
     assert value(first, "sidecar_inbox_messages") == 0
@@ -80,6 +87,7 @@ def test_metrics_follow_the_sleeve(make_sidecar: Callable[..., Sidecar], short_t
     finally:
         stream.close()
     assert value(after, "sidecar_cli_up") == 0
+    assert value(after, "sidecar_agent_state", state="exited") == 1  # the CLI is not running
     assert value(after, "sidecar_cli_state", state="exited") == 1
     assert value(after, "sidecar_info", sleeve_id="test-sleeve", cli="three", version="0.1.0") == 1
     assert value(after, "sidecar_resleeve_duration_seconds_count") == 1
