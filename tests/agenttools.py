@@ -71,6 +71,15 @@ class EventLog:
     def states(self) -> list[str]:
         return [e["state"] for e in self.of("agent-state")]
 
+    def wait_states(self, wanted: list[str], timeout: float = 10) -> list[str]:
+        """The stream's agent states once `wanted` is among them in order (the stream is read
+        by a thread: /status can say a state before this thread has read its line)."""
+        return wait_for(
+            lambda: (seen := self.states()) and subsequence(wanted, seen) and seen,
+            timeout,
+            what=f"agent states {wanted} on /events (seen: {self.states()})",
+        )
+
     def wait(
         self, predicate: Callable[[dict[str, Any]], bool], what: str, timeout: float = 30
     ) -> dict[str, Any]:

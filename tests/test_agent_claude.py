@@ -10,7 +10,7 @@ from collections.abc import Callable
 import psutil
 import pytest
 
-from tests.agenttools import EventLog, claude_env, stub_factory, subsequence
+from tests.agenttools import EventLog, claude_env, stub_factory
 from tests.e2e.anthropic_stub import AnthropicStub
 from tests.harness import Sidecar, http, wait_for
 
@@ -70,8 +70,7 @@ def test_prompt_permission_answer_and_idle_with_the_real_claude_code(
     assert (sc.workspace / "ran.txt").read_text() == "AGENT-STATE-RAN\n"
     # The CLI sent the command's output back to the model, and the turn ended with its answer.
     assert any("AGENT-STATE-RAN" in r for r in stub.tool_results()), stub.tool_results()
-    seen = events.states()
-    assert subsequence(["idle", "working", "waiting", "working", "idle"], seen), seen
+    events.wait_states(["idle", "working", "waiting", "working", "idle"])
     waits = [e for e in events.of("agent-state") if e["state"] == "waiting"]
     assert waits[0]["previous"] == "working" and marker_cmd in waits[0]["reason"]
     assert (sc.tmp / "user-hook.txt").read_text().count("user-hook") == 1

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.agenttools import EventLog, subsequence
+from tests.agenttools import EventLog
 from tests.harness import CLIS, REPO, Sidecar, wait_for, write_cli_config
 
 TOKEN = "agent-state-admin-0123456789"
@@ -57,7 +57,7 @@ def test_shell_goes_working_with_output_and_idle_when_quiet_then_exited(
     assert code == 202, body
     wait_agent(sc, "exited")
     events.wait(lambda e: e.get("state") == "exited", "the exited event")
-    assert subsequence(["idle", "working", "idle", "working", "exited"], events.states())
+    events.wait_states(["idle", "working", "idle", "working", "exited"])
     assert sc.get("/health")[1]["agent"] == "exited"
     # Nothing can be typed into a CLI that is not running.
     code, body = sc.post("/input", {"text": "hello"})
