@@ -1,7 +1,7 @@
 """The HTTP API: `create_app()` wires the route table, auth and JSON errors around a running
 Supervisor, and builds the OpenAPI document from the same table.
 
-This is the one place where errors become HTTP statuses (`json_errors`). Request paths never
+This is the one place where errors become HTTP statuses (`error_answer`). Request paths never
 fork a process: /status reads the supervisor's in-memory state plus two `stat` calls.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from importlib import resources
 
-from aiohttp import ClientConnectionResetError, web
+from aiohttp import ClientConnectionResetError, typedefs, web
 from msgspec import UnsetType
 
 from sidecar import httpio, mailbox
@@ -28,7 +28,7 @@ from sidecar.api_messages import MAILBOXES, message_operations
 from sidecar.awareness import NotRunning, StateMismatch
 from sidecar.contract import MAX_BODY_BYTES
 from sidecar.events import encode_line
-from sidecar.guard import make_guard, set_token_cookie
+from sidecar.guard import make_guard
 from sidecar.httpio import BadRequest, error
 from sidecar.metrics import Metrics, RequestCounter
 from sidecar.openapi import HTML, NDJSON, Media, Operation, document
@@ -68,15 +68,13 @@ def _iso(ts: float | None) -> str | None:
 # ---- middlewares ---------------------------------------------------------------------------
 
 
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Errors become statuses here, and only here; every one answers `{"error": ...}`: what the
-    framework raises (404, 405, 413, ...) and what the handlers and the layers below raise."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
+def error_answer(request: web.Request, exc: Exception) -> web.Response:
+    """The answer to what a handler (or the framework, or a layer below) raised: errors become
+    statuses here, and only here; every one answers `{"error": ...}`. What is not an error to
+    answer (a redirect, a client gone away) is raised again."""
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "WWW-Authenticate")}
         message = (
             exc.reason if exc.text is None or exc.text.startswith(f"{exc.status}:") else exc.text
@@ -84,27 +82,46 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if exc.status == 413:
             message = f"request body too large (limit {MAX_BODY_BYTES} bytes)"
         return error(exc.status, message, **headers)
-    except (BadRequest, UnknownCLI, InputError) as exc:
+    if isinstance(exc, BadRequest | UnknownCLI | InputError):
         return error(400, str(exc))
-    except HookRefused as exc:
+    if isinstance(exc, HookRefused):
         return error(403, str(exc))
-    except (ResleeveBusy, NotRunning, StateMismatch, DeliveryError) as exc:
+    if isinstance(exc, ResleeveBusy | NotRunning | StateMismatch | DeliveryError):
         return error(409, str(exc))
-    except mailbox.UnsafePathError as exc:
+    if isinstance(exc, mailbox.UnsafePathError):
         # The workspace is set up so that writing would leave it: a state problem, not the
         # client's fault and not transient either.
         return error(409, str(exc))
-    except mailbox.MailboxFullError as exc:
+    if isinstance(exc, mailbox.MailboxFullError):
         return error(507, f"{exc}; ack messages to make room")
-    except (asyncio.CancelledError, ConnectionError, ClientConnectionResetError):
-        raise  # the client went away: nobody to answer
-    except OSError as exc:  # a file the route needs (a message file): the disk, permissions
+    if isinstance(exc, ConnectionError | ClientConnectionResetError):
+        raise exc  # the client went away: nobody to answer
+    if isinstance(exc, OSError):  # a file the route needs (a message file): disk, permissions
         log.warning("%s %s: file I/O failed: %s", request.method, request.path, exc)
         status = 507 if exc.errno == errno.ENOSPC else 500
         return error(status, f"file I/O failed: {exc.strerror}")
-    except Exception:  # a bug: logged with its traceback, answered as JSON like every error
-        log.exception("%s %s failed", request.method, request.path)
-        return error(500, "internal error (the sidecar's log has the details)")
+    # A bug: logged with its traceback, answered as JSON like every error.
+    log.error("%s %s failed", request.method, request.path, exc_info=exc)
+    return error(500, "internal error (the sidecar's log has the details)")
+
+
+def make_answers(requests: RequestCounter | None = None) -> typedefs.Middleware:
+    """The outermost middleware: every answer leaves through it. Errors become statuses
+    (`error_answer`) and each answer is counted for /metrics. (Counting here, not in an
+    `on_response_prepare` hook: any receiver on that signal cost ~7 us per request here,
+    a fifth of a whole hello-world request.)"""
+
+    @web.middleware
+    async def answers(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except Exception as exc:
+            response = error_answer(request, exc)
+        if requests is not None:
+            requests.count(request, response)
+        return response
+
+    return answers
 
 
 # ---- routes ----------------------------------------------------------------------------------
@@ -358,14 +375,7 @@ def create_app(sup: Supervisor) -> web.Application:
         view_token=cfg.view_token,
         public=public,
     )
-    app.middlewares.extend([json_errors, guard])
-
-    async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
-        # When an answer's headers go out: every answer, errors and streams included.
-        set_token_cookie(request, response)
-        requests.count(request, response)
-
-    app.on_response_prepare.append(on_prepare)
+    app.middlewares.extend([make_answers(requests), guard])
     spec = document(operations, cli_names=sup.registry, secured=bool(cfg.token or cfg.view_token))
     app[OPENAPI] = json.dumps(spec).encode()
     return app

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable, Collection
-from http.cookies import SimpleCookie
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -131,24 +130,23 @@ def make_guard(
         if role == "viewer" and request.method not in ("GET", "HEAD"):
             return error(403, "the view token is read-only")
         request["role"] = role
-        if "token" in request.query and used is not None:
-            # A browser passes ?token= once; the cookie carries it from then on. Set when the
-            # answer's headers go out (`set_token_cookie`), streamed answers included.
-            request[NEW_COOKIE] = used
-        return await handler(request)
+        if "token" not in request.query or used is None:
+            return await handler(request)
+        # A browser passes ?token= once; the cookie carries it from then on. An answer the
+        # handler streams (prepared itself) gets it from the handler (`set_token_cookie`).
+        request[NEW_COOKIE] = used
+        response = await handler(request)
+        if not response.prepared:
+            set_token_cookie(request, response)
+        return response
 
     return guard
 
 
 def set_token_cookie(request: web.Request, response: web.StreamResponse) -> None:
-    """Call from an `on_response_prepare` hook: the cookie for a `?token=` request."""
+    """The cookie for a `?token=` request, on an answer not yet sent; a handler that streams
+    its answer calls this before `prepare` (ttyd's page: a browser lands there with ?token=,
+    and the page's WebSocket then needs the cookie)."""
     token = request.get(NEW_COOKIE)
     if token is not None:
-        # This hook runs after aiohttp rendered the response's cookies: add the header itself.
-        cookie: SimpleCookie = SimpleCookie()
-        cookie[COOKIE] = token
-        morsel = cookie[COOKIE]
-        morsel["httponly"] = True
-        morsel["samesite"] = "Strict"
-        morsel["path"] = "/"
-        response.headers.add("Set-Cookie", morsel.OutputString())
+        response.set_cookie(COOKIE, token, httponly=True, samesite="Strict", path="/")

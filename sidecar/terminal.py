@@ -29,6 +29,7 @@ import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from sidecar import httpio
+from sidecar.guard import set_token_cookie
 from sidecar.openapi import HTML, Media, Operation
 from sidecar.shapes import TerminalToken
 from sidecar.supervisor import Supervisor
@@ -208,6 +209,7 @@ async def page(request: web.Request, sup: Supervisor) -> web.StreamResponse:
             for key, value in upstream.headers.items():
                 if key.lower() not in HOP_HEADERS:
                     response.headers[key] = value
+            set_token_cookie(request, response)  # a browser may land here with ?token=
             await response.prepare(request)
             async for chunk in upstream.content.iter_chunked(1 << 16):
                 await response.write(chunk)

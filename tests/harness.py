@@ -115,11 +115,11 @@ def message_app(workspace: Path) -> Any:
     error middleware, on `workspace`."""
     from aiohttp import web
 
-    from sidecar.api import json_errors
+    from sidecar.api import make_answers
     from sidecar.api_messages import message_operations
     from sidecar.contract import MAX_BODY_BYTES
 
-    app = web.Application(middlewares=[json_errors], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(middlewares=[make_answers()], client_max_size=MAX_BODY_BYTES)
     for op in message_operations(app, workspace):
         app.router.add_route(op.method, op.path, op.handler)
     return app
