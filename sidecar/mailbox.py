@@ -110,15 +110,12 @@ class Mailbox:
         self.workspace = workspace
         self.owner = owner
         self.filename = f"{name}.md"
+        self.path = workspace / NEEDLECAST_DIR / self.filename
         self.lockname = f".{name}.md.lock"
         self.max_bytes = max_bytes
         self.parse_count = 0  # how many times the file was really parsed (the cache's witness)
         self._cache: tuple[tuple[int, ...], ParseResult] | None = None
         self._index: _Index | None = None
-
-    @property
-    def path(self) -> Path:
-        return self.workspace / NEEDLECAST_DIR / self.filename
 
     def _open_dir(self, *, create: bool) -> int | None:
         """A descriptor of `.needlecast/` (None if missing and not `create`); every file operation

@@ -33,7 +33,7 @@ from sidecar.supervisor import Supervisor
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROC_STATES = tuple(s.value for s in ProcState)
 FD_COUNT_EVERY = 1.0  # seconds: listing /proc/self/fd costs ~35 us with 60 fds open
-Labels = Mapping[str, str]
+Labels = tuple[tuple[str, str], ...]
 
 
 class RequestCounter:
@@ -75,14 +75,21 @@ def _header(name: str, kind: str, doc: str) -> str:
     return f"# HELP {name} {doc}\n# TYPE {name} {kind}"
 
 
+@functools.lru_cache(maxsize=1024)  # bounded sets: states, routes, exit codes, CLI names
+def _series(name: str, labels: tuple[tuple[str, str], ...]) -> str:
+    """`name{label="value",...}`, escaped as the format wants."""
+    pairs = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels)
+    return f"{name}{{{pairs}}}"
+
+
 @functools.cache
 def _one_hot_lines(name: str, current: str, values: tuple[str, ...]) -> str:
-    return "\n".join(f'{name}{{state="{v}"}} {int(v == current)}' for v in values)
+    return "\n".join(f"{_series(name, (('state', v),))} {int(v == current)}" for v in values)
 
 
 class Exposition:
-    """Families in the order they are added, rendered to the text format. The lines that do not
-    change between scrapes (headers, the series of a state) are made once and reused."""
+    """Families in the order they are added, rendered to the text format. What does not change
+    between scrapes (headers, label sets, the series of a state) is made once and reused."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -90,16 +97,14 @@ class Exposition:
     def family(
         self, name: str, kind: str, doc: str, samples: Iterable[tuple[Labels, float]]
     ) -> None:
+        """A family with labelled samples (`Labels`: (name, value) pairs, in order)."""
         self.lines.append(_header(name, kind, doc))
-        for labels, value in samples:
-            if labels:
-                pairs = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels.items())
-                self.lines.append(f"{name}{{{pairs}}} {_number(value)}")
-            else:
-                self.lines.append(f"{name} {_number(value)}")
+        self.lines.extend(f"{_series(name, labels)} {_number(value)}" for labels, value in samples)
 
     def one(self, name: str, kind: str, doc: str, value: float) -> None:
-        self.family(name, kind, doc, [({}, value)])
+        """A family of one sample without labels."""
+        self.lines.append(_header(name, kind, doc))
+        self.lines.append(f"{name} {_number(value)}")
 
     def one_hot(self, name: str, doc: str, current: str, values: tuple[str, ...]) -> None:
         """A state as one gauge series per possible value, 1 for the current one."""
@@ -141,12 +146,21 @@ class _FdCount:
 _fd_count = _FdCount()
 
 
-def _statm() -> list[bytes]:
-    fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 256).split()
-    finally:
-        os.close(fd)
+class _Statm:
+    """/proc/self/statm, read with one `pread` on a descriptor kept open (the kernel makes the
+    text anew on every read from offset 0): an open, read and close per scrape cost more than
+    the rest of the process metrics together."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+
+    def __call__(self) -> list[bytes]:
+        if self.fd is None:
+            self.fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+        return os.pread(self.fd, 256, 0).split()
+
+
+_statm = _Statm()
 
 
 def process_metrics(out: Exposition, started: float) -> None:
@@ -207,11 +221,11 @@ class Metrics:
             "The sleeve and its CLI",
             [
                 (
-                    {
-                        "sleeve_id": sup.config.sleeve_name,
-                        "cli": sup.cli_name,
-                        "version": __version__,
-                    },
+                    (
+                        ("sleeve_id", sup.config.sleeve_name),
+                        ("cli", sup.cli_name),
+                        ("version", __version__),
+                    ),
                     1,
                 )
             ],
@@ -242,13 +256,13 @@ class Metrics:
             "sidecar_agent_state_seconds_total",
             "counter",
             "Seconds the agent has spent in each state since the supervisor started",
-            [({"state": name}, round(t, 3)) for name, t in agent.seconds_in_states().items()],
+            [((("state", name),), round(t, 3)) for name, t in agent.seconds_in_states().items()],
         )
         out.family(
             "sidecar_cli_exits_total",
             "counter",
             "CLI exits the sidecar did not cause, by exit code",
-            [({"code": code}, n) for code, n in sorted(stats.cli_exits.items())],
+            [((("code", code),), n) for code, n in sorted(stats.cli_exits.items())],
         )
         out.one(
             "sidecar_supervisor_restarts_total",
@@ -288,7 +302,7 @@ class Metrics:
             "counter",
             "HTTP requests answered, by route, method and status class",
             [
-                ({"route": route, "method": method, "code": code}, n)
+                ((("route", route), ("method", method), ("code", code)), n)
                 for (route, method, code), n in sorted(self.requests.by_label().items())
             ],
         )
