@@ -475,16 +475,19 @@ class Supervisor(Adopting):
     # ---- periodic ------------------------------------------------------------------------
 
     async def _tick(self) -> None:
+        socket = os.fspath(self.config.tmux_socket)
         while not self._stopping:
             await asyncio.sleep(TICK)
-            self.current.get()  # CURRENT.md edits become events within a second
-            self.awareness.tick()  # an inbox notice, if one is due
-            pane = self.pane
-            if pane is not None and not self.config.tmux_socket.exists():
-                log.warning(
-                    "tmux socket %s vanished; asking tmux to recreate it", self.config.tmux_socket
-                )
-                recreate_socket(pane.server_pid)
+            self._tick_once(socket)
+
+    def _tick_once(self, socket: str) -> None:
+        """The only periodic work: a few `stat` calls (it is most of an idle sleeve's CPU)."""
+        self.current.get()  # CURRENT.md edits become events within a second
+        self.awareness.tick()  # an inbox notice, if one is due
+        pane = self.pane
+        if pane is not None and not os.path.exists(socket):
+            log.warning("tmux socket %s vanished; asking tmux to recreate it", socket)
+            recreate_socket(pane.server_pid)
 
     # ---- shutdown ------------------------------------------------------------------------
 
