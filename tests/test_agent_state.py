@@ -57,7 +57,8 @@ def test_shell_goes_working_with_output_and_idle_when_quiet_then_exited(
     assert code == 202, body
     wait_agent(sc, "exited")
     events.wait(lambda e: e.get("state") == "exited", "the exited event")
-    events.wait_states(["idle", "working", "idle", "working", "exited"])
+    # (Typing `exit` may or may not show as `working` before the shell is gone: not asked.)
+    events.wait_states(["idle", "working", "idle", "exited"])
     assert sc.get("/health")[1]["agent"] == "exited"
     # Nothing can be typed into a CLI that is not running.
     code, body = sc.post("/input", {"text": "hello"})
