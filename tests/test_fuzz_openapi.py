@@ -24,7 +24,7 @@ TOKEN = "fuzz-admin-token-0123456789"
 VIEW_TOKEN = "fuzz-view-token-0123456789"
 BUILTINS = ("claude-code", "gemini-cli", "opencode", "codex", "shell")
 # Bounded: a fixed number of cases per operation (no --max-time: that budget is spent in full).
-MAX_EXAMPLES = "100"
+MAX_EXAMPLES = "50"
 
 
 def harmless_registry(path: Path) -> Path:
