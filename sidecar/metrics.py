@@ -53,10 +53,17 @@ class RequestCounter:
     def by_label(self) -> Counter[tuple[str, str, str]]:
         """{(route, method, status class): count}."""
         out: Counter[tuple[str, str, str]] = Counter()
-        for (res, method, status), n in list(self.counts.items()):
-            route = res.canonical if res is not None else "unmatched"
-            out[(route, method, f"{status // 100}xx")] += n
+        for key, n in list(self.counts.items()):
+            out[_request_labels(*key)] += n
         return out
+
+
+@functools.lru_cache(maxsize=1024)  # bounded: the route table's resources, methods, statuses
+def _request_labels(
+    resource: AbstractResource | None, method: str, status: int
+) -> tuple[str, str, str]:
+    route = resource.canonical if resource is not None else "unmatched"
+    return route, method, f"{status // 100}xx"
 
 
 # ---- the text format ---------------------------------------------------------------------------
@@ -73,6 +80,11 @@ def _number(value: float) -> str:
 @functools.cache
 def _header(name: str, kind: str, doc: str) -> str:
     return f"# HELP {name} {doc}\n# TYPE {name} {kind}"
+
+
+@functools.cache
+def _one_prefix(name: str, kind: str, doc: str) -> str:
+    return f"{_header(name, kind, doc)}\n{name} "
 
 
 @functools.lru_cache(maxsize=1024)  # bounded sets: states, routes, exit codes, CLI names
@@ -103,8 +115,7 @@ class Exposition:
 
     def one(self, name: str, kind: str, doc: str, value: float) -> None:
         """A family of one sample without labels."""
-        self.lines.append(_header(name, kind, doc))
-        self.lines.append(f"{name} {_number(value)}")
+        self.lines.append(_one_prefix(name, kind, doc) + _number(value))
 
     def one_hot(self, name: str, doc: str, current: str, values: tuple[str, ...]) -> None:
         """A state as one gauge series per possible value, 1 for the current one."""
