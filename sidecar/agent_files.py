@@ -9,13 +9,13 @@ supervisor's own state file as they are: one typed record, read and written in o
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+
+from sidecar import privs
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +57,7 @@ class AgentFiles:
         if new == self.record:
             return
         self.record = new
-        tmp = self.path.with_name(f".{FILE}.tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(msgspec.json.encode(new))
-            os.replace(tmp, self.path)
+            privs.write_new(self.path, msgspec.json.encode(new), 0o600)
         except OSError as exc:
             log.warning("cannot write %s: %s", self.path, exc)
-            with contextlib.suppress(OSError):
-                tmp.unlink()

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
 
+from sidecar import privs
 from sidecar.proc import start_time
 
 STATE_FILE = "supervisor.json"
@@ -124,16 +124,7 @@ def load(path: Path) -> tuple[SupervisorState | None, str]:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace `path` with `data` (0600): a reader sees the old file or the new, never a part."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # a leftover temp file keeps its mode through O_CREAT
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    privs.write_new(path, data, 0o600)
 
 
 def remove(path: Path) -> None:
