@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import dataclasses
 import errno
 import os
 import secrets
@@ -145,15 +146,7 @@ def read_current(
             text = data.decode("utf-8", errors="replace")
             warnings.append(f"{path} is not valid UTF-8 (byte {exc.start}); decoded with U+FFFD")
     state = parse_current(text)
-    return CurrentState(
-        status=state.status,
-        task=state.task,
-        progress_total=state.progress_total,
-        progress_completed=state.progress_completed,
-        blockers=state.blockers,
-        next_steps=state.next_steps,
-        warnings=(*warnings, *state.warnings),
-    )
+    return dataclasses.replace(state, warnings=(*warnings, *state.warnings))
 
 
 # ---------------------------------------------------------------------------------------------
