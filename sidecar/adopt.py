@@ -28,7 +28,7 @@ from sidecar.tmux import PaneInfo, Tmux, fatal_pane_argv, recreate_socket
 if TYPE_CHECKING:
     from sidecar.clis import CLIDef
     from sidecar.config import Config
-    from sidecar.ttyd import TtydRunner
+    from sidecar.ttyd_runner import TtydRunner
 
 log = logging.getLogger(__name__)
 

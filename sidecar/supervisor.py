@@ -41,7 +41,7 @@ from sidecar.tmux import (
     fatal_pane_argv,
     recreate_socket,
 )
-from sidecar.ttyd import TtydRunner, stop_stale
+from sidecar.ttyd_runner import TtydRunner, stop_stale
 from sidecar.watch import CurrentWatcher
 
 log = logging.getLogger(__name__)
