@@ -211,17 +211,26 @@ class Metrics:
         self.mailboxes = {"inbox": inbox, "outbox": outbox}
         ticks = start_time(os.getpid())  # seconds after boot, as the kernel counts them
         self.started = _boot_time() + ticks if ticks is not None else time.time()
+        self._depths: dict[str, int | None] = dict.fromkeys(self.mailboxes)
+        self._reading: set[str] = set()
 
     async def depths(self) -> dict[str, int | None]:
         """Messages per mailbox: from the last parse when the file is unchanged (a stat), else
-        read in a worker thread like every message route (it takes the file lock)."""
-        out: dict[str, int | None] = {}
+        read in a worker thread like every message route (it takes the file lock) — one read
+        per mailbox at a time: scrapes that come while one runs take the last count (a file
+        that keeps changing must not cost a parse per scrape, nor a parse's memory per
+        scrape in flight)."""
         for name, box in self.mailboxes.items():
             peeked = box.peek()
-            out[name] = (
-                len(peeked.messages) if peeked is not None else await asyncio.to_thread(_depth, box)
-            )
-        return out
+            if peeked is not None:
+                self._depths[name] = len(peeked.messages)
+            elif name not in self._reading:
+                self._reading.add(name)
+                try:
+                    self._depths[name] = await asyncio.to_thread(_depth, box)
+                finally:
+                    self._reading.discard(name)
+        return dict(self._depths)
 
     def exposition(self, depths: Mapping[str, int | None]) -> Exposition:
         sup, stats = self.sup, self.sup.stats
