@@ -55,12 +55,16 @@ class _Listing:
 
     `Mailbox.read()` hands back the same ParseResult while the file is unchanged; encoding it
     anew for every GET was most of the route's cost (1,000 messages are ~300 KB of JSON), and
-    every request in flight held its own copy. Runs in a worker thread with the read.
+    every request in flight held its own copy. An unchanged file (`Mailbox.peek`: one `stat`)
+    is answered from the event loop; otherwise the read runs in a worker thread, one at a time
+    (each still reads the file as it is when its turn comes, so a GET after a write sees it),
+    so that a file that keeps changing never costs a parse's memory per request in flight.
     """
 
     def __init__(self, mailbox: Mailbox) -> None:
         self.mailbox = mailbox
         self._last: tuple[ParseResult, bytes] | None = None
+        self._reading = asyncio.Lock()
 
     def body(self) -> bytes:
         result = self.mailbox.read()
@@ -78,7 +82,11 @@ class _Listing:
         return encoded
 
     async def handle(self, request: web.Request) -> web.Response:
-        return httpio.raw_answer(await asyncio.to_thread(self.body))
+        last, peeked = self._last, self.mailbox.peek()
+        if last is not None and peeked is last[0]:
+            return httpio.raw_answer(last[1])
+        async with self._reading:
+            return httpio.raw_answer(await asyncio.to_thread(self.body))
 
 
 async def _ack_outbox(request: web.Request) -> web.Response:

@@ -108,9 +108,11 @@ def make_guard(
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        refusal = _browser_refusal(request, allowed_origins, have_token)
-        if refusal is not None:
-            return error(403, refusal)
+        headers = request.headers
+        if "Origin" in headers or "Sec-Fetch-Site" in headers:  # a browser (else: nothing to check)
+            refusal = _browser_refusal(request, allowed_origins, have_token)
+            if refusal is not None:
+                return error(403, refusal)
         if not tokens or request.match_info.route.resource in public:
             request["role"] = "admin" if not tokens else "public"
             return await handler(request)
