@@ -38,6 +38,12 @@ def prompt_cli(tmp: Path, **extra: Any) -> tuple[Path, Path]:
     return config, log
 
 
+def quick_idle(config: Path) -> dict[str, str]:
+    """The registry, and the shortest quiet period that counts as idle (the default is 3 s):
+    for tests that only need the agent to settle before they type."""
+    return {"SIDECAR_CLI_CONFIG": str(config), "SIDECAR_ACTIVITY_QUIET": "0.5"}
+
+
 def test_shell_goes_working_with_output_and_idle_when_quiet_then_exited(
     make_sidecar: Callable[..., Sidecar],
 ) -> None:
@@ -92,7 +98,7 @@ def test_input_types_text_literally_and_named_keys(
 ) -> None:
     """Shell syntax, tmux separators and quotes arrive as typed; nothing is interpreted."""
     config, typed = prompt_cli(short_tmp)
-    sc = make_sidecar(cli="pcli", env_extra={"SIDECAR_CLI_CONFIG": str(config)}).start()
+    sc = make_sidecar(cli="pcli", env_extra=quick_idle(config)).start()
     wait_agent(sc, "idle")
     text = "a ; kill-server \\; $(touch pwned) `id` 'q' \"d\" ünï"
     assert sc.post("/input", {"text": text})[0] == 202
@@ -133,7 +139,7 @@ def test_bad_input_is_refused_and_nothing_is_typed(
     words: str,
 ) -> None:
     config, typed = prompt_cli(short_tmp)
-    sc = make_sidecar(cli="pcli", env_extra={"SIDECAR_CLI_CONFIG": str(config)}).start()
+    sc = make_sidecar(cli="pcli", env_extra=quick_idle(config)).start()
     wait_agent(sc, "idle")
     code, answer = sc.post("/input", body)
     assert code == status, answer
@@ -235,9 +241,7 @@ def test_sidecar_input_keys_and_wait_commands(
     make_sidecar: Callable[..., Sidecar], short_tmp: Path
 ) -> None:
     config, typed = prompt_cli(short_tmp)
-    sc = make_sidecar(
-        cli="pcli", env_extra={"SIDECAR_CLI_CONFIG": str(config), "SIDECAR_TOKEN": TOKEN}
-    ).start()
+    sc = make_sidecar(cli="pcli", env_extra={**quick_idle(config), "SIDECAR_TOKEN": TOKEN}).start()
     env = {
         "PATH": os.environ["PATH"],
         "PYTHONPATH": str(REPO),
