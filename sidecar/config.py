@@ -118,6 +118,20 @@ class Config:
                 raise ConfigError(msg)
             return value
 
+        def seconds(name: str, default: float, low: float, high: float = 3600) -> float:
+            raw = text(name)
+            if raw is None:
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                msg = f"{name} must be a number of seconds, got {raw!r}"
+                raise ConfigError(msg) from None
+            if not math.isfinite(value) or not low <= value <= high:
+                msg = f"{name} must be between {low:g} and {high:g} seconds, got {raw!r}"
+                raise ConfigError(msg)
+            return value
+
         name = text("SLEEVE_NAME", required=True)
         cli = text("SLEEVE_CLI", required=True)
         assert name is not None
@@ -160,20 +174,7 @@ class Config:
             msg = f"SIDECAR_INBOX_NOTIFY must be idle or off; got {notify_raw!r}"
             raise ConfigError(msg) from None
 
-        quiet_raw = text("SIDECAR_ACTIVITY_QUIET")
-        quiet = 3.0
-        if quiet_raw is not None:
-            try:
-                quiet = float(quiet_raw)
-            except ValueError:
-                msg = f"SIDECAR_ACTIVITY_QUIET must be a number of seconds, got {quiet_raw!r}"
-                raise ConfigError(msg) from None
-            if not math.isfinite(quiet) or not 0.5 <= quiet <= 3600:
-                msg = (
-                    "SIDECAR_ACTIVITY_QUIET must be between 0.5 and 3600 seconds, "
-                    f"got {quiet_raw!r}"
-                )
-                raise ConfigError(msg)
+        quiet = seconds("SIDECAR_ACTIVITY_QUIET", 3.0, 0.5)
 
         cli_config = text("SIDECAR_CLI_CONFIG")
         port_value = port("SIDECAR_PORT", 8080)

@@ -84,6 +84,9 @@ def test_defaults_match_the_contract() -> None:
         ({**BASE, "SIDECAR_STOP_GRACE": "soon"}, "SIDECAR_STOP_GRACE"),
         ({**BASE, "SIDECAR_STOP_GRACE": "-1"}, "SIDECAR_STOP_GRACE"),
         ({**BASE, "SIDECAR_STOP_GRACE": "nan"}, "SIDECAR_STOP_GRACE"),
+        ({**BASE, "SIDECAR_ACTIVITY_QUIET": "fast"}, "SIDECAR_ACTIVITY_QUIET"),
+        ({**BASE, "SIDECAR_ACTIVITY_QUIET": "0.1"}, "SIDECAR_ACTIVITY_QUIET"),
+        ({**BASE, "SIDECAR_ACTIVITY_QUIET": "inf"}, "SIDECAR_ACTIVITY_QUIET"),
         ({**BASE, "SIDECAR_TOKEN": "same", "SIDECAR_VIEW_TOKEN": "same"}, "SIDECAR_VIEW_TOKEN"),
     ],
 )
@@ -98,6 +101,8 @@ def test_bad_values_name_the_variable(env: dict[str, str], variable: str) -> Non
         ({"SLEEVE_CLI": "shell"}, "SLEEVE_NAME is required"),
         ({"SLEEVE_NAME": "a", "SLEEVE_CLI": ""}, "SLEEVE_CLI is required"),
         ({**BASE, "SIDECAR_PORT": "eighty"}, "SIDECAR_PORT must be an integer"),
+        ({**BASE, "SIDECAR_STOP_GRACE": "4000"}, "between 0 and 3600 seconds"),
+        ({**BASE, "SIDECAR_ACTIVITY_QUIET": "0.2"}, "between 0.5 and 3600 seconds"),
         ({**BASE, "SIDECAR_ALLOWED_ORIGINS": "evil.example"}, "SIDECAR_ALLOWED_ORIGINS"),
         ({**BASE, "SIDECAR_STATE_DIR": "/proc/sidecar-state"}, "SIDECAR_STATE_DIR"),
         ({**BASE, "SIDECAR_STATE_DIR": "/tmp/" + "d" * 120}, "SIDECAR_STATE_DIR: /tmp/ddd"),
