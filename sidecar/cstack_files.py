@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import errno
 import os
-import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -160,28 +159,14 @@ def _identity(st: os.stat_result | None) -> tuple[int, int, int, int] | None:
 def _atomic_write(
     target: Path, data: bytes, like: os.stat_result | None, owner: privs.Owner | None
 ) -> None:
-    tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp"
-    # O_EXCL + a random name: never follow or clobber something planted at the temp path.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, 0o666)
-    try:
-        try:
-            if like is not None:
-                # A rewrite keeps the file's mode and owner (the CLI's user's, say).
-                privs.keep_owner(fd, like)
-            else:
-                privs.claim(owner, fd)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with privs.replacing(target, 0o666) as fd:
+        if like is not None:
+            # A rewrite keeps the file's mode and owner (the CLI's user's, say).
+            privs.keep_owner(fd, like)
+        else:
+            privs.claim(owner, fd)
+        privs.write_all(fd, data)
+        os.fsync(fd)
     # The rename is durable only once the directory entry is; some filesystems refuse, fine.
     with contextlib.suppress(OSError):
         dfd = os.open(target.parent, os.O_RDONLY)

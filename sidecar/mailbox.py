@@ -61,12 +61,6 @@ class RemoveResult:
     unknown: tuple[str, ...]  # asked-for ids that were not there
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 class _Index(NamedTuple):
     """Where each message of a window of file bytes sits, keyed by the window's SHA-256: lets a
     removal right after a read (or another removal) skip parsing. Keyed by content, not by
@@ -288,7 +282,7 @@ class Mailbox:
                     data = blank_line_after(os.pread(fd, 3, max(0, st.st_size - 3))) + data
                     end = st.st_size + len(data)
                     os.pwrite(lock_fd, f"append {st.st_ino} {st.st_size} {end}\n".encode(), 0)
-                    _write_all(fd, data)
+                    privs.write_all(fd, data)
                     os.fsync(fd)
                     if st.st_size == 0:
                         os.fsync(dfd)  # the file may be new: make its name durable too
@@ -371,14 +365,14 @@ class Mailbox:
             try:
                 # The new file keeps the old one's mode and owner (not the sidecar's 0600).
                 privs.keep_owner(out, os.fstat(src))
-                _write_all(out, head)
+                privs.write_all(out, head)
                 offset = end = tail_from
                 while True:  # the tail past the read limit, copied in bounded chunks
                     while offset < end:
                         chunk = os.pread(src, min(1 << 20, end - offset), offset)
                         if not chunk:
                             break
-                        _write_all(out, chunk)
+                        privs.write_all(out, chunk)
                         offset += len(chunk)
                     # Until it stops growing: a writer that ignores the lock (`cat >> outbox.md`)
                     # may have appended since we read, and its message must not vanish with the

@@ -378,17 +378,22 @@ def read_regular(path: Path, limit: int = MAX_SMALL_FILE) -> bytes | None:
         os.close(fd)
 
 
-def write_new(path: Path, data: bytes, mode: int) -> None:
-    """Replace `path` with a new file of `mode`: written to a random name made with O_EXCL and
-    renamed over it, so a name planted there (a symlink, a FIFO) is replaced, never followed."""
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+@contextlib.contextmanager
+def replacing(path: Path, mode: int) -> Iterator[int]:
+    """A new file's fd for the caller to fill; renamed over `path` when the block ends, removed
+    if it raises. Made at a random name with O_EXCL, so a name planted there (a symlink, a
+    FIFO) is replaced, never followed."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         try:
-            os.fchmod(fd, mode)  # the umask must not take bits the reader needs
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            yield fd
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -396,6 +401,13 @@ def write_new(path: Path, data: bytes, mode: int) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_new(path: Path, data: bytes, mode: int) -> None:
+    """Replace `path` with a new file of `mode` holding `data` (see :func:`replacing`)."""
+    with replacing(path, mode) as fd:
+        os.fchmod(fd, mode)  # the umask must not take bits the reader needs
+        write_all(fd, data)
 
 
 def group_name(gid: int) -> str:
