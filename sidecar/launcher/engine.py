@@ -43,25 +43,16 @@ def _answered(
 ) -> subprocess.CompletedProcess[str]:
     """Run a docker `argv`; one that does not answer in `timeout` s is a LauncherError."""
     try:
-        if stdin is not None:
-            done = subprocess.run(
-                argv,
-                input=stdin,
-                capture_output=True,
-                check=False,
-                timeout=timeout,
-                env=None if env is None else dict(env),
-            )
-            text = (done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace"))
-            return subprocess.CompletedProcess(argv, done.returncode, *text)
-        return subprocess.run(
+        done = subprocess.run(
             argv,
+            input=stdin,
             capture_output=True,
-            text=True,
             check=False,
             timeout=timeout,
             env=None if env is None else dict(env),
         )
+        text = (done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace"))
+        return subprocess.CompletedProcess(argv, done.returncode, *text)
     except subprocess.TimeoutExpired as exc:
         what = " ".join(argv[1:3] if argv[1] == "image" else argv[1:2])
         msg = f"runtime docker: `docker {what}` did not answer in {timeout:g} s{hint}"
