@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,6 +86,30 @@ def http(
         return status, json.loads(payload)
     except ValueError:
         return status, payload
+
+
+def run_until_exit(
+    argv: list[str], env: dict[str, str], timeout: float = 30, **popen: Any
+) -> subprocess.CompletedProcess[str]:
+    """Run a sidecar (or anything) that must exit by itself, in its own session: one that
+    wrongly keeps running fails the test and is stopped with SIGTERM, which init forwards to
+    everything it started (the supervisor's group, tmux, ttyd)."""
+    with subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **popen,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            out, err = proc.communicate(timeout=15)
+            pytest.fail(f"{argv[-1]} did not exit by itself: {err[-2000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def write_cli_config(path: Path, clis: dict[str, dict[str, Any]]) -> Path:

@@ -4,7 +4,6 @@ parsers are tested directly, the exit behaviour through a real `sidecar run` pro
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 
 from sidecar.clis import load_registry
 from sidecar.config import Config, ConfigError, RestartPolicy
-from tests.harness import REPO, Sidecar, free_port, wait_for
+from tests.harness import REPO, Sidecar, free_port, run_until_exit, wait_for
 
 BASE = {"SLEEVE_NAME": "alice", "SLEEVE_CLI": "shell"}
 
@@ -35,23 +34,7 @@ def run_sidecar(env: dict[str, str], tmp: Path) -> subprocess.CompletedProcess[s
         "SIDECAR_HOST": "127.0.0.1",
         **env,
     }
-    # Its own session: a sidecar that wrongly keeps running is ended with everything it
-    # started (the supervisor's group, tmux, ttyd), not just init.
-    with subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "run"],
-        env=full,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    ) as proc:
-        try:
-            out, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)  # init forwards it: a clean stop
-            out, err = proc.communicate(timeout=15)
-            pytest.fail(f"sidecar did not exit by itself: {err[-2000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_until_exit([sys.executable, "-m", "sidecar", "run"], full)
 
 
 def test_defaults_match_the_contract() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import pytest
 from sidecar import privs, statedir, tokens
 from sidecar.config import Config, ConfigError
 from sidecar.tmux import WAITER_SCRIPT, env_file_text
-from tests.harness import REPO
+from tests.harness import REPO, run_until_exit
 from tests.tools import missing
 
 BASE = {"SLEEVE_NAME": "alice", "SLEEVE_CLI": "shell"}
@@ -40,22 +39,7 @@ def run_sidecar(
         **env,
     }
     python = popen.pop("python", sys.executable)
-    with subprocess.Popen(
-        [*argv_prefix, str(python), "-m", "sidecar", "run"],
-        env=full,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        **popen,  # type: ignore[call-overload]
-    ) as proc:
-        try:
-            out, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate(timeout=10)
-            pytest.fail(f"sidecar did not exit by itself: {err[-2000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_until_exit([*argv_prefix, str(python), "-m", "sidecar", "run"], full, 20, **popen)
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
