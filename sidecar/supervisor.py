@@ -1,10 +1,10 @@
-"""Owns the processes: the tmux session with the AI CLI in it, and ttyd attached to it.
+"""Owns the sleeve's processes: the CLI in its tmux pane (`sidecar.cli_runner`) and ttyd
+beside it (`sidecar.ttyd_runner`), composed with the state file that lets a supervisor started
+again after a crash adopt what runs (`sidecar.persist`, `sidecar.adopt`), the resleeve, the
+once-a-second tick and the shutdown order.
 
-Start and stop order, the restart policy with backoff, self-healing when tmux dies, and the
-soft resleeve (stop the CLI's whole tree, start the next CLI in the same pane). Process exits
-are noticed through pidfds on the event loop, never by polling tmux. Every change of state is
-saved to a file (`sidecar.persist`), so that a supervisor started again after a crash adopts
-the running session and CLI (`take_over`) instead of starting them anew.
+Process exits are noticed through pidfds on the event loop, never by polling tmux. Every change
+of state is saved when it happens, never on a timer.
 """
 
 from __future__ import annotations
@@ -13,34 +13,24 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
-import psutil
-
-from sidecar import cstack_files, persist, privs
-from sidecar.adopt import Adopting
+from sidecar import adopt, cstack_files, persist, privs
+from sidecar.adopt import Plan
 from sidecar.awareness import Awareness
-from sidecar.clis import CLIDef, claude_has_history
-from sidecar.config import Config, RestartPolicy
+from sidecar.cli_runner import CliRunner
+from sidecar.clis import CLIDef
+from sidecar.config import Config
 from sidecar.contract import utc_now
 from sidecar.events import EventBus
-from sidecar.persist import ProcRef
+from sidecar.persist import ProcRef, SupervisorState
 from sidecar.proc import start_time
 from sidecar.proctree import stop_tree, wait_exited
-from sidecar.shapes import CliExit, ErrorEvent, Resleeve
-from sidecar.states import BACKOFF_RESET_AFTER, ProcState, ProcStatus, backoff_delay
+from sidecar.shapes import ErrorEvent, Resleeve
+from sidecar.states import ProcState, ProcStatus
 from sidecar.stats import SupervisorStats
-from sidecar.tmux import (
-    SESSION,
-    PaneInfo,
-    Tmux,
-    TmuxError,
-    fatal_pane_argv,
-    recreate_socket,
-)
+from sidecar.tmux import SESSION, PaneInfo, Tmux
 from sidecar.ttyd_runner import TtydRunner, stop_stale
 from sidecar.watch import CurrentWatcher
 
@@ -58,7 +48,7 @@ class UnknownCLI(Exception):
     """The requested CLI is not in the registry."""
 
 
-class Supervisor(Adopting):
+class Supervisor:
     def __init__(
         self,
         config: Config,
@@ -71,11 +61,10 @@ class Supervisor(Adopting):
         self.config = config
         self.registry = dict(registry)
         self.bus = bus
-        self.cli_name = config.cli
         # With SIDECAR_USER: the CLI's environment (its HOME), and how the sidecar acts in the
         # workspace (as that user; see sidecar.privs). Without it: the sidecar's own.
-        self.cli_env = privs.user_env(config.child_env, config.user, config.cli_home)
-        user_env = self.cli_env if config.user is not None else None
+        cli_env = privs.user_env(config.child_env, config.user, config.cli_home)
+        user_env = cli_env if config.user is not None else None
         self.owner = privs.workspace_owner(config.user, config.workspace, os.geteuid())
         self.ttyd = TtydRunner(
             port=config.ttyd_port,
@@ -110,42 +99,46 @@ class Supervisor(Adopting):
         )
         # What the agent is doing (sidecar.agent): told of every change of the CLI's state.
         self.awareness = Awareness(config, bus, self.tmux)
-        self.cli = ProcStatus()
-        self.pane: PaneInfo | None = None
-        self._pane_started: float | None = None  # the pane process's start time (pid reuse)
         self.resleeving = False
         self._resleeve_move: tuple[str, str] | None = None  # (from, to) while one is under way
         self._stopping = False
-        self._gen = 0  # bumped on every CLI launch; stale exit notices compare against it
-        self._backoff_n = 0
-        self._restart_due: float | None = None  # time.monotonic() of the backoff's restart
-        # What the state file says besides the above (see `SupervisorState`).
-        self.state_file = config.state_dir / persist.STATE_FILE
-        self._init = ProcRef.of(os.getppid())
-        self._saved = b""
-        self._argv: tuple[str, ...] = ()
-        self._resume = False
-        self._pane_command = ""
-        self._server: ProcRef | None = None
-        self._cli_ref: ProcRef | None = None
-        # A pane process a dead supervisor recorded, whose tmux server is gone: its CLI may
-        # live on (one that ignores SIGHUP), and shutdown stops it.
-        self._orphan: ProcRef | None = None
-        self._cli_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._backoff_task: asyncio.Task[None] | None = None
-        self._pidfds: dict[str, int] = {}
+        # What the state file says besides the CLI's and ttyd's own (see `SupervisorState`).
+        self.state_file = config.state_dir / persist.STATE_FILE
+        self._init = ProcRef.of(os.getppid())  # None: no more saves
+        self._saved = b""
+        self.runner = CliRunner(
+            config,
+            self.registry,
+            bus,
+            tmux=self.tmux,
+            awareness=self.awareness,
+            stats=self.stats,
+            env=cli_env,
+            owner=self.owner,
+            spawn=self._spawn,
+            save=self._save,
+        )
+
+    # ---- what the API reads ----------------------------------------------------------------
 
     @property
     def cli(self) -> ProcStatus:
-        return self._cli
+        return self.runner.status
 
-    @cli.setter
-    def cli(self, value: ProcStatus) -> None:
-        self._cli = value
-        self.awareness.process_changed(value.state, self.registry.get(self.cli_name))
+    @property
+    def cli_name(self) -> str:
+        return self.runner.name
 
-    # ---- helpers -------------------------------------------------------------------------
+    @property
+    def pane(self) -> PaneInfo | None:
+        return self.runner.server.pane
+
+    @property
+    def healthy(self) -> bool:
+        return self.cli.state is ProcState.RUNNING
+
+    # ---- tasks and the state file ----------------------------------------------------------
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=name)
@@ -162,57 +155,43 @@ class Supervisor(Adopting):
             if not self._stopping:
                 self.crashed.set()
 
-    def _watch_pid(self, key: str, pid: int, callback: Callable[[], object]) -> None:
-        """Call `callback()` on the loop when `pid` exits (pidfd readable)."""
-        loop = asyncio.get_running_loop()
-        self._unwatch(key)
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            loop.call_soon(callback)
+    def _save(self) -> None:
+        """Write the state file when something in it changed (never on a timer). A write that
+        fails costs only the adoption after a crash (the next supervisor starts afresh)."""
+        if self._init is None:
             return
-        self._pidfds[key] = fd
-
-        def fire() -> None:
-            self._unwatch(key)
-            callback()
-
-        loop.add_reader(fd, fire)
-
-    def _unwatch(self, key: str) -> None:
-        fd = self._pidfds.pop(key, None)
-        if fd is not None:
-            asyncio.get_running_loop().remove_reader(fd)
-            os.close(fd)
-
-    def _plan_launch(self, *, resume: bool) -> tuple[tuple[str, ...], dict[str, str], str | None]:
-        """argv and pane env of the current CLI, or the reason it cannot start."""
-        cli = self.registry.get(self.cli_name)
-        if cli is None:
-            known = ", ".join(sorted(self.registry))
-            fatal = (
-                f"unknown CLI {self.cli_name!r} (SLEEVE_CLI); known: {known}. "
-                'POST /resleeve {"cli": NAME} starts one'
-            )
-            return (), {}, fatal
-        argv = self._argv_for(cli, resume=resume)
-        env = dict(cli.env)
-        path = {**self.cli_env, **env}.get("PATH", os.defpath)
-        if privs.which(argv[0], path, self.owner) is None:
-            fatal = f"{argv[0]!r} not found on PATH ({path}); the {cli.name} CLI is not installed"
-            return argv, env, fatal
-        return argv, env, None
-
-    def _argv_for(self, cli: CLIDef, *, resume: bool) -> tuple[str, ...]:
-        env = self.cli_env
-        with privs.acting(self.owner):  # the history is the CLI user's, maybe private to it
-            history = claude_has_history(
-                self.config.workspace,
-                Path(env.get("HOME", "/root")),
-                Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else None,
-            )
-            argv = cli.argv(resume=resume, has_history=history)
-            return self.awareness.launch_argv(cli, argv, env, has_history=history)
+        run, cli = self.runner, self.cli
+        move = self._resleeve_move
+        record = SupervisorState(
+            init=self._init,
+            cli=run.name,
+            cli_state=cli.state.value,
+            argv=run.argv,
+            resume=run.resume,
+            pane_command=run.pane_command,
+            tmux=run.server.ref,
+            pane=run.server.pane_ref,
+            cli_pid=run.cli_ref,
+            exit_code=cli.exit_code,
+            reason=cli.reason,
+            started_at=cli.started_at,
+            backoff_n=run.backoff_n,
+            restart_due=run.restart_due,
+            resleeve_from=move[0] if move else None,
+            resleeve_to=move[1] if move else None,
+            stopping=self._stopping,
+            ttyd=self.ttyd.process,
+            warnings=tuple(self.warnings),
+        )
+        data = persist.encode(record)
+        if data == self._saved:
+            return
+        try:
+            persist.write_atomic(self.state_file, data)
+        except OSError as exc:
+            log.warning("state file %s not written: %s", self.state_file, exc)
+            return
+        self._saved = data
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -223,18 +202,41 @@ class Supervisor(Adopting):
         begun a shutdown. Then nothing new is started. The state dir exists already (0700):
         `main` makes it before anything starts, so that an unusable one is a configuration
         error."""
-        cfg = self.config
         for var in SECRET_VARS:
             # Children (tmux, the CLI, ttyd) must not inherit the API's tokens.
             os.environ.pop(var, None)
         record, found = persist.load(self.state_file)
         ours = record if record is not None and record.init == self._init else None
         if ours is not None and ours.ttyd is not None:
-            await stop_stale(ours.ttyd, cfg.tmux_socket)
+            await stop_stale(ours.ttyd, self.config.tmux_socket)
         if stop_at_once or (ours is not None and ours.stopping):
-            await self._take_over_to_stop(ours)
+            live = await adopt.find_pane(self.tmux, ours)
+            self.runner.stop_only(live, ours)
+            log.warning(
+                "supervisor restart %d: shutting down at once (found %s)",
+                self.restarts,
+                adopt.found_text(live),
+            )
             return True
-        with privs.acting(self.owner):  # made by, and checked for, the CLI's user
+        await self._prepare_workspace(ours)
+        self.current.get()
+        self.awareness.start()
+        # ttyd starts beside the CLI, not after it: it needs the tmux session only when a
+        # browser attaches, and /terminal must be usable as soon as /health says healthy.
+        self._spawn(self.ttyd.run(), "ttyd")
+        async with self.runner.lock:
+            if record is None and not self.restarts:
+                await self.runner.launch(resume=False, fresh_server=True)  # a first start
+            else:
+                await self._take_over(record, found)
+        self._spawn(self._tick(), "tick")
+        return False
+
+    async def _prepare_workspace(self, ours: SupervisorState | None) -> None:
+        """The workspace made by, and checked for, the CLI's user; SLEEVE_GOAL into CURRENT.md
+        at a first start; the warnings a dead supervisor had found."""
+        cfg = self.config
+        with privs.acting(self.owner):
             try:
                 cfg.workspace.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -253,161 +255,59 @@ class Supervisor(Adopting):
                 self.warnings.append(f"SLEEVE_GOAL not written to CURRENT.md: {exc.strerror}")
         if ours is not None:
             self.warnings += [w for w in ours.warnings if w not in self.warnings]
-        self.current.get()
-        self.awareness.start()
-        # ttyd starts beside the CLI, not after it: it needs the tmux session only when a
-        # browser attaches, and /terminal must be usable as soon as /health says healthy.
-        self._spawn(self.ttyd.run(), "ttyd")
-        async with self._cli_lock:
-            if record is None and not self.restarts:
-                await self._launch_cli(resume=False, fresh_server=True)  # a first start
-            else:
-                await self._take_over(record, found)
-        self._spawn(self._tick(), "tick")
-        return False
 
-    async def _launch_cli(self, *, resume: bool, fresh_server: bool) -> None:
-        """Start the current CLI in the pane (caller holds `_cli_lock`)."""
-        if self._stopping:
-            return
-        argv, env, fatal = self._plan_launch(resume=resume)
-        if fatal is not None:
-            # The session must exist for the terminal; its pane says what is wrong.
-            argv, env = fatal_pane_argv(fatal), {}
-        self._gen += 1
-        gen = self._gen
-        # -> STARTING, saved before tmux is asked: a supervisor taking over after a crash
-        # from here on tells by the pane's argv whether this launch happened.
-        self.cli = ProcStatus(ProcState.STARTING)
-        self._argv, self._resume = tuple(argv), resume
-        self._pane_command = persist.digest(self.tmux.pane_argv(argv, env))
-        self._cli_ref, self._restart_due = None, None
-        if fresh_server:
-            self._server = None
-        self._save()
-        try:
-            if fresh_server:
-                pane = await asyncio.to_thread(self.tmux.start, argv, self.config.workspace, env)
-            else:
-                pane = await asyncio.to_thread(self.tmux.respawn, argv, self.config.workspace, env)
-        except (TmuxError, OSError) as exc:
-            self.cli = ProcStatus(ProcState.FATAL, reason=f"tmux failed: {exc}")
-            log.error("cannot start the CLI in tmux: %s", exc)
-            self.bus.publish(ErrorEvent(message=self.cli.reason or "tmux failed"))
-            self._save()
-            return
-        if fresh_server:
-            self._take_pane(pane, None)
+    async def _take_over(self, record: SupervisorState | None, found: str) -> None:
+        """After a crash: adopt what the state file names if it matches what runs, else heal
+        or start afresh (caller holds the runner's lock): `adopt.decide`'s plan, carried out
+        by the runner's own methods. Logs one line: what was found, what was adopted or
+        started, and why."""
+        run = self.runner
+        live = await adopt.find_pane(self.tmux, record)
+        argvs = adopt.argvs_of(record, self.registry) if record is not None else set()
+        decision = adopt.decide(record, found, self._init, live, argvs)
+        plan = decision.plan
+        if plan is Plan.FRESH or record is None:
+            if live is not None:
+                # Not ours to adopt, but on our socket: stopped, never left running.
+                await stop_tree(live.pane_pid, start_time(live.pane_pid), self.config.stop_grace)
+            await run.launch(resume=False, fresh_server=True)
+        elif plan is Plan.ADOPT:
+            assert live is not None
+            await run.adopt(record, live)
         else:
-            self.pane, self._pane_started = pane, start_time(pane.pane_pid)
-        if fatal is not None:
-            # FATAL: the placeholder pane exits at once; nothing restarts it.
-            self.cli = ProcStatus(ProcState.FATAL, reason=fatal)
-            log.error("CLI %s cannot start: %s", self.cli_name, fatal)
-            self.bus.publish(ErrorEvent(message=fatal, cli=self.cli_name))
-            self._save()
-            return
-        # STARTING -> RUNNING: the pane's waiter has started the CLI.
-        pid = await self._cli_pid(pane.pane_pid)
-        self._cli_ref = ProcRef.of(pid)
-        self.cli = ProcStatus(ProcState.RUNNING, pid=pid, started_at=time.monotonic())
-        self._save()
-        log.info("CLI %s running as pid %s: %s", self.cli_name, pid, list(argv))
-        self._watch_pid(
-            "cli", pane.pane_pid, lambda: self._spawn(self._on_cli_exit(gen), "cli-exit")
-        )
-
-    async def _on_cli_exit(self, gen: int) -> None:
-        if gen != self._gen or self._stopping or self.cli.state is not ProcState.RUNNING:
-            return  # a resleeve, a heal or shutdown stopped it on purpose
-        code = await self._dead_status()
-        if gen != self._gen:
-            return
-        ran = time.monotonic() - (self.cli.started_at or time.monotonic())
-        # RUNNING -> EXITED: the CLI ended by itself.
-        self.cli = replace(self.cli, state=ProcState.EXITED, exit_code=code)
-        log.warning("CLI %s exited with %s after %.1fs", self.cli_name, code, ran)
-        self.stats.cli_exited(code)
-        self.bus.publish(CliExit(cli=self.cli_name, exit_code=code, pid=self.cli.pid))
-        self._cli_ref = None
-        self._save()
-        policy = self.config.restart
-        if policy is RestartPolicy.ALWAYS or (policy is RestartPolicy.ON_FAILURE and code != 0):
-            if ran >= BACKOFF_RESET_AFTER:
-                self._backoff_n = 0
-            self._backoff_n += 1
-            delay = backoff_delay(self._backoff_n)
-            # EXITED -> BACKOFF: wait, then start it again with its resume argv.
-            self.cli = replace(
-                self.cli, state=ProcState.BACKOFF, reason=f"restarting in {delay:g}s"
+            run.backoff_n = record.backoff_n
+            if plan is Plan.HEAL and record.pane is not None:
+                # A CLI that ignores SIGHUP outlives its tmux server.
+                await stop_tree(record.pane.pid, record.pane.start, self.config.stop_grace)
+            elif plan is Plan.RELAUNCH:
+                assert live is not None
+                run.take(live, record.pane)
+                await run.stop_pane_tree()
+            run.name = record.resleeve_to or record.cli
+            await run.launch(
+                resume=plan is Plan.HEAL or record.resume, fresh_server=plan is Plan.HEAL
             )
-            self._restart_due = time.monotonic() + delay
-            self._save()
-            self._backoff_task = self._spawn(self._restart_after(delay, gen), "backoff")
-
-    async def _cli_pid(self, waiter: int) -> int | None:
-        """The CLI's pid: the pane waiter's child (it forks at once; None if already gone)."""
-        deadline = time.monotonic() + 1.0
-        while True:
+        log.warning(
+            "supervisor restart %d: %s (%s; found %s): CLI %s %s, pid %s; ttyd restarted",
+            self.restarts,
+            "adopted" if plan is Plan.ADOPT else plan.value,
+            decision.why,
+            adopt.found_text(live),
+            run.name,
+            self.cli.state.value,
+            self.cli.pid,
+        )
+        if record is not None and plan is not Plan.FRESH and record.resleeve_to is not None:
+            # A resleeve the dead supervisor began is finished, never undone half way: the
+            # old CLI's stop is done again (and the new one started) unless it was over.
+            stop_first = plan is Plan.ADOPT and record.cli_state == ProcState.STOPPING.value
+            previous = record.resleeve_from or record.cli
+            log.warning("finishing the resleeve %s -> %s", previous, record.resleeve_to)
+            self.resleeving = True
             try:
-                children = psutil.Process(waiter).children()
-            except psutil.NoSuchProcess:
-                return None
-            if children or time.monotonic() > deadline:
-                return children[0].pid if children else None
-            await asyncio.sleep(0.005)
-
-    async def _dead_status(self) -> int | None:
-        """The CLI's exit code: its waiter wrote it before exiting. If the waiter itself was
-        killed, ask tmux (briefly: it records a status only when it has reaped the pane)."""
-        code = self.tmux.exit_status()
-        if code is not None:
-            return code
-        deadline = time.monotonic() + 0.5
-        while True:
-            try:
-                info = await asyncio.to_thread(self.tmux.pane_info)
-            except (TmuxError, OSError):
-                return None  # tmux itself is gone; its own watcher heals it
-            # tmux marks the pane dead when the pty closes, and records the status when it
-            # reaps the child: the two can come in either order.
-            if (info.dead and info.dead_status is not None) or time.monotonic() > deadline:
-                return info.dead_status
-            await asyncio.sleep(0.01)
-
-    async def _restart_after(self, delay: float, gen: int) -> None:
-        await asyncio.sleep(delay)
-        async with self._cli_lock:
-            if gen == self._gen and not self._stopping:
-                self.stats.cli_restarts += 1
-                await self._launch_cli(resume=True, fresh_server=False)
-
-    async def _on_tmux_exit(self, server_pid: int) -> None:
-        if self._stopping:
-            return
-        async with self._cli_lock:
-            if self._stopping or self.pane is None or self.pane.server_pid != server_pid:
-                return
-            log.error("tmux server %d died; recreating the session", server_pid)
-            self.bus.publish(ErrorEvent(message="tmux server died; session recreated"))
-            # Its pane's CLI got SIGHUP, but one that ignores it lives on as an orphan.
-            await self._stop_pane_tree()
-            self._cancel_backoff()
-            self.stats.tmux_heals += 1
-            await self._launch_cli(resume=True, fresh_server=True)
-
-    def _cancel_backoff(self) -> None:
-        if self._backoff_task is not None:
-            self._backoff_task.cancel()
-            self._backoff_task = None
-
-    async def _stop_pane_tree(self) -> None:
-        """The CLI's whole tree: SIGTERM/SIGHUP, SIGKILL what is left after the grace."""
-        if self.pane is not None:
-            await stop_tree(self.pane.pane_pid, self._pane_started, self.config.stop_grace)
-        if self._orphan is not None:
-            await stop_tree(self._orphan.pid, self._orphan.start, self.config.stop_grace)
-            self._orphan = None
+                await self._resleeve_steps(previous, record.resleeve_to, stop_first=stop_first)
+            finally:
+                self.resleeving = False
 
     # ---- resleeve ------------------------------------------------------------------------
 
@@ -424,14 +324,10 @@ class Supervisor(Adopting):
         self.resleeving = True
         return name, self._spawn(self._resleeve(name), "resleeve")
 
-    async def resleeve(self, cli_name: str | None = None) -> None:
-        _, task = self.begin_resleeve(cli_name)
-        await task
-
     async def _resleeve(self, name: str) -> None:
         began = time.monotonic()
         try:
-            async with self._cli_lock:
+            async with self.runner.lock:
                 previous = self.cli_name
                 self.bus.publish(Resleeve(phase="started", previous=previous, cli=name))
                 await self._resleeve_steps(previous, name, stop_first=True)
@@ -439,31 +335,13 @@ class Supervisor(Adopting):
         finally:
             self.resleeving = False
 
-    async def _finish_resleeve(self, previous: str, name: str, *, stop_first: bool) -> None:
-        """The rest of a resleeve a crashed supervisor began (caller holds `_cli_lock`)."""
-        self.resleeving = True
-        try:
-            await self._resleeve_steps(previous, name, stop_first=stop_first)
-        finally:
-            self.resleeving = False
-
     async def _resleeve_steps(self, previous: str, name: str, *, stop_first: bool) -> None:
-        """Stop the CLI's tree, start `name` with its resume argv (caller holds `_cli_lock`).
-        Each step is saved before it is taken, so that a supervisor that crashes half way
-        leaves a state file from which the next one finishes the resleeve."""
+        """Stop the CLI's tree, start `name` (caller holds the runner's lock). The move is
+        saved before it is taken, so that a supervisor that crashes half way leaves a state
+        file from which the next one finishes the resleeve."""
         self._resleeve_move = (previous, name)
         if stop_first:
-            self._cancel_backoff()
-            # RUNNING/EXITED/BACKOFF -> STOPPING: exits from here on are ours.
-            self.cli = replace(self.cli, state=ProcState.STOPPING)
-            self._save()
-            self._unwatch("cli")
-            await self._stop_pane_tree()
-            self.cli_name = name
-            self._backoff_n = 0
-            # Another CLI starts with its command: its resume argv would look for a
-            # conversation of its own that this workspace never had.
-            await self._launch_cli(resume=name == previous, fresh_server=self.pane is None)
+            await self.runner.switch(name)
         self._resleeve_move = None
         self._save()
         self.bus.publish(
@@ -484,10 +362,10 @@ class Supervisor(Adopting):
         """The only periodic work: a few `stat` calls (it is most of an idle sleeve's CPU)."""
         self.current.get()  # CURRENT.md edits become events within a second
         self.awareness.tick()  # an inbox notice, if one is due
-        pane = self.pane
-        if pane is not None and not os.path.exists(socket):
+        server = self.runner.server
+        if server.pane is not None and not os.path.exists(socket):
             log.warning("tmux socket %s vanished; asking tmux to recreate it", socket)
-            recreate_socket(pane.server_pid)
+            server.recreate_socket()
 
     # ---- shutdown ------------------------------------------------------------------------
 
@@ -499,25 +377,23 @@ class Supervisor(Adopting):
         log.info("shutting down")
         # A supervisor that crashes from here on is started again only to finish this.
         self._save()
-        self._cancel_backoff()
-        self._unwatch("tmux")
+        run = self.runner
+        run.stopping = True
+        run.unwatch()
         # A resleeve or heal under way finishes its stop first and then starts nothing
-        # (`_launch_cli` checks `_stopping`); only then is the pane's tree stopped here.
-        async with self._cli_lock:
-            self._unwatch("cli")
-            if self.pane is not None or self._orphan is not None:
-                # -> STOPPING -> STOPPED
-                self.cli = replace(self.cli, state=ProcState.STOPPING)
-                await self._stop_pane_tree()
+        # (`launch` checks `stopping`); only then is the pane's tree stopped here.
+        async with run.lock:
+            await run.stop()
         await self.awareness.stop()
         await self.ttyd.stop()
         await asyncio.to_thread(self.tmux.kill_server)
-        if self.pane is not None:
+        if run.server.pane is not None:
             # kill-server returns once the tmux client is done; the server exits a moment later.
             # Wait for it, so that it never outlives us (as PID 1's last act, that would leave
             # it to the kernel's SIGKILL).
-            await wait_exited([self.pane.server_pid], 2.0)
-        self.cli = replace(self.cli, state=ProcState.STOPPED)
+            await wait_exited([run.server.pane.server_pid], 2.0)
+        self._init = None  # nothing is left to adopt: no more saves
+        run.stopped()
         try:
             await asyncio.to_thread(
                 cstack_files.write_status,
@@ -528,15 +404,9 @@ class Supervisor(Adopting):
             )
         except OSError as exc:
             log.warning("could not mark CURRENT.md killed: %s", exc)
-        # Nothing is left to adopt.
-        self._init = None  # no more saves
         persist.remove(self.state_file)
         for task in list(self._tasks):
             if task is not asyncio.current_task():
                 task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         log.info("stopped")
-
-    @property
-    def healthy(self) -> bool:
-        return self.cli.state is ProcState.RUNNING

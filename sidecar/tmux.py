@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -296,8 +294,3 @@ class Tmux:
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
 
-
-def recreate_socket(server_pid: int) -> None:
-    """tmux recreates its socket on SIGUSR1 (agents have been seen to `rm -rf` it)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(server_pid, signal.SIGUSR1)
