@@ -293,4 +293,3 @@ class Tmux:
         # A killed server leaves its socket file behind.
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
-

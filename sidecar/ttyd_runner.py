@@ -19,7 +19,13 @@ from sidecar.privs import User, spawn_credentials
 from sidecar.proc import parent_death_signal
 from sidecar.proctree import wait_exited
 from sidecar.shapes import ErrorEvent
-from sidecar.states import BACKOFF_RESET_AFTER, ProcState, ProcStatus, backoff_delay
+from sidecar.states import (
+    BACKOFF_RESET_AFTER,
+    ProcessState,
+    ProcState,
+    ProcStatus,
+    backoff_delay,
+)
 from sidecar.ttyd import Credential, TtydNotFound, Upstream, find_ttyd, port_free, ttyd_argv
 
 log = logging.getLogger(__name__)
@@ -81,6 +87,20 @@ async def stop_stale(ttyd: ProcRef, tmux_socket: Path) -> bool:
     return True
 
 
+_S = ProcState
+#: ttyd's legal moves: it has no EXITED of its own (an exit goes straight to BACKOFF) and is
+#: stopped from any state; FATAL: no binary to start.
+TTYD_MOVES: dict[ProcState, frozenset[ProcState]] = {
+    _S.STOPPED: frozenset({_S.STARTING, _S.FATAL}),
+    _S.STARTING: frozenset({_S.RUNNING, _S.BACKOFF, _S.STOPPED}),
+    _S.RUNNING: frozenset({_S.BACKOFF, _S.STOPPED}),
+    _S.BACKOFF: frozenset({_S.STARTING, _S.FATAL, _S.STOPPED}),
+    _S.FATAL: frozenset({_S.STOPPED}),
+    _S.EXITED: frozenset(),
+    _S.STOPPING: frozenset(),
+}
+
+
 class TtydRunner:
     """Keeps ttyd running: find it, check its port, start it (with a new credential in port
     mode), wait until it accepts, and start it again (with backoff) when it exits. `status` is
@@ -110,20 +130,26 @@ class TtydRunner:
         self.path_env = path_env
         self.bus = bus
         self.on_change = on_change  # called when `status` or `process` changed
-        self.status = ProcStatus()
+        self._state = ProcessState(self._changed, TTYD_MOVES)
         # The ttyd process from its spawn until it has exited (the supervisor persists it).
         self.process: ProcRef | None = None
         # The running ttyd's credential (new on every start); only the /terminal proxy uses it.
         self.credential: Credential | None = None
         self._proc: asyncio.subprocess.Process | None = None
-        self._changed = asyncio.Event()
+        self._changed_event = asyncio.Event()
         self._stopping = False
         self._log_tasks: set[asyncio.Task[None]] = set()
 
+    @property
+    def status(self) -> ProcStatus:
+        return self._state.status
+
     def _set(self, status: ProcStatus) -> None:
-        self.status = status
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self._state.change(status)
+
+    def _changed(self, old: ProcStatus, new: ProcStatus, restored: bool) -> None:
+        self._changed_event.set()
+        self._changed_event = asyncio.Event()
         if self.on_change is not None:
             self.on_change()
 
@@ -136,7 +162,7 @@ class TtydRunner:
             if remaining <= 0:
                 break
             try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
+                await asyncio.wait_for(self._changed_event.wait(), remaining)
             except TimeoutError:
                 break
         if self.status.state is not ProcState.RUNNING:
@@ -269,5 +295,6 @@ class TtydRunner:
         for task in list(self._log_tasks):
             task.cancel()
         await asyncio.gather(*self._log_tasks, return_exceptions=True)
-        # -> STOPPED
-        self._set(ProcStatus(ProcState.STOPPED))
+        if self.status.state is not ProcState.STOPPED:
+            # -> STOPPED
+            self._set(ProcStatus(ProcState.STOPPED))
