@@ -168,7 +168,7 @@ def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: 
     return RunPlan(
         name=project.container_name(slot.id),
         project_key=project.key,
-        home_label=launch.home_label(settings.home),
+        home_label=engine.home_label(settings.home),
         slot_index=slot.index,
         slot_id=slot.id,
         workspace=instances.project_path(args.project),

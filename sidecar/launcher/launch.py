@@ -6,7 +6,6 @@ The argv comes from `runtimes` and is executed as built; state changes go throug
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -48,17 +47,12 @@ logger = logging.getLogger(__name__)
 POLL_INTERVAL = 0.1
 
 
-def home_label(home: Path) -> str:
-    """Docker label value that tells this `$SLEEVE_HOME`'s containers from others."""
-    return hashlib.sha256(os.fsencode(str(home.resolve()))).hexdigest()[:12]
-
-
 def observe(
     home: Path, *, docker: bool, adopt_bwrap: bool = False, read_only: bool = False
 ) -> list[Run]:
     """Recorded runs reconciled with reality, written back unless `read_only`: at most one
     `docker ps`."""
-    containers = engine.list_containers(home_label(home)) if docker else None
+    containers = engine.list_containers(home) if docker else None
     orphans = find_waiters(home) if adopt_bwrap else []
     store = StateStore(home, read_only=read_only)
     if not store.path.exists() and not containers and not orphans:

@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sidecar.launcher import engine
+
 SANDBOX_HOME = "/home/sleeve"
 WORKSPACE = "/workspace"
 STATE_DIR = "/run/sidecar"
@@ -177,12 +179,12 @@ def _mount_flag(mount: Mount) -> str:
 
 def docker_labels(plan: RunPlan) -> dict[str, str]:
     return {
-        "sleeve.home": plan.home_label,
-        "sleeve.project": plan.project_key,
-        "sleeve.slot": str(plan.slot_index),
-        "sleeve.slot-id": plan.slot_id,
-        "sleeve.cli": plan.cli,
-        "sleeve.port": str(plan.port),
+        engine.HOME_LABEL: plan.home_label,
+        engine.PROJECT_LABEL: plan.project_key,
+        engine.SLOT_LABEL: str(plan.slot_index),
+        engine.SLOT_ID_LABEL: plan.slot_id,
+        engine.CLI_LABEL: plan.cli,
+        engine.PORT_LABEL: str(plan.port),
     }
 
 

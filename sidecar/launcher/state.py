@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from sidecar.launcher import engine
 from sidecar.launcher.engine import Container
 from sidecar.launcher.fsutil import FILE_MODE, atomic_write, locked, private_home
 from sidecar.proc import start_time
@@ -259,15 +260,15 @@ def reconcile(
 
 def _adopt_container(box: Container) -> Run:
     labels = box.labels
-    port = labels.get("sleeve.port", "")
-    slot = labels.get("sleeve.slot", "")
+    port = labels.get(engine.PORT_LABEL, "")
+    slot = labels.get(engine.SLOT_LABEL, "")
     return Run(
         id=f"adopted-{box.name}",
-        project=labels.get("sleeve.project", "?"),
+        project=labels.get(engine.PROJECT_LABEL, "?"),
         slot=int(slot) if slot.isdigit() else 0,
-        slot_id=labels.get("sleeve.slot-id", "?"),
+        slot_id=labels.get(engine.SLOT_ID_LABEL, "?"),
         runtime="docker",
-        cli=labels.get("sleeve.cli", "?"),
+        cli=labels.get(engine.CLI_LABEL, "?"),
         port=int(port) if port.isdigit() else None,
         container=box.name,
         status=RUNNING,
