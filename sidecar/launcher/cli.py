@@ -22,14 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sidecar.launcher import engine, instances, kube, launch, manifest, runopts
+from sidecar.launcher.bwrap import systemd_problem
 from sidecar.launcher.fsutil import LauncherError, locked, private_home
-from sidecar.launcher.runtimes import (
-    RunPlan,
-    audit,
-    home_mounts,
-    passthrough_env,
-    systemd_problem,
-)
+from sidecar.launcher.plan import RunPlan, audit, home_mounts, passthrough_env
 from sidecar.launcher.slots import Project, Slot, SlotState, prepare_home_files
 from sidecar.launcher.state import Run, StateStore, running_slots
 

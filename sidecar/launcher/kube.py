@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from sidecar.launcher.runtimes import (
+from sidecar.launcher.plan import (
     CONTAINER_PORT,
     SANDBOX_HOME,
     STATE_DIR,

@@ -20,14 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.launcher import engine
+from sidecar.launcher.bwrap import HostPython, bwrap_command
+from sidecar.launcher.docker import docker_command
 from sidecar.launcher.fsutil import FILE_MODE, LauncherError, private_dir
-from sidecar.launcher.runtimes import (
-    Command,
-    HostPython,
-    RunPlan,
-    bwrap_command,
-    docker_command,
-)
+from sidecar.launcher.plan import Command, RunPlan
 from sidecar.launcher.slots import Project, Slot, SlotState
 from sidecar.launcher.state import (
     RUNNING,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sidecar.launcher.fsutil import LauncherError, atomic_write, private_dir
 from sidecar.launcher.kube import ManifestError, Target, Tokens
-from sidecar.launcher.runtimes import PASSTHROUGH, RunPlan
+from sidecar.launcher.plan import PASSTHROUGH, RunPlan
 from sidecar.launcher.slots import Project, Slot, SlotState
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
