@@ -21,8 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.launcher import engine, instances, kube, launch, manifest, runopts
-from sidecar.launcher.bwrap import systemd_problem
+from sidecar.launcher import engine, instances, kube, launch, manifest, runopts, runtimes
 from sidecar.launcher.fsutil import LauncherError, locked, private_home
 from sidecar.launcher.plan import RunPlan, audit, home_mounts, passthrough_env
 from sidecar.launcher.slots import Project, Slot, SlotState, prepare_home_files
@@ -180,14 +179,9 @@ def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     project = _project(args, settings, read_only=args.dry_run)  # --dry-run writes nothing
-    runtime = launch.choose_runtime(args.runtime, dry_run=args.dry_run)
+    runtime = runtimes.choose(args.runtime, dry_run=args.dry_run)
     limits = runopts.limits(args.cpus, args.memory, args.pids_limit)
-    if runtime == "bwrap" and limits.any and (problem := systemd_problem()) is not None:
-        msg = (
-            f"--cpus, --memory and --pids-limit with the bwrap runtime need a systemd scope "
-            f"(systemd-run --scope), but {problem}; use --runtime docker, or run without limits"
-        )
-        raise LauncherError(msg)
+    runtime.check_limits(limits)
     sleeve_tokens = runopts.sleeve_tokens(settings.env)
     home = settings.home
     if not args.dry_run:
@@ -197,29 +191,35 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     # One global lock from slot choice to the record: two runs never pick the same slot.
     lock = contextlib.nullcontext() if args.dry_run else locked(home / "run.lock")
     with lock:
-        runs = _observe(settings, docker=runtime == "docker", read_only=args.dry_run, adopt=True)
+        runs = _observe(
+            settings, docker=runtime.uses_containers, read_only=args.dry_run, adopt=True
+        )
         slot = launch.pick_slot(project, runs, args.slot, create=not args.dry_run)
         if not args.dry_run:
             prepare_home_files(slot)
-        # docker: the CLI runs as the invoking user (as root when that is who runs us).
-        user = (os.getuid(), os.getgid()) if runtime == "docker" and os.getuid() != 0 else None
         plan = dataclasses.replace(
-            _plan(args, settings, project, slot), user=user, limits=limits, tokens=sleeve_tokens
+            _plan(args, settings, project, slot),
+            user=runtime.user(),
+            limits=limits,
+            tokens=sleeve_tokens,
         )
-        run = Run(launch.new_run_id(), project.key, slot.index, slot.id, runtime, plan.cli)
+        run = Run(launch.new_run_id(), project.key, slot.index, slot.id, runtime.name, plan.cli)
         run.port = plan.port
         run.token = sleeve_tokens["SIDECAR_TOKEN"]  # for the owner: `sleeve ps --json`
-        command = launch.command_for(run, plan, home, settings.env)
+        command = runtime.command(run, plan, home, settings.env)
         if args.dry_run:
             for step in command.steps:
                 print(shlex.join(step))  # the very lists the real run executes
             print(audit(home_mounts(plan), command.env_names), file=sys.stderr)
             return 0
-        launch.start(run, plan, command)
+        runtime.start(run, plan, command)
         StateStore(home).upsert(run)
     url = launch.await_health(home, run, args.wait)
     # Printed once; `sleeve ps --json` has the token again.
-    print(f"slot {slot.index} ({slot.id}) runs {plan.cli} under {runtime}: {url}?token={run.token}")
+    print(
+        f"slot {slot.index} ({slot.id}) runs {plan.cli} under {runtime.name}: "
+        f"{url}?token={run.token}"
+    )
     return 0
 
 
@@ -407,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--goal", metavar="TEXT", help="task for the sleeve (SLEEVE_GOAL)")
     p.add_argument(
         "--runtime",
-        choices=["docker", "bwrap"],
+        choices=list(runtimes.RUNTIMES),
         help="default: docker when an engine answers, else bwrap",
     )
     p.add_argument("--image", default="sleeve:latest", help="docker image (default %(default)s)")

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from sidecar.launcher import engine
+from sidecar.launcher.engine import Container
+from sidecar.launcher.fsutil import LauncherError
 from sidecar.launcher.plan import (
     CONTAINER_PORT,
     SANDBOX_HOME,
@@ -22,16 +26,21 @@ from sidecar.launcher.plan import (
     TOKEN_FILES,
     WORKSPACE,
     Command,
+    Limits,
     Mount,
     RunPlan,
     fixed_env,
     home_mounts,
 )
+from sidecar.launcher.runtime import Reality, Runtime
+from sidecar.launcher.state import RUNNING, STARTING, VANISHED, Run, final_status
 
 #: The capabilities a root sidecar with SIDECAR_USER needs (everything else is dropped): switch
 #: the children to the user (uid, gid, groups) and signal the user's processes. Measured by
 #: tests/e2e/test_e2e_privileges.py: the sleeve works with these and fails without any one.
 DOCKER_CAPS = ("SETUID", "SETGID", "KILL")
+# docker's container states in which the sleeve runs (its processes exist).
+UP = frozenset({"running", "restarting", "paused"})
 
 
 def _mount_flag(mount: Mount) -> str:
@@ -46,6 +55,7 @@ def _mount_flag(mount: Mount) -> str:
 
 
 def docker_labels(plan: RunPlan) -> dict[str, str]:
+    """The container's labels: how `docker ps` finds it, and `_adopted` reads it back."""
     return {
         engine.HOME_LABEL: plan.home_label,
         engine.PROJECT_LABEL: plan.project_key,
@@ -54,6 +64,25 @@ def docker_labels(plan: RunPlan) -> dict[str, str]:
         engine.CLI_LABEL: plan.cli,
         engine.PORT_LABEL: str(plan.port),
     }
+
+
+def _adopted(box: Container) -> Run:
+    """The record of a running container of ours that no record names, from its labels."""
+    labels = box.labels
+    port = labels.get(engine.PORT_LABEL, "")
+    slot = labels.get(engine.SLOT_LABEL, "")
+    return Run(
+        id=f"adopted-{box.name}",
+        project=labels.get(engine.PROJECT_LABEL, "?"),
+        slot=int(slot) if slot.isdigit() else 0,
+        slot_id=labels.get(engine.SLOT_ID_LABEL, "?"),
+        runtime=Docker.name,
+        cli=labels.get(engine.CLI_LABEL, "?"),
+        port=int(port) if port.isdigit() else None,
+        container=box.name,
+        status=RUNNING,
+        adopted=True,
+    )
 
 
 def docker_env(plan: RunPlan) -> dict[str, str | None]:
@@ -128,3 +157,76 @@ def docker_command(plan: RunPlan, client_env: Mapping[str, str]) -> Command:
     then.append(["docker", "start", plan.name])
     env_names = list(docker_env(plan))
     return Command(docker_argv(plan), dict(client_env), env_names, tuple(then), stdin)
+
+
+class Docker(Runtime):
+    """A sleeve is a container of the sidecar image; the engine keeps its state."""
+
+    name = "docker"
+    uses_containers = True
+    look_interval = 1.0  # a `docker inspect` is a process and an engine round trip
+
+    def problem(self) -> str | None:
+        return engine.engine_problem()
+
+    def check_limits(self, limits: Limits) -> None:
+        """The engine applies every limit itself."""
+
+    def user(self) -> tuple[int, int] | None:
+        # The CLI runs as the invoking user (as root when that is who runs us).
+        return (os.getuid(), os.getgid()) if os.getuid() != 0 else None
+
+    def command(self, run: Run, plan: RunPlan, home: Path, host_env: Mapping[str, str]) -> Command:
+        return docker_command(plan, host_env)
+
+    def start(self, run: Run, plan: RunPlan, command: Command) -> None:
+        run.container = plan.name
+        engine.remove_stopped(plan.name)
+        try:
+            for i, step in enumerate(command.steps):
+                engine.run(step, command.env, command.stdin.get(i))
+        except LauncherError:
+            engine.remove_stopped(plan.name)  # created but not started: leave nothing behind
+            raise
+
+    def starting(self, run: Run) -> bool:
+        return engine.container_state(run.container or "") in ("created", "running", "restarting")
+
+    def may_be_running(self, run: Run) -> bool:
+        return True  # only the engine knows, and asking it costs as much as the stop
+
+    def stop(self, home: Path, run: Run, grace: float) -> None:
+        # The record follows at the next look: the container's exit code, with stop_requested.
+        engine.stop(run.container or "", grace=int(grace))
+
+    def refresh(self, run: Run, reality: Reality) -> None:
+        if reality.containers is None:
+            return  # docker cannot tell: as recorded
+        box = reality.containers.get(run.container or "")
+        if box is None:
+            run.status = VANISHED
+        elif box.state in UP:
+            run.status = RUNNING
+        elif box.state == "created":
+            run.status = STARTING
+        else:  # exited or dead
+            run.exit_code = box.exit_code
+            if box.exit_code is None:
+                run.status = VANISHED
+            else:
+                run.status = final_status(box.exit_code, stop_requested=run.stop_requested)
+
+    def unrecorded(self, runs: Sequence[Run], reality: Reality) -> list[Run]:
+        """Running containers of ours that no record names (state lost, or written by another
+        sleeve process that died before recording it)."""
+        if reality.containers is None:
+            return []
+        named = {r.container for r in runs if r.runtime == self.name and r.container}
+        return [
+            _adopted(box)
+            for box in reality.containers.values()
+            if box.name not in named and box.state in UP
+        ]
+
+
+DOCKER = Docker()
