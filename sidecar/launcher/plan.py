@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sidecar.tokens import TOKEN_VARS
+
 SANDBOX_HOME = "/home/sleeve"
 WORKSPACE = "/workspace"
 STATE_DIR = "/run/sidecar"
@@ -35,19 +37,11 @@ PASSTHROUGH = (
     "OPENROUTER_API_KEY",
 )
 PASSTHROUGH_PREFIXES = ("SLEEVE_", "SIDECAR_")
+# The sleeve's API tokens, by value or by file: the launcher hands them in as files of its own.
+TOKEN_SETTINGS = frozenset(name for var in TOKEN_VARS for name in (var, f"{var}_FILE"))
 # Host-side launcher settings that mean nothing inside a sleeve, and what the launcher decides
-# itself (the tokens go in as files; the CLI's user is the invoking one).
-HOST_ONLY = frozenset(
-    {
-        "SLEEVE_HOME",
-        "SIDECAR_TOKEN",
-        "SIDECAR_VIEW_TOKEN",
-        "SIDECAR_TOKEN_FILE",
-        "SIDECAR_VIEW_TOKEN_FILE",
-        "SIDECAR_USER",
-        "SIDECAR_USER_HOME",
-    }
-)
+# itself (the tokens; the CLI's user is the invoking one).
+HOST_ONLY = frozenset({"SLEEVE_HOME", *TOKEN_SETTINGS, "SIDECAR_USER", "SIDECAR_USER_HOME"})
 
 
 @dataclass(frozen=True)
