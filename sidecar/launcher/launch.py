@@ -90,7 +90,7 @@ def pick_slot(project: Project, runs: list[Run], wanted: int | None, *, create: 
     alive = [s for s in project.slots(prune=create) if s.state is not SlotState.DEAD]
     if not alive:
         if not create:  # --dry-run: show what slot 1 would be, create nothing
-            return Slot(1, project.slot_path(1).name, project.slot_path(1), SlotState.DEAD)
+            return project.unmade_slot(1)
         return project.create()
     for slot in alive:
         if slot.index not in busy:

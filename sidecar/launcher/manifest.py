@@ -83,7 +83,7 @@ def pick_slot(project: Project, wanted: int | None) -> Slot:
         alive = [s for s in project.slots(prune=False) if s.state is not SlotState.DEAD]
         if alive:
             return alive[0]
-        return Slot(1, project.slot_path(1).name, project.slot_path(1), SlotState.DEAD)
+        return project.unmade_slot(1)
     try:
         slot = project.get(wanted)
     except LauncherError as exc:
