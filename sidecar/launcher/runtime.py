@@ -2,7 +2,8 @@
 
 The launcher never compares runtime names; it looks the object up once (`runtimes`) and asks
 it: can it run here, whose user runs the CLI, what to execute, is the sleeve still there, how to
-stop it, what its record says after a look at reality. A new runtime is one new subclass.
+stop it, what its record says after a look at reality. A new runtime is one new subclass,
+listed in `runtimes.RUNTIMES`.
 """
 
 from __future__ import annotations
