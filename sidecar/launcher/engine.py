@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -87,8 +88,16 @@ class Container:
     labels: Mapping[str, str]
 
 
+# The labels on a sleeve's container: `docker create` writes them, `docker ps` lists one
+# `$SLEEVE_HOME`'s containers by the first and reads the others back to adopt one no record names.
+HOME_LABEL = "sleeve.home"
+PROJECT_LABEL = "sleeve.project"
+SLOT_LABEL = "sleeve.slot"
+SLOT_ID_LABEL = "sleeve.slot-id"
+PORT_LABEL = "sleeve.port"
+CLI_LABEL = "sleeve.cli"
 # Only labels whose values we choose are read back; `{{.Labels}}` joins with `,` ambiguously.
-LABEL_KEYS = ("sleeve.project", "sleeve.slot", "sleeve.slot-id", "sleeve.port", "sleeve.cli")
+LABEL_KEYS = (PROJECT_LABEL, SLOT_LABEL, SLOT_ID_LABEL, PORT_LABEL, CLI_LABEL)
 _FORMAT = "\t".join(
     ["{{.Names}}", "{{.State}}", "{{.Status}}", *(f'{{{{.Label "{k}"}}}}' for k in LABEL_KEYS)]
 )
@@ -109,7 +118,12 @@ def parse_ps(text: str) -> list[Container]:
     return found
 
 
-def list_containers(home_label: str) -> list[Container] | None:
+def home_label(home: Path) -> str:
+    """The HOME_LABEL value that tells this `$SLEEVE_HOME`'s containers from others."""
+    return hashlib.sha256(os.fsencode(str(home.resolve()))).hexdigest()[:12]
+
+
+def list_containers(home: Path) -> list[Container] | None:
     """Every container of this `$SLEEVE_HOME`, in one query; None when docker cannot tell."""
     if shutil.which("docker") is None:
         return None
@@ -120,7 +134,7 @@ def list_containers(home_label: str) -> list[Container] | None:
                 "--all",
                 "--no-trunc",
                 "--filter",
-                f"label=sleeve.home={home_label}",
+                f"label={HOME_LABEL}={home_label(home)}",
                 "--format",
                 _FORMAT,
             ]

@@ -19,10 +19,12 @@ from typing import Any
 
 import yaml
 
-from sidecar.launcher.runtimes import (
+from sidecar.launcher.plan import (
     CONTAINER_PORT,
+    PASSTHROUGH_PREFIXES,
     SANDBOX_HOME,
     STATE_DIR,
+    TOKEN_SETTINGS,
     WORKSPACE,
     RunPlan,
     fixed_env,
@@ -67,16 +69,7 @@ fi
 
 # Host variables that never become literals in a manifest: the tokens go into the Secret, a
 # host path means nothing in a pod, and the pod runs entirely as POD_UID (no SIDECAR_USER).
-NOT_CARRIED = frozenset(
-    {
-        "SIDECAR_TOKEN",
-        "SIDECAR_VIEW_TOKEN",
-        "SIDECAR_TOKEN_FILE",
-        "SIDECAR_VIEW_TOKEN_FILE",
-        "SIDECAR_USER",
-    }
-)
-SETTING_PREFIXES = ("SLEEVE_", "SIDECAR_")
+NOT_CARRIED = frozenset({*TOKEN_SETTINGS, "SIDECAR_USER"})
 
 
 class ManifestError(ValueError):
@@ -139,7 +132,7 @@ def pod_env(plan: RunPlan) -> list[Obj]:
     host = {
         k: v
         for k, v in plan.passthrough.items()
-        if k.startswith(SETTING_PREFIXES) and k not in NOT_CARRIED
+        if k.startswith(PASSTHROUGH_PREFIXES) and k not in NOT_CARRIED
     }
     env = dict(host)
     # The cluster's ttyd listens on a unix socket in the state dir (TTYD_PORT unset).

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sidecar.launcher.fsutil import LauncherError, atomic_write, private_dir
 from sidecar.launcher.kube import ManifestError, Target, Tokens
-from sidecar.launcher.runtimes import PASSTHROUGH, RunPlan
+from sidecar.launcher.plan import PASSTHROUGH, RunPlan
 from sidecar.launcher.slots import Project, Slot, SlotState
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -83,7 +83,7 @@ def pick_slot(project: Project, wanted: int | None) -> Slot:
         alive = [s for s in project.slots(prune=False) if s.state is not SlotState.DEAD]
         if alive:
             return alive[0]
-        return Slot(1, project.slot_path(1).name, project.slot_path(1), SlotState.DEAD)
+        return project.unmade_slot(1)
     try:
         slot = project.get(wanted)
     except LauncherError as exc:

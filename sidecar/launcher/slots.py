@@ -118,6 +118,12 @@ class Project:
     def slot_path(self, index: int) -> Path:
         return self.dir / slot_chain(self.root, index)[index]
 
+    def unmade_slot(self, index: int) -> Slot:
+        """Slot `index` before `sleeve create` makes it: its id is known before its folder
+        exists (what a dry run and `sleeve manifest` show for a project without slots)."""
+        path = self.slot_path(index)
+        return Slot(index, path.name, path, SlotState.DEAD)
+
     # -- the counter -------------------------------------------------------------------
 
     def ensure(self) -> None:

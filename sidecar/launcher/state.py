@@ -1,4 +1,4 @@
-"""`$SLEEVE_HOME/state.json`: the record of every run, and its reconciliation with reality.
+"""`$SLEEVE_HOME/state.json`: the record of every run (reconciled with reality by `runtimes`).
 
 Every write is a read-modify-write under an flock on `state.lock`, written atomically. A
 corrupt file is set aside (`state.json.corrupt-<time>[.N]`, never over an older one) and
@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +20,6 @@ from typing import Any
 
 import psutil
 
-from sidecar.launcher.engine import Container
 from sidecar.launcher.fsutil import FILE_MODE, atomic_write, locked, private_home
 from sidecar.proc import start_time
 
@@ -52,7 +51,7 @@ class Run:
     project: str  # `<slug>_<crc0>`
     slot: int
     slot_id: str
-    runtime: str  # "docker" or "bwrap"
+    runtime: str  # a `Runtime.name`: "docker" or "bwrap"
     cli: str
     port: int | None = None
     container: str | None = None  # docker
@@ -206,73 +205,6 @@ def process_alive(pid: int, start: float | None) -> bool:
         return False
     now = start_time(pid)
     return now is not None and (start is None or now == start)
-
-
-def reconcile(
-    runs: list[Run],
-    containers: Sequence[Container] | None,
-    alive: Callable[[int, float | None], bool] = process_alive,
-    orphans: Sequence[Run] = (),
-) -> None:
-    """Bring `runs` in line with what is really there (in place).
-
-    `containers` is one labelled `docker ps -a` (None: docker cannot tell, leave docker runs
-    as recorded); `orphans` are bwrap runs found running without a record.
-    """
-    by_name = {c.name: c for c in containers} if containers is not None else None
-    seen: set[str] = set()
-    for run in runs:
-        if run.runtime == "docker" and run.container:
-            seen.add(run.container)
-        if not run.active:
-            continue
-        if run.runtime == "bwrap":
-            if run.pid is None or not alive(run.pid, run.pid_start):
-                # The waiter records the exit code before it exits; no code means it was killed.
-                run.status = VANISHED  # RUNNING -> failed (vanished)
-            else:
-                run.status = RUNNING
-        elif by_name is not None:
-            box = by_name.get(run.container or "")
-            if box is None:
-                run.status = VANISHED
-            elif box.state in ("running", "restarting", "paused"):
-                run.status = RUNNING
-            elif box.state == "created":
-                run.status = STARTING
-            else:  # exited or dead
-                run.exit_code = box.exit_code
-                if box.exit_code is None:
-                    run.status = VANISHED
-                else:
-                    run.status = final_status(box.exit_code, stop_requested=run.stop_requested)
-    if by_name is not None:
-        # A running container of ours that no record names (state lost, or written by another
-        # sleeve process that died before recording it): adopt it.
-        for box in by_name.values():
-            if box.name in seen or box.state not in ("running", "restarting", "paused"):
-                continue
-            runs.append(_adopt_container(box))
-    recorded = {r.id for r in runs}  # a waiter carries its run id in its argv
-    runs.extend(orphan for orphan in orphans if orphan.id not in recorded)
-
-
-def _adopt_container(box: Container) -> Run:
-    labels = box.labels
-    port = labels.get("sleeve.port", "")
-    slot = labels.get("sleeve.slot", "")
-    return Run(
-        id=f"adopted-{box.name}",
-        project=labels.get("sleeve.project", "?"),
-        slot=int(slot) if slot.isdigit() else 0,
-        slot_id=labels.get("sleeve.slot-id", "?"),
-        runtime="docker",
-        cli=labels.get("sleeve.cli", "?"),
-        port=int(port) if port.isdigit() else None,
-        container=box.name,
-        status=RUNNING,
-        adopted=True,
-    )
 
 
 def running_slots(runs: Sequence[Run], project: str) -> dict[int, Run]:

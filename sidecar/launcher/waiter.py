@@ -62,6 +62,7 @@ def waiter_argv(python: str, run: Run, home: Path, command: Sequence[str]) -> li
 
 
 def _template(args: argparse.Namespace) -> Run:
+    # A waiter runs bwrap sleeves only: "bwrap" is `Bwrap.name` (bwrap.py, which imports us).
     return Run(
         id=args.run_id, project=args.project, slot=args.slot, slot_id=args.slot_id,
         runtime="bwrap", cli=args.cli, port=args.port, log=args.log,

@@ -17,21 +17,15 @@ from pathlib import Path
 
 from sidecar.launcher.slots import COUNTER_FILE, Project, slot_chain
 
-from .helpers import REPO, SLEEVE
+from .helpers import CLAUDEBOX_ID_FUNCTIONS, REPO, SLEEVE
 
 SLOTS = 100
 ROUNDS = 7
 
 # ClaudeBox's own functions: generate_container_name walks the chain from 0 for every slot.
-CLAUDEBOX_IDS = r"""
-crc32_word() { printf '%s' "$1" | cksum | cut -d' ' -f1; }
-generate_container_name() {
-    local cur; cur=$(crc32_word "$1")
-    for ((i=0; i<$2; i++)); do cur=$(crc32_word "$cur"); done
-    printf '%08x\n' "$cur"
-}
-for ((n=1; n<=$N; n++)); do generate_container_name "$P" "$n"; done
-"""
+CLAUDEBOX_IDS = (
+    CLAUDEBOX_ID_FUNCTIONS + 'for ((n=1; n<=$N; n++)); do generate_container_name "$P" "$n"; done\n'
+)
 
 
 def best_of(argv: list[str], env: dict[str, str], rounds: int = ROUNDS) -> float:

@@ -15,6 +15,16 @@ REPO = Path(__file__).resolve().parents[2]
 # A child process that waits, without sleeping, until a signal ends it.
 LIVES_UNTIL_KILLED = [sys.executable, "-c", "import signal; signal.pause()"]
 SLEEVE = [sys.executable, "-c", "from sidecar.launcher.cli import main; raise SystemExit(main())"]
+# ClaudeBox's own shell functions for slot ids, the reference the launcher's ids are checked and
+# benchmarked against: `generate_container_name ROOT N` prints slot N's id.
+CLAUDEBOX_ID_FUNCTIONS = r"""
+crc32_word() { printf '%s' "$1" | cksum | cut -d' ' -f1; }
+generate_container_name() {
+    local cur; cur=$(crc32_word "$1")
+    for ((i=0; i<$2; i++)); do cur=$(crc32_word "$cur"); done
+    printf '%08x\n' "$cur"
+}
+"""
 
 
 @dataclass

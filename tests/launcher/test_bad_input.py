@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.launcher.bwrap import spawn_detached
 from sidecar.launcher.instances import instance_dir
-from sidecar.launcher.launch import spawn_detached
 from sidecar.launcher.slots import Project
 from sidecar.launcher.state import Run, StateStore
 from tests.tools import require_executable

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from sidecar.launcher import engine
-from sidecar.launcher.launch import free_port, home_label
+from sidecar.launcher.engine import home_label
+from sidecar.launcher.launch import free_port
 from sidecar.launcher.slots import Project
 from sidecar.launcher.state import RUNNING, Run, StateStore
 

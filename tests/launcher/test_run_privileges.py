@@ -16,16 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sidecar.launcher.bwrap import systemd_problem, systemd_scope
+from sidecar.launcher.docker import DOCKER_CAPS, docker_argv, docker_command
 from sidecar.launcher.launch import free_port
-from sidecar.launcher.runtimes import (
-    DOCKER_CAPS,
-    Limits,
-    RunPlan,
-    docker_argv,
-    docker_command,
-    systemd_problem,
-    systemd_scope,
-)
+from sidecar.launcher.plan import Limits, RunPlan
 
 from .helpers import Result
 

@@ -25,7 +25,7 @@ from sidecar.launcher.slots import (
 from sidecar.launcher.state import RUNNING, Run, StateStore
 from sidecar.proc import start_time
 
-from .helpers import LIVES_UNTIL_KILLED, REPO, SLEEVE, Result
+from .helpers import CLAUDEBOX_ID_FUNCTIONS, LIVES_UNTIL_KILLED, REPO, SLEEVE, Result
 
 
 def real_cksum(data: bytes) -> int:
@@ -61,15 +61,10 @@ def test_slot_ids_0_to_20_equal_the_cksum_chain_on_random_paths() -> None:
 def test_slot_ids_equal_claudebox_bash_functions() -> None:
     """ClaudeBox's own shell code (crc32_string/crc32_word/generate_container_name)."""
     path = "/tmp/a b/'q'/$(x)/é"
-    script = r"""
-    crc32_word() { printf '%s' "$1" | cksum | cut -d' ' -f1; }
-    generate_container_name() {
-        local cur; cur=$(crc32_word "$1")
-        for ((i=0; i<$2; i++)); do cur=$(crc32_word "$cur"); done
-        printf '%08x\n' "$cur"
-    }
-    for n in 0 1 2 3 4 5; do generate_container_name "$P" "$n"; done
-    """
+    script = (
+        CLAUDEBOX_ID_FUNCTIONS
+        + 'for n in 0 1 2 3 4 5; do generate_container_name "$P" "$n"; done\n'
+    )
     out = subprocess.run(
         ["bash", "-c", script], env={**os.environ, "P": path}, capture_output=True, text=True
     )

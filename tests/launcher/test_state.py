@@ -14,17 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sidecar.launcher.bwrap import spawn_detached
 from sidecar.launcher.engine import parse_ps
-from sidecar.launcher.launch import spawn_detached
-from sidecar.launcher.state import (
-    COMPLETED,
-    RUNNING,
-    STOPPED,
-    VANISHED,
-    Run,
-    StateStore,
-    reconcile,
-)
+from sidecar.launcher.runtimes import reconcile
+from sidecar.launcher.state import COMPLETED, RUNNING, STOPPED, VANISHED, Run, StateStore
 from sidecar.launcher.waiter import waiter_argv
 from sidecar.proc import start_time
 

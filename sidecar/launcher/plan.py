@@ -1,0 +1,162 @@
+"""The plan of one sleeve, built once and rendered by each runtime: mounts, variables, tokens.
+
+`sleeve run` executes exactly the lists the runtimes build from it and `--dry-run` prints
+those same lists, so the two cannot drift; `sleeve manifest` renders the same plan for a
+cluster. Secrets never enter an argv: host variables go by name or through the process
+environment, and the sleeve's API tokens go in as files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sidecar.tokens import TOKEN_VARS
+
+SANDBOX_HOME = "/home/sleeve"
+WORKSPACE = "/workspace"
+STATE_DIR = "/run/sidecar"
+CONTAINER_PORT = 8080  # the sidecar's default; docker publishes it on 127.0.0.1:<port>
+#: Inside a sleeve: the API token files (root's, 0700, in the container).
+TOKEN_DIR = "/run/sleeve"  # noqa: S105 - a path, not a password
+TOKEN_FILES = {"SIDECAR_TOKEN": "token", "SIDECAR_VIEW_TOKEN": "view-token"}
+# Copied from the host when set. Values stay out of argv; `sleeve run --dry-run` names them.
+PASSTHROUGH = (
+    "TERM",
+    "LANG",
+    "LC_ALL",
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "ANTHROPIC_BASE_URL",
+    "CLAUDE_CODE_OAUTH_TOKEN",
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "GEMINI_API_KEY",
+    "GOOGLE_API_KEY",
+    "OPENROUTER_API_KEY",
+)
+PASSTHROUGH_PREFIXES = ("SLEEVE_", "SIDECAR_")
+# The sleeve's API tokens, by value or by file: the launcher hands them in as files of its own.
+TOKEN_SETTINGS = frozenset(name for var in TOKEN_VARS for name in (var, f"{var}_FILE"))
+# Host-side launcher settings that mean nothing inside a sleeve, and what the launcher decides
+# itself (the tokens; the CLI's user is the invoking one).
+HOST_ONLY = frozenset({"SLEEVE_HOME", *TOKEN_SETTINGS, "SIDECAR_USER", "SIDECAR_USER_HOME"})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """`--cpus`, `--memory` (bytes), `--pids-limit`."""
+
+    cpus: float | None = None
+    memory: int | None = None
+    pids: int | None = None
+
+    @property
+    def any(self) -> bool:
+        return (self.cpus, self.memory, self.pids) != (None, None, None)
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: Path
+    target: str
+    writable: bool = True
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything a runtime needs to start one sleeve; built once, rendered per runtime."""
+
+    name: str  # container name `sleeve-<slug>_<crc0>-<crcN>`
+    project_key: str
+    home_label: str  # tells apart sleeves of different $SLEEVE_HOMEs on one engine
+    slot_index: int
+    slot_id: str
+    workspace: Path
+    slot_dir: Path
+    instance_dir: Path
+    cli: str
+    goal: str | None
+    port: int
+    image: str = "sleeve:latest"
+    network_host: bool = False
+    passthrough: Mapping[str, str] = field(default_factory=dict)
+    # docker: the invoking host user (uid, gid) the CLI runs as; None when that is root.
+    user: tuple[int, int] | None = None
+    limits: Limits = Limits()
+    # The sleeve's API tokens (SIDECAR_TOKEN, SIDECAR_VIEW_TOKEN): handed in as files.
+    tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+def home_mounts(plan: RunPlan) -> list[Mount]:
+    """The shared mount plan, in order: later mounts sit on top of earlier ones.
+
+    The slot's `.claude/` is the CLI's config dir (read-write: OAuth refresh rewrites the
+    credentials file); the instance's `projects/` and `history.jsonl` go over the config dir's
+    own, so history belongs to the project and survives a hard resleeve.
+    """
+    claude = f"{SANDBOX_HOME}/.claude"
+    return [
+        Mount(plan.workspace, WORKSPACE),
+        Mount(plan.slot_dir / ".claude", claude),
+        Mount(plan.instance_dir / "projects", f"{claude}/projects"),
+        Mount(plan.instance_dir / "history.jsonl", f"{claude}/history.jsonl"),
+        Mount(plan.slot_dir / ".claude.json", f"{SANDBOX_HOME}/.claude.json"),
+        Mount(plan.slot_dir / ".config", f"{SANDBOX_HOME}/.config"),
+        Mount(plan.slot_dir / ".cache", f"{SANDBOX_HOME}/.cache"),
+    ]
+
+
+def passthrough_env(host_env: Mapping[str, str]) -> dict[str, str]:
+    """The allow-listed host variables a sleeve may see."""
+    return {
+        k: v
+        for k, v in host_env.items()
+        if k not in HOST_ONLY and (k in PASSTHROUGH or k.startswith(PASSTHROUGH_PREFIXES))
+    }
+
+
+def fixed_env(plan: RunPlan, *, port: int, host: str) -> dict[str, str]:
+    """The variables the launcher chooses; they win over anything passed through. (TTYD_PORT
+    stays unset: ttyd listens on a unix socket only the sidecar reaches.)"""
+    env = {
+        "HOME": SANDBOX_HOME,
+        "SLEEVE_NAME": plan.slot_id,
+        "SLEEVE_CLI": plan.cli,
+        "SIDECAR_HOST": host,
+        "SIDECAR_PORT": str(port),
+        "SIDECAR_WORKSPACE": WORKSPACE,
+        "SIDECAR_STATE_DIR": STATE_DIR,
+    }
+    for var in sorted(plan.tokens):
+        env[f"{var}_FILE"] = f"{TOKEN_DIR}/{TOKEN_FILES[var]}"
+    if plan.goal is not None:
+        env["SLEEVE_GOAL"] = plan.goal
+    return env
+
+
+@dataclass(frozen=True)
+class Command:
+    """What `sleeve run` executes, in order: `argv`, then each of `then`. `env` is what they run
+    with, `env_names` the variables the sleeve sees. `stdin` is fed to the step of that index
+    (docker: the token files' tar); `fds` are pipes holding that data at those descriptor
+    numbers in the started process (bwrap: the token files). Neither is ever printed."""
+
+    argv: list[str]
+    env: dict[str, str]
+    env_names: list[str]
+    then: tuple[list[str], ...] = ()
+    stdin: Mapping[int, bytes] = field(default_factory=dict, repr=False)
+    fds: Mapping[int, bytes] = field(default_factory=dict, repr=False)
+
+    @property
+    def steps(self) -> list[list[str]]:
+        return [self.argv, *self.then]
+
+
+def audit(mounts: Sequence[Mount], env_names: Sequence[str]) -> str:
+    """The short human summary `--dry-run` prints on stderr: mounts and variable *names*."""
+    lines = [f"mount {'rw' if m.writable else 'ro'} {m.source} -> {m.target}" for m in mounts]
+    lines.append("env names: " + " ".join(sorted(env_names)))
+    return "\n".join(lines)
