@@ -21,7 +21,7 @@ from pathlib import Path
 import msgspec
 
 from sidecar import privs
-from sidecar.proc import start_time
+from sidecar.proc import cmdline, start_time
 
 STATE_FILE = "supervisor.json"
 VERSION = 1
@@ -75,12 +75,8 @@ def digest(argv: Sequence[str]) -> str:
 
 def cmdline_digest(pid: int) -> str | None:
     """`digest` of the argv `pid` runs now, None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return None
-    return digest([a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0")[:-1]])
+    argv = cmdline(pid)
+    return None if argv is None else digest([a.decode("utf-8", "surrogateescape") for a in argv])
 
 
 _encoder = msgspec.json.Encoder()

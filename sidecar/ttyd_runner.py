@@ -16,7 +16,7 @@ from typing import Any
 from sidecar.events import EventBus
 from sidecar.persist import ProcRef
 from sidecar.privs import User, spawn_credentials
-from sidecar.proc import parent_death_signal
+from sidecar.proc import cmdline, parent_death_signal
 from sidecar.proctree import wait_exited
 from sidecar.shapes import ErrorEvent
 from sidecar.states import BACKOFF_RESET_AFTER, ProcState, ProcStatus, backoff_delay
@@ -61,12 +61,8 @@ STALE_WAIT = 2.0  # seconds a dead supervisor's ttyd gets to vanish after SIGKIL
 
 def is_our_ttyd(pid: int, tmux_socket: Path) -> bool:
     """Whether `pid` runs ttyd attached to `tmux_socket` (what `ttyd_argv` builds)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = fh.read().split(b"\0")
-    except OSError:
-        return False
-    return b"--base-path" in argv and os.fsencode(tmux_socket) in argv
+    argv = cmdline(pid)
+    return argv is not None and b"--base-path" in argv and os.fsencode(tmux_socket) in argv
 
 
 async def stop_stale(ttyd: ProcRef, tmux_socket: Path) -> bool:
