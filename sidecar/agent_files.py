@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 
-from sidecar import privs
+from sidecar.files import write_new
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,6 @@ class AgentFiles:
             return
         self.record = new
         try:
-            privs.write_new(self.path, msgspec.json.encode(new), 0o600)
+            write_new(self.path, msgspec.json.encode(new), 0o600)
         except OSError as exc:
             log.warning("cannot write %s: %s", self.path, exc)

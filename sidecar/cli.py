@@ -63,7 +63,7 @@ def _attach(env: dict[str, str]) -> int:
         print("sidecar attach: tmux is not installed", file=sys.stderr)
         return 1
     from sidecar.config import SESSION_DIR
-    from sidecar.privs import become, parse_user
+    from sidecar.users import become, parse_user
 
     state = Path(env.get("SIDECAR_STATE_DIR") or "/run/sidecar")
     socket = state / "tmux.sock"

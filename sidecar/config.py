@@ -15,7 +15,7 @@ from enum import Enum
 from pathlib import Path
 
 from sidecar import tokens
-from sidecar.privs import User, UserError, parse_user
+from sidecar.users import User, UserError, parse_user
 
 #: With SIDECAR_USER, the directory in the state dir that the CLI's user may write: its tmux
 #: socket, ttyd's socket, the pane's exit status and environment files. (Without it, the state

@@ -2,7 +2,7 @@
 
 One ``flock`` shared by every writer, journalled appends (a torn end is repaired), temp file +
 fsync + rename rewrites that keep the file's mode and owner, symlinks never followed, a parse
-cache; the text itself is `sidecar.needlecast`'s. Given a `privs.Owner`, the files are handled
+cache; the text itself is `sidecar.needlecast`'s. Given an `acting.Owner`, the files are handled
 as the CLI's user and what is created belongs to it. Limits: a read parses at most
 MAX_FILE_BYTES (16 MiB) and then lists only whole messages, marks the answer truncated and says
 so in a warning; appends to a file that big are refused.
@@ -23,7 +23,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from sidecar import privs
+from sidecar import files
+from sidecar.acting import Owner, acting, claim
 from sidecar.needlecast import (
     Message,
     ParseResult,
@@ -99,7 +100,7 @@ class Mailbox:
         name: str,
         *,
         max_bytes: int = MAX_FILE_BYTES,
-        owner: privs.Owner | None = None,
+        owner: Owner | None = None,
     ) -> None:
         self.workspace = workspace
         self.owner = owner
@@ -131,7 +132,7 @@ class Mailbox:
             made = True
         fd = os.open(real, flags)
         if made:
-            privs.claim(self.owner, fd)
+            claim(self.owner, fd)
         return fd
 
     def _open(self, dfd: int, name: str, flags: int) -> int:
@@ -145,7 +146,7 @@ class Mailbox:
                 except FileExistsError:
                     flags &= ~os.O_CREAT
                 else:
-                    privs.claim(self.owner, fd)
+                    claim(self.owner, fd)
                     return fd
             return os.open(name, flags, 0o600, dir_fd=dfd)
         except OSError as exc:
@@ -194,7 +195,7 @@ class Mailbox:
 
     def read(self) -> ParseResult:
         """The messages (at most :attr:`max_bytes` of the file), cached by (inode, mtime, size)."""
-        with privs.acting(self.owner):
+        with acting(self.owner):
             return self._read()
 
     def _read(self) -> ParseResult:
@@ -263,7 +264,7 @@ class Mailbox:
 
     def append(self, message: Message) -> None:
         """Add one message at the end (raises MailboxFullError past :attr:`max_bytes`)."""
-        with privs.acting(self.owner):
+        with acting(self.owner):
             self._append(message)
 
     def _append(self, message: Message) -> None:
@@ -282,7 +283,7 @@ class Mailbox:
                     data = blank_line_after(os.pread(fd, 3, max(0, st.st_size - 3))) + data
                     end = st.st_size + len(data)
                     os.pwrite(lock_fd, f"append {st.st_ino} {st.st_size} {end}\n".encode(), 0)
-                    privs.write_all(fd, data)
+                    files.write_all(fd, data)
                     os.fsync(fd)
                     if st.st_size == 0:
                         os.fsync(dfd)  # the file may be new: make its name durable too
@@ -295,7 +296,7 @@ class Mailbox:
     def remove(self, ids: Iterable[str]) -> RemoveResult:
         """Take exactly the messages with these ids out (within the first :attr:`max_bytes`, the
         part :meth:`read` shows); everything else stays byte for byte."""
-        with privs.acting(self.owner):
+        with acting(self.owner):
             return self._remove(set(ids))
 
     def _remove(self, wanted: set[str]) -> RemoveResult:
@@ -364,15 +365,15 @@ class Mailbox:
         try:
             try:
                 # The new file keeps the old one's mode and owner (not the sidecar's 0600).
-                privs.keep_owner(out, os.fstat(src))
-                privs.write_all(out, head)
+                files.keep_owner(out, os.fstat(src))
+                files.write_all(out, head)
                 offset = end = tail_from
                 while True:  # the tail past the read limit, copied in bounded chunks
                     while offset < end:
                         chunk = os.pread(src, min(1 << 20, end - offset), offset)
                         if not chunk:
                             break
-                        privs.write_all(out, chunk)
+                        files.write_all(out, chunk)
                         offset += len(chunk)
                     # Until it stops growing: a writer that ignores the lock (`cat >> outbox.md`)
                     # may have appended since we read, and its message must not vanish with the

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgspec
 
-from sidecar import privs
+from sidecar.files import write_new
 from sidecar.proc import cmdline, start_time
 
 STATE_FILE = "supervisor.json"
@@ -120,7 +120,7 @@ def load(path: Path) -> tuple[SupervisorState | None, str]:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace `path` with `data` (0600): a reader sees the old file or the new, never a part."""
-    privs.write_new(path, data, 0o600)
+    write_new(path, data, 0o600)
 
 
 def remove(path: Path) -> None:

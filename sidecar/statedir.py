@@ -19,8 +19,9 @@ import os
 import stat
 from pathlib import Path
 
+from sidecar.acting import can_search
 from sidecar.config import Config, ConfigError
-from sidecar.privs import User, can_search, group_name
+from sidecar.users import User, group_name
 
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the NUL
 

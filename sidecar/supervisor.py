@@ -20,7 +20,8 @@ from typing import Any
 
 import psutil
 
-from sidecar import cstack_files, persist, privs
+from sidecar import cstack_files, persist, users
+from sidecar.acting import acting, which, workspace_owner
 from sidecar.adopt import Adopting
 from sidecar.awareness import Awareness
 from sidecar.clis import CLIDef, claude_has_history
@@ -73,10 +74,10 @@ class Supervisor(Adopting):
         self.bus = bus
         self.cli_name = config.cli
         # With SIDECAR_USER: the CLI's environment (its HOME), and how the sidecar acts in the
-        # workspace (as that user; see sidecar.privs). Without it: the sidecar's own.
-        self.cli_env = privs.user_env(config.child_env, config.user, config.cli_home)
+        # workspace (as that user; see sidecar.acting). Without it: the sidecar's own.
+        self.cli_env = users.user_env(config.child_env, config.user, config.cli_home)
         user_env = self.cli_env if config.user is not None else None
-        self.owner = privs.workspace_owner(config.user, config.workspace, os.geteuid())
+        self.owner = workspace_owner(config.user, config.workspace, os.geteuid())
         self.ttyd = TtydRunner(
             port=config.ttyd_port,
             socket_path=config.ttyd_socket,
@@ -198,14 +199,14 @@ class Supervisor(Adopting):
         argv = self._argv_for(cli, resume=resume)
         env = dict(cli.env)
         path = {**self.cli_env, **env}.get("PATH", os.defpath)
-        if privs.which(argv[0], path, self.owner) is None:
+        if which(argv[0], path, self.owner) is None:
             fatal = f"{argv[0]!r} not found on PATH ({path}); the {cli.name} CLI is not installed"
             return argv, env, fatal
         return argv, env, None
 
     def _argv_for(self, cli: CLIDef, *, resume: bool) -> tuple[str, ...]:
         env = self.cli_env
-        with privs.acting(self.owner):  # the history is the CLI user's, maybe private to it
+        with acting(self.owner):  # the history is the CLI user's, maybe private to it
             history = claude_has_history(
                 self.config.workspace,
                 Path(env.get("HOME", "/root")),
@@ -234,7 +235,7 @@ class Supervisor(Adopting):
         if stop_at_once or (ours is not None and ours.stopping):
             await self._take_over_to_stop(ours)
             return True
-        with privs.acting(self.owner):  # made by, and checked for, the CLI's user
+        with acting(self.owner):  # made by, and checked for, the CLI's user
             try:
                 cfg.workspace.mkdir(parents=True, exist_ok=True)
             except OSError as exc:

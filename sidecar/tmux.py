@@ -20,7 +20,8 @@ from typing import Any
 import libtmux
 from libtmux import exc as tmux_exc
 
-from sidecar.privs import User, read_regular, spawn_credentials, write_new
+from sidecar.files import read_regular, write_new
+from sidecar.users import User, spawn_credentials
 
 log = logging.getLogger(__name__)
 

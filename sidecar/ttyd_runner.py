@@ -15,12 +15,12 @@ from typing import Any
 
 from sidecar.events import EventBus
 from sidecar.persist import ProcRef
-from sidecar.privs import User, spawn_credentials
 from sidecar.proc import cmdline, parent_death_signal
 from sidecar.proctree import wait_exited
 from sidecar.shapes import ErrorEvent
 from sidecar.states import BACKOFF_RESET_AFTER, ProcState, ProcStatus, backoff_delay
 from sidecar.ttyd import Credential, TtydNotFound, Upstream, find_ttyd, port_free, ttyd_argv
+from sidecar.users import User, spawn_credentials
 
 log = logging.getLogger(__name__)
 
