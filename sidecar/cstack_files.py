@@ -160,21 +160,13 @@ def _identity(st: os.stat_result | None) -> tuple[int, int, int, int] | None:
 def _atomic_write(
     target: Path, data: bytes, like: os.stat_result | None, owner: Owner | None
 ) -> None:
-    with files.replacing(target, 0o666) as fd:
+    with files.replacing(target, 0o666, sync=files.Sync.RENAME) as fd:
         if like is not None:
             # A rewrite keeps the file's mode and owner (the CLI's user's, say).
             files.keep_owner(fd, like)
         else:
             claim(owner, fd)
         files.write_all(fd, data)
-        os.fsync(fd)
-    # The rename is durable only once the directory entry is; some filesystems refuse, fine.
-    with contextlib.suppress(OSError):
-        dfd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
 
 def _read_existing(path: Path, workspace: Path | None) -> tuple[bytes, os.stat_result] | None:

