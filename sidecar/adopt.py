@@ -194,7 +194,7 @@ class Adopting:
     async def _find_pane(self, record: SupervisorState | None) -> PaneInfo | None:
         """The pane on our socket. A socket deleted while no supervisor watched is made again
         first, when the recorded tmux server still runs."""
-        sock = self.config.tmux_socket
+        sock = self.config.paths.tmux_socket
         server = record.tmux if record is not None else None
         if not sock.exists() and server is not None and server.alive():
             recreate_socket(server.pid)

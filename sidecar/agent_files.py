@@ -19,7 +19,6 @@ from sidecar.files import write_new
 
 log = logging.getLogger(__name__)
 
-FILE = "agent.json"
 MAX_BYTES = 1024 * 1024
 
 
@@ -32,12 +31,8 @@ class AgentRecord(msgspec.Struct, forbid_unknown_fields=False):
 
 @dataclass
 class AgentFiles:
-    state_dir: Path
+    path: Path  # `Layout.agent_state`
     record: AgentRecord = field(default_factory=AgentRecord)
-
-    @property
-    def path(self) -> Path:
-        return self.state_dir / FILE
 
     def load(self) -> AgentRecord:
         try:

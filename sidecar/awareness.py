@@ -62,7 +62,7 @@ class Awareness:
         self.config = config
         self.bus = bus
         self.machine = AgentMachine(bus)
-        self.files = AgentFiles(config.state_dir)
+        self.files = AgentFiles(config.paths.agent_state)
         record = self.files.load()
         self.machine.session_id = record.session_id
         self.activity = PaneActivity(tmux, self._on_output)
@@ -70,7 +70,7 @@ class Awareness:
         self.inbox = Mailbox(config.workspace, "inbox")
         self.lock = asyncio.Lock()  # one writer to the pane at a time: inputs and notices
         # Where the CLI's user reads it (the session dir with SIDECAR_USER), as that user's.
-        self.settings_path = config.session_dir / claude_hooks.SETTINGS_FILE
+        self.settings_path = config.paths.claude_settings
         self._settings_owner = (
             Owner(config.user.uid, config.user.gid, act_as=True) if config.user else None
         )

@@ -12,15 +12,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from pathlib import Path
 
 from sidecar import tokens
+from sidecar.layout import Layout
 from sidecar.users import User, UserError, parse_user
-
-#: With SIDECAR_USER, the directory in the state dir that the CLI's user may write: its tmux
-#: socket, ttyd's socket, the pane's exit status and environment files. (Without it, the state
-#: dir itself plays that part: the sidecar and the CLI are one user.)
-SESSION_DIR = "session"
 
 
 class ConfigError(Exception):
@@ -67,18 +64,10 @@ class Config:
     # The environment the CLI inherits (PATH, HOME, API keys, ...), captured once here.
     child_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
-    @property
-    def session_dir(self) -> Path:
-        """Where the CLI's user writes: a subdirectory with SIDECAR_USER, else the state dir."""
-        return self.state_dir / SESSION_DIR if self.user is not None else self.state_dir
-
-    @property
-    def tmux_socket(self) -> Path:
-        return self.session_dir / "tmux.sock"
-
-    @property
-    def ttyd_socket(self) -> Path:
-        return self.session_dir / "ttyd.sock"
+    @cached_property
+    def paths(self) -> Layout:
+        """Every path in the state dir (with SIDECAR_USER, the CLI's in its session dir)."""
+        return Layout(self.state_dir, for_user=self.user is not None)
 
     @property
     def cli_home(self) -> Path | None:

@@ -43,3 +43,6 @@ InputKey = Literal[
 INPUT_KEYS: Final[tuple[str, ...]] = get_args(InputKey)
 #: Largest `text` of `POST /input`, in bytes of UTF-8.
 MAX_INPUT_BYTES: Final = 64 * 1024
+
+#: The tmux session that hosts the CLI (`sidecar attach` attaches to it).
+TMUX_SESSION: Final = "main"

@@ -1,5 +1,6 @@
-"""The supervisor's state in one small file in the state dir, so that a supervisor started again
-after a crash can adopt what runs (see `sidecar.adopt`) instead of starting it anew.
+"""The supervisor's state in one small file in the state dir (`Layout.supervisor_state`), so
+that a supervisor started again after a crash can adopt what runs (see `sidecar.adopt`)
+instead of starting it anew.
 
 One typed record (`SupervisorState`), written atomically (temp file + rename, 0600) whenever it
 changes and never on a timer, and read back whole or not at all: a missing, truncated or
@@ -23,7 +24,6 @@ import msgspec
 from sidecar.files import write_new
 from sidecar.proc import cmdline, start_time
 
-STATE_FILE = "supervisor.json"
 VERSION = 1
 MAX_BYTES = 64 * 1024  # a larger file is not ours
 

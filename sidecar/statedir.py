@@ -63,7 +63,7 @@ def _make(state: Path, user: User | None) -> None:
 
 
 def _session(config: Config, user: User, euid: int) -> None:
-    session = config.session_dir
+    session = config.paths.session_dir
     try:
         os.mkdir(session, 0o700)
     except FileExistsError:
@@ -95,7 +95,8 @@ def prepare(config: Config, *, euid: int | None = None, egid: int | None = None)
     except OSError as exc:
         msg = f"SIDECAR_STATE_DIR: {state} is not a usable directory: {exc.strerror}"
         raise ConfigError(msg) from None
-    longest = max(len(os.fsencode(config.tmux_socket)), len(os.fsencode(config.ttyd_socket)))
+    paths = config.paths
+    longest = max(len(os.fsencode(paths.tmux_socket)), len(os.fsencode(paths.ttyd_socket)))
     if longest > SOCKET_PATH_MAX:
         room = SOCKET_PATH_MAX - (longest - len(os.fsencode(state)))
         msg = (
@@ -103,9 +104,9 @@ def prepare(config: Config, *, euid: int | None = None, egid: int | None = None)
             f"(max ~{room} bytes)"
         )
         raise ConfigError(msg)
-    if user is not None and not can_search(user, config.session_dir):
+    if user is not None and not can_search(user, paths.session_dir):
         msg = (
-            f"SIDECAR_STATE_DIR: SIDECAR_USER {user.spec} cannot reach {config.session_dir}; "
+            f"SIDECAR_STATE_DIR: SIDECAR_USER {user.spec} cannot reach {paths.session_dir}; "
             f"every directory above it needs x for that user (o+x, or group {user.gid})"
         )
         raise ConfigError(msg)

@@ -35,7 +35,6 @@ from sidecar.shapes import CliExit, ErrorEvent, Resleeve
 from sidecar.states import BACKOFF_RESET_AFTER, ProcState, ProcStatus, backoff_delay
 from sidecar.stats import SupervisorStats
 from sidecar.tmux import (
-    SESSION,
     PaneInfo,
     Tmux,
     TmuxError,
@@ -80,10 +79,7 @@ class Supervisor(Adopting):
         self.owner = workspace_owner(config.user, config.workspace, os.geteuid())
         self.ttyd = TtydRunner(
             port=config.ttyd_port,
-            socket_path=config.ttyd_socket,
-            tmux_socket=config.tmux_socket,
-            session=SESSION,
-            state_dir=config.state_dir,
+            paths=config.paths,
             path_env=config.child_env.get("PATH"),
             bus=bus,
             on_change=self._save,
@@ -102,13 +98,7 @@ class Supervisor(Adopting):
         self.current = CurrentWatcher(
             config.workspace / ".cstack" / "CURRENT.md", bus, config.workspace, self.owner
         )
-        self.tmux = Tmux(
-            config.tmux_socket,
-            config.state_dir / "tmux.conf",
-            config.session_dir / "cli.status",
-            run_as=config.user,
-            env=user_env,
-        )
+        self.tmux = Tmux(config.paths, run_as=config.user, env=user_env)
         # What the agent is doing (sidecar.agent): told of every change of the CLI's state.
         self.awareness = Awareness(config, bus, self.tmux)
         self.cli = ProcStatus()
@@ -121,7 +111,7 @@ class Supervisor(Adopting):
         self._backoff_n = 0
         self._restart_due: float | None = None  # time.monotonic() of the backoff's restart
         # What the state file says besides the above (see `SupervisorState`).
-        self.state_file = config.state_dir / persist.STATE_FILE
+        self.state_file = config.paths.supervisor_state
         self._init = ProcRef.of(os.getppid())
         self._saved = b""
         self._argv: tuple[str, ...] = ()
@@ -231,7 +221,7 @@ class Supervisor(Adopting):
         record, found = persist.load(self.state_file)
         ours = record if record is not None and record.init == self._init else None
         if ours is not None and ours.ttyd is not None:
-            await stop_stale(ours.ttyd, cfg.tmux_socket)
+            await stop_stale(ours.ttyd, cfg.paths.tmux_socket)
         if stop_at_once or (ours is not None and ours.stopping):
             await self._take_over_to_stop(ours)
             return True
@@ -476,7 +466,7 @@ class Supervisor(Adopting):
     # ---- periodic ------------------------------------------------------------------------
 
     async def _tick(self) -> None:
-        socket = os.fspath(self.config.tmux_socket)
+        socket = os.fspath(self.config.paths.tmux_socket)
         while not self._stopping:
             await asyncio.sleep(TICK)
             self._tick_once(socket)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.events import EventBus
+from sidecar.layout import Layout
 from sidecar.persist import ProcRef
 from sidecar.proc import cmdline, parent_death_signal
 from sidecar.proctree import wait_exited
@@ -86,10 +87,7 @@ class TtydRunner:
         self,
         *,
         port: int | None,
-        socket_path: Path,
-        tmux_socket: Path,
-        session: str,
-        state_dir: Path,
+        paths: Layout,
         path_env: str | None,
         bus: EventBus,
         on_change: Callable[[], None] | None = None,
@@ -97,12 +95,11 @@ class TtydRunner:
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.port = port
-        self.socket_path = None if port is not None else socket_path
+        self.socket_path = None if port is not None else paths.ttyd_socket
         self.run_as = run_as
         self.env = dict(env) if env is not None else None
-        self.tmux_socket = tmux_socket
-        self.session = session
-        self.state_dir = state_dir
+        self.tmux_socket = paths.tmux_socket
+        self.ttyd_copy = paths.ttyd_copy
         self.path_env = path_env
         self.bus = bus
         self.on_change = on_change  # called when `status` or `process` changed
@@ -146,7 +143,7 @@ class TtydRunner:
         failures = 0
         while not self._stopping:
             try:
-                binary = await asyncio.to_thread(find_ttyd, self.state_dir, self.path_env)
+                binary = await asyncio.to_thread(find_ttyd, self.ttyd_copy, self.path_env)
             except TtydNotFound as exc:
                 # -> FATAL: nothing to start; a new binary needs a new sidecar.
                 self._set(ProcStatus(ProcState.FATAL, reason=str(exc)))
@@ -189,7 +186,6 @@ class TtydRunner:
         argv = ttyd_argv(
             binary,
             tmux_socket=self.tmux_socket,
-            session=self.session,
             socket_path=self.socket_path,
             port=self.port,
             credential=credential,

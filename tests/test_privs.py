@@ -86,8 +86,8 @@ def test_sidecar_user_forms() -> None:
     assert nobody.home is None  # /nonexistent: the CLI's HOME falls back to the workspace
     cfg = Config.from_env({**BASE, "SIDECAR_USER": "nobody"}, euid=0)
     assert cfg.cli_home == cfg.workspace
-    assert cfg.session_dir == cfg.state_dir / "session"
-    assert cfg.tmux_socket == cfg.state_dir / "session" / "tmux.sock"
+    assert cfg.paths.session_dir == cfg.state_dir / "session"
+    assert cfg.paths.tmux_socket == cfg.state_dir / "session" / "tmux.sock"
     home = Config.from_env({**BASE, "SIDECAR_USER": "nobody", "SIDECAR_USER_HOME": "/h"}, euid=0)
     assert home.cli_home == Path("/h")
 
