@@ -18,6 +18,7 @@ from typing import Any
 from sidecar.client import ClientError, SidecarClient
 from sidecar.contract import (
     AGENT_STATES,
+    DEFAULT_STATE_DIR,
     INPUT_KEYS,
     MESSAGE_TYPES,
     TMUX_SESSION,
@@ -70,7 +71,7 @@ def _attach(env: dict[str, str]) -> int:
     from sidecar.layout import Layout
     from sidecar.users import become, parse_user
 
-    state = Path(env.get("SIDECAR_STATE_DIR") or "/run/sidecar")
+    state = Path(env.get("SIDECAR_STATE_DIR") or DEFAULT_STATE_DIR)
     # Whether the CLI runs as SIDECAR_USER depends on the sidecar's uid, not this client's (one
     # naming the sidecar's own uid switches nothing): the session dir it then made tells.
     paths = Layout(state, for_user=True)

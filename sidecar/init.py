@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
+from sidecar.contract import STOP_GRACE
 from sidecar.proc import Stat, parent_death_signal, start_time, stat
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -338,7 +339,7 @@ class _Init:
         return None
 
 
-def run_as_init(work: Callable[[Incarnation], int], *, grace: float = 5.0) -> int:
+def run_as_init(work: Callable[[Incarnation], int], *, grace: float = STOP_GRACE) -> int:
     """Fork `work` into a child, reap everything, start `work` again when it crashes; return
     its exit code (or the last crash's, 128+N for signal N, when init gives up). `grace` is how
     long processes left at the end get between SIGTERM and SIGKILL."""
