@@ -1,8 +1,8 @@
 """SIDECAR_STATE_DIR, prepared once at start (an unusable one is a configuration error, exit 2).
 
 An existing directory is used as it is, unless others can write it (then refused); one the
-sidecar makes is 0700. With SIDECAR_USER the layout lets the CLI's user reach what is its own
-and nothing of the sidecar's:
+sidecar makes is 0700. With SIDECAR_USER the layout (its paths: `sidecar.layout`) lets the
+CLI's user reach what is its own and nothing of the sidecar's:
 
     $SIDECAR_STATE_DIR/     root, 0710, group = the user's (made so; an existing one must let
                             the user pass): tmux.conf (0644), bin/ (a ttyd copy), the sidecar's
