@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Callable
 
+from sidecar.contract import TMUX_SESSION
 from sidecar.tmux import Tmux
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class PaneActivity:
         # A client of the session's own kind (with SIDECAR_USER: as the CLI's user, never as
         # root, whom the user's server could make run commands).
         proc = await asyncio.create_subprocess_exec(
-            *self.tmux.client_argv("-C", "attach-session", "-f", "ignore-size", "-t", "main"),
+            *self.tmux.client_argv("-C", "attach-session", "-f", "ignore-size", "-t", TMUX_SESSION),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,

@@ -19,7 +19,7 @@ from enum import Enum
 
 from sidecar.clis import CLIDef
 from sidecar.persist import ProcRef, SupervisorState, cmdline_digest
-from sidecar.pidfd import send_signal
+from sidecar.proc import ppid, send_signal
 from sidecar.states import ProcState
 from sidecar.tmux import PaneInfo, Tmux, fatal_pane_argv
 
@@ -35,15 +35,6 @@ class Plan(Enum):
 class Decision:
     plan: Plan
     why: str  # for the one log line per adoption
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(b")") + 2 :].split()[1])
 
 
 def _server_is(record: SupervisorState, live: PaneInfo) -> bool:
@@ -82,7 +73,7 @@ def decide(
         if not record.pane.alive() or cmdline_digest(live.pane_pid) != record.pane_command:
             return Decision(Plan.FRESH, "the pane runs another command than the one recorded")
         cli = record.cli_pid
-        if cli is not None and cli.alive() and _ppid(cli.pid) != live.pane_pid:
+        if cli is not None and cli.alive() and ppid(cli.pid) != live.pane_pid:
             return Decision(Plan.FRESH, "the recorded CLI pid is not the pane's CLI")
     return Decision(Plan.ADOPT, "state file matches the running tmux server and pane")
 
@@ -117,12 +108,21 @@ async def find_pane(tmux: Tmux, record: SupervisorState | None) -> PaneInfo | No
     first, when the recorded tmux server is still that process."""
     sock = tmux.socket_path
     server = record.tmux if record is not None else None
-    if not sock.exists() and server is not None and send_signal(server, signal.SIGUSR1):
+    if (
+        not sock.exists()
+        and server is not None
+        and send_signal(server.pid, server.start, signal.SIGUSR1)
+    ):
         deadline = time.monotonic() + SOCKET_BACK_WITHIN
         # A file appearing has no event to wait on (no inotify here): polled, bounded.
         while not sock.exists() and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
     return await asyncio.to_thread(tmux.find_pane)
+
+
+def _recreate(server: ProcRef) -> bool:
+    """tmux recreates its socket on SIGUSR1: sent only if the recorded server is that process."""
+    return send_signal(server.pid, server.start, signal.SIGUSR1)
 
 
 def found_text(live: PaneInfo | None) -> str:

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import msgspec
 
-from sidecar import privs
+from sidecar.files import write_new
 
 log = logging.getLogger(__name__)
 
-FILE = "agent.json"
 MAX_BYTES = 1024 * 1024
 
 
@@ -32,12 +31,8 @@ class AgentRecord(msgspec.Struct, forbid_unknown_fields=False):
 
 @dataclass
 class AgentFiles:
-    state_dir: Path
+    path: Path  # `Layout.agent_state`
     record: AgentRecord = field(default_factory=AgentRecord)
-
-    @property
-    def path(self) -> Path:
-        return self.state_dir / FILE
 
     def load(self) -> AgentRecord:
         try:
@@ -58,6 +53,6 @@ class AgentFiles:
             return
         self.record = new
         try:
-            privs.write_new(self.path, msgspec.json.encode(new), 0o600)
+            write_new(self.path, msgspec.json.encode(new), 0o600)
         except OSError as exc:
             log.warning("cannot write %s: %s", self.path, exc)

@@ -15,7 +15,8 @@ import pathlib
 from aiohttp import web
 from msgspec import UnsetType
 
-from sidecar import httpio, needlecast, privs
+from sidecar import httpio, needlecast
+from sidecar.acting import Owner
 from sidecar.mailbox import Mailbox
 from sidecar.needlecast import Message, ParseResult
 from sidecar.openapi import Operation
@@ -121,7 +122,7 @@ async def _post_inbox(request: web.Request) -> web.Response:
 
 
 def message_operations(
-    app: web.Application, workspace: pathlib.Path, owner: privs.Owner | None = None
+    app: web.Application, workspace: pathlib.Path, owner: Owner | None = None
 ) -> list[Operation]:
     """The four message routes; files live in `<workspace>/.needlecast/`, handled as `owner`."""
     boxes = Mailboxes(

@@ -23,13 +23,15 @@ from typing import Any
 
 from msgspec import UnsetType
 
-from sidecar import claude_hooks, notify, privs
+from sidecar import claude_hooks, notify
+from sidecar.acting import Owner, acting
 from sidecar.activity import SAMPLE, PaneActivity
 from sidecar.agent import AgentMachine, AgentState
 from sidecar.agent_files import AgentFiles
 from sidecar.clis import CLIDef
 from sidecar.config import Config, InboxNotify
 from sidecar.events import EventBus
+from sidecar.files import write_new
 from sidecar.mailbox import Mailbox
 from sidecar.pane_input import PaneInput, check_text
 from sidecar.shapes import InboxNotified, InputAccepted, InputRequest
@@ -60,7 +62,7 @@ class Awareness:
         self.config = config
         self.bus = bus
         self.machine = AgentMachine(bus)
-        self.files = AgentFiles(config.state_dir)
+        self.files = AgentFiles(config.paths.agent_state)
         record = self.files.load()
         self.machine.session_id = record.session_id
         self.activity = PaneActivity(tmux, self._on_output)
@@ -68,9 +70,9 @@ class Awareness:
         self.inbox = Mailbox(config.workspace, "inbox")
         self.lock = asyncio.Lock()  # one writer to the pane at a time: inputs and notices
         # Where the CLI's user reads it (the session dir with SIDECAR_USER), as that user's.
-        self.settings_path = config.session_dir / claude_hooks.SETTINGS_FILE
+        self.settings_path = config.paths.claude_settings
         self._settings_owner = (
-            privs.Owner(config.user.uid, config.user.gid, act_as=True) if config.user else None
+            Owner(config.user.uid, config.user.gid, act_as=True) if config.user else None
         )
         self._cli: CLIDef | None = None
         self._launched_at = time.monotonic()
@@ -110,8 +112,8 @@ class Awareness:
         document = claude_hooks.settings(base, secret, self.settings_path)
         # The file holds the secret: 0600, made as the CLI's user (with SIDECAR_USER; the
         # sidecar keeps the secret in memory and in its own state dir, never reads it back).
-        with privs.acting(self._settings_owner):
-            privs.write_new(self.settings_path, json.dumps(document, indent=1).encode(), 0o600)
+        with acting(self._settings_owner):
+            write_new(self.settings_path, json.dumps(document, indent=1).encode(), 0o600)
         return (*cli.command, "--settings", str(self.settings_path), *args)
 
     def process_changed(self, state: ProcState, cli: CLIDef | None) -> None:

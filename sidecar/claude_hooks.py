@@ -29,7 +29,6 @@ from sidecar.agent import AgentState, one_line
 
 HOOK_PATH = "/hooks/claude-code"
 SECRET_HEADER = "X-Sidecar-Hook"  # noqa: S105 - the header's name, not a secret
-SETTINGS_FILE = "claude-hooks.json"
 HTTP_EVENTS = (
     "UserPromptSubmit",
     "PreToolUse",

@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.client import ClientError, SidecarClient
-from sidecar.contract import AGENT_STATES, INPUT_KEYS, MESSAGE_TYPES
+from sidecar.contract import (
+    AGENT_STATES,
+    DEFAULT_STATE_DIR,
+    INPUT_KEYS,
+    MESSAGE_TYPES,
+    TMUX_SESSION,
+)
 
 
 def _print_status(s: dict[str, Any]) -> None:
@@ -62,28 +68,30 @@ def _attach(env: dict[str, str]) -> int:
     if tmux is None:
         print("sidecar attach: tmux is not installed", file=sys.stderr)
         return 1
-    from sidecar.config import SESSION_DIR
-    from sidecar.privs import become, parse_user
+    from sidecar.layout import Layout
+    from sidecar.users import become, parse_user
 
-    state = Path(env.get("SIDECAR_STATE_DIR") or "/run/sidecar")
-    socket = state / "tmux.sock"
-    # (A SIDECAR_USER naming the sidecar's own uid switches nothing: no session dir then.)
-    if env.get("SIDECAR_USER", "").strip() and (state / SESSION_DIR).is_dir():
-        socket = state / SESSION_DIR / "tmux.sock"
-        if os.geteuid() == 0:
-            # The session is that user's, and so must this client be: a root tmux client runs
-            # whatever the user's server tells it to (`detach-client -E`).
-            try:
-                become(parse_user(env["SIDECAR_USER"]))
-            except (ValueError, OSError) as exc:
-                print(f"sidecar attach: SIDECAR_USER: {exc}", file=sys.stderr)
-                return 1
+    state = Path(env.get("SIDECAR_STATE_DIR") or DEFAULT_STATE_DIR)
+    # Whether the CLI runs as SIDECAR_USER depends on the sidecar's uid, not this client's (one
+    # naming the sidecar's own uid switches nothing): the session dir it then made tells.
+    paths = Layout(state, for_user=True)
+    if not (env.get("SIDECAR_USER", "").strip() and paths.session_dir.is_dir()):
+        paths = Layout(state)
+    socket = paths.tmux_socket
+    if paths.for_user and os.geteuid() == 0:
+        # The session is that user's, and so must this client be: a root tmux client runs
+        # whatever the user's server tells it to (`detach-client -E`).
+        try:
+            become(parse_user(env["SIDECAR_USER"]))
+        except (ValueError, OSError) as exc:
+            print(f"sidecar attach: SIDECAR_USER: {exc}", file=sys.stderr)
+            return 1
     if not socket.exists():
         print(
             f"sidecar attach: no tmux socket at {socket}; is the sidecar running?", file=sys.stderr
         )
         return 1
-    os.execv(tmux, [tmux, "-S", str(socket), "attach-session", "-t", "main"])  # noqa: S606 - fixed argv
+    os.execv(tmux, [tmux, "-S", str(socket), "attach-session", "-t", TMUX_SESSION])  # noqa: S606 - fixed argv
 
 
 def parser() -> argparse.ArgumentParser:

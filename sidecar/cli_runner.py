@@ -21,7 +21,8 @@ from typing import Any
 
 import psutil
 
-from sidecar import persist, privs
+from sidecar import persist
+from sidecar.acting import Owner, acting, which
 from sidecar.awareness import Awareness
 from sidecar.clis import CLIDef, claude_has_history
 from sidecar.config import Config, RestartPolicy
@@ -60,7 +61,7 @@ class CliRunner:
         awareness: Awareness,
         stats: SupervisorStats,
         env: Mapping[str, str],
-        owner: privs.Owner | None,
+        owner: Owner | None,
         spawn: Spawn,
         save: Callable[[], None],
     ) -> None:
@@ -73,7 +74,7 @@ class CliRunner:
         self._save = save
         self.name = config.cli
         self.env = env  # the CLI's environment (its user's HOME with SIDECAR_USER)
-        self.owner = owner  # how the sidecar acts in the workspace (sidecar.privs)
+        self.owner = owner  # how the sidecar acts in the workspace (sidecar.acting)
         self.server = TmuxServer(tmux)
         self.process = ProcessState(self._changed)
         self.lock = asyncio.Lock()  # launches, heals, resleeves and shutdown, one at a time
@@ -121,14 +122,14 @@ class CliRunner:
         argv = self._argv_for(cli, resume=resume)
         env = dict(cli.env)
         path = {**self.env, **env}.get("PATH", os.defpath)
-        if privs.which(argv[0], path, self.owner) is None:
+        if which(argv[0], path, self.owner) is None:
             fatal = f"{argv[0]!r} not found on PATH ({path}); the {cli.name} CLI is not installed"
             return argv, env, fatal
         return argv, env, None
 
     def _argv_for(self, cli: CLIDef, *, resume: bool) -> tuple[str, ...]:
         env = self.env
-        with privs.acting(self.owner):  # the history is the CLI user's, maybe private to it
+        with acting(self.owner):  # the history is the CLI user's, maybe private to it
             history = claude_has_history(
                 self.config.workspace,
                 Path(env.get("HOME", "/root")),

@@ -1,7 +1,9 @@
 """The sidecar's configuration, parsed once from the environment into a frozen dataclass.
 
 Nothing else in the package reads ``os.environ``: a bad or missing value raises ``ConfigError``
-naming the variable, and ``main`` turns that into one stderr line and exit code 2.
+naming the variable, and ``main`` turns that into one stderr line and exit code 2. One reader
+per kind of value (text, port, seconds, a choice); the launcher reads the stop grace with the
+same reader, to fit a pod's grace period to it.
 """
 
 from __future__ import annotations
@@ -12,15 +14,25 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from pathlib import Path
+from typing import TypeVar
 
 from sidecar import tokens
-from sidecar.privs import User, UserError, parse_user
+from sidecar.contract import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    DEFAULT_STATE_DIR,
+    DEFAULT_WORKSPACE,
+    STOP_GRACE,
+)
+from sidecar.layout import Layout
+from sidecar.users import User, UserError, parse_user
 
-#: With SIDECAR_USER, the directory in the state dir that the CLI's user may write: its tmux
-#: socket, ttyd's socket, the pane's exit status and environment files. (Without it, the state
-#: dir itself plays that part: the sidecar and the CLI are one user.)
-SESSION_DIR = "session"
+ACTIVITY_QUIET = 3.0
+MAX_SECONDS = 3600.0
+
+E = TypeVar("E", bound=Enum)
 
 
 class ConfigError(Exception):
@@ -38,203 +50,134 @@ class RestartPolicy(Enum):
     ALWAYS = "always"
 
 
-@dataclass(frozen=True)
-class Config:
-    sleeve_name: str
-    cli: str
-    goal: str | None = None
-    repo: str | None = None
-    port: int = 8080
-    host: str = "0.0.0.0"  # noqa: S104 - the container's API is meant to be published
-    # None: ttyd listens on a unix socket only the sidecar (and the CLI's user) can reach.
-    ttyd_port: int | None = None
-    workspace: Path = Path("/workspace")
-    state_dir: Path = Path("/run/sidecar")
-    token: str | None = None
-    view_token: str | None = None
-    # Browser origins allowed besides the page's own (a reverse proxy's public origin); "*": any.
-    allowed_origins: frozenset[str] = frozenset()
-    # SIDECAR_USER: tmux, ttyd and the CLI run as this user (the sidecar started as root).
-    user: User | None = None
-    # SIDECAR_USER_HOME: that user's HOME when its passwd entry does not give one.
-    user_home: Path | None = None
-    cli_config: Path | None = None
-    restart: RestartPolicy = RestartPolicy.NO
-    stop_grace: float = 5.0
-    inbox_notify: InboxNotify = InboxNotify.IDLE
-    # `activity` source: pane output within this many seconds is `working`, quiet is `idle`.
-    activity_quiet: float = 3.0
-    # The environment the CLI inherits (PATH, HOME, API keys, ...), captured once here.
-    child_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+# ---- one reader per kind of value ----------------------------------------------------------
 
-    @property
-    def session_dir(self) -> Path:
-        """Where the CLI's user writes: a subdirectory with SIDECAR_USER, else the state dir."""
-        return self.state_dir / SESSION_DIR if self.user is not None else self.state_dir
 
-    @property
-    def tmux_socket(self) -> Path:
-        return self.session_dir / "tmux.sock"
+def text(env: Mapping[str, str], name: str) -> str | None:
+    """`name`'s value; None when unset or blank."""
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return None
+    if "\x00" in value:
+        msg = f"{name} must not contain NUL bytes"
+        raise ConfigError(msg)
+    return value
 
-    @property
-    def ttyd_socket(self) -> Path:
-        return self.session_dir / "ttyd.sock"
 
-    @property
-    def cli_home(self) -> Path | None:
-        """The CLI user's HOME: SIDECAR_USER_HOME, else its passwd entry's, else the workspace
-        (None without SIDECAR_USER: the CLI inherits the sidecar's HOME)."""
-        if self.user is None:
-            return None
-        return self.user_home or self.user.home or self.workspace
+def required(env: Mapping[str, str], name: str) -> str:
+    value = text(env, name)
+    if value is None:
+        msg = f"{name} is required and must not be empty"
+        raise ConfigError(msg)
+    return value
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str], *, euid: int | None = None) -> Config:
-        """`euid`: the uid the sidecar runs as (default: this process's), for SIDECAR_USER."""
 
-        def text(name: str, *, required: bool = False) -> str | None:
-            value = env.get(name)
-            if value is None or value.strip() == "":
-                if required:
-                    msg = f"{name} is required and must not be empty"
-                    raise ConfigError(msg)
-                return None
-            if "\x00" in value:
-                msg = f"{name} must not contain NUL bytes"
-                raise ConfigError(msg)
-            return value
+def port(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = text(env, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip(), 10)
+    except ValueError:
+        msg = f"{name} must be an integer port number, got {raw!r}"
+        raise ConfigError(msg) from None
+    if not 1 <= value <= 65535:
+        msg = f"{name} must be between 1 and 65535, got {value}"
+        raise ConfigError(msg)
+    return value
 
-        def port(name: str, default: int) -> int:
-            raw = text(name)
-            if raw is None:
-                return default
-            try:
-                value = int(raw.strip(), 10)
-            except ValueError:
-                msg = f"{name} must be an integer port number, got {raw!r}"
-                raise ConfigError(msg) from None
-            if not 1 <= value <= 65535:
-                msg = f"{name} must be between 1 and 65535, got {value}"
-                raise ConfigError(msg)
-            return value
 
-        def seconds(name: str, default: float, low: float, high: float = 3600) -> float:
-            raw = text(name)
-            if raw is None:
-                return default
-            try:
-                value = float(raw)
-            except ValueError:
-                msg = f"{name} must be a number of seconds, got {raw!r}"
-                raise ConfigError(msg) from None
-            if not math.isfinite(value) or not low <= value <= high:
-                msg = f"{name} must be between {low:g} and {high:g} seconds, got {raw!r}"
-                raise ConfigError(msg)
-            return value
+def seconds(
+    env: Mapping[str, str], name: str, default: float, low: float, high: float = MAX_SECONDS
+) -> float:
+    raw = text(env, name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        msg = f"{name} must be a number of seconds, got {raw!r}"
+        raise ConfigError(msg) from None
+    if not math.isfinite(value) or not low <= value <= high:
+        msg = f"{name} must be between {low:g} and {high:g} seconds, got {raw!r}"
+        raise ConfigError(msg)
+    return value
 
-        name = text("SLEEVE_NAME", required=True)
-        cli = text("SLEEVE_CLI", required=True)
-        assert name is not None
-        assert cli is not None
-        if len(name) > 128 or any(not (c.isprintable() and not c.isspace()) for c in name):
-            msg = "SLEEVE_NAME must be at most 128 printable characters without spaces"
-            raise ConfigError(msg)
 
-        host = text("SIDECAR_HOST") or "0.0.0.0"  # noqa: S104 - documented default
-        if host != "localhost":
-            try:
-                ipaddress.ip_address(host)
-            except ValueError:
-                msg = f"SIDECAR_HOST must be an IP address or 'localhost', got {host!r}"
-                raise ConfigError(msg) from None
+def choice(env: Mapping[str, str], name: str, default: E) -> E:
+    """One of the values of `default`'s enum, in any case."""
+    raw = (text(env, name) or default.value).strip().lower()
+    try:
+        return type(default)(raw)
+    except ValueError:
+        values = [str(member.value) for member in type(default)]
+        allowed = " or ".join(values) if len(values) == 2 else f"one of {', '.join(values)}"
+        msg = f"{name} must be {allowed}; got {raw!r}"
+        raise ConfigError(msg) from None
 
-        restart_raw = (text("SIDECAR_RESTART") or "no").strip().lower()
+
+def stop_grace(env: Mapping[str, str]) -> float:
+    """SIDECAR_STOP_GRACE (the launcher reads it too, to fit a pod's grace period to it)."""
+    return seconds(env, "SIDECAR_STOP_GRACE", STOP_GRACE, 0)
+
+
+# ---- the values that are more than one reader ----------------------------------------------
+
+
+def _check_name(name: str) -> None:
+    if len(name) > 128 or any(not (c.isprintable() and not c.isspace()) for c in name):
+        msg = "SLEEVE_NAME must be at most 128 printable characters without spaces"
+        raise ConfigError(msg)
+
+
+def _host(env: Mapping[str, str]) -> str:
+    host = text(env, "SIDECAR_HOST") or DEFAULT_HOST
+    if host != "localhost":
         try:
-            restart = RestartPolicy(restart_raw)
+            ipaddress.ip_address(host)
         except ValueError:
-            msg = f"SIDECAR_RESTART must be one of no, on-failure, always; got {restart_raw!r}"
+            msg = f"SIDECAR_HOST must be an IP address or 'localhost', got {host!r}"
             raise ConfigError(msg) from None
+    return host
 
-        grace_raw = text("SIDECAR_STOP_GRACE")
-        grace = 5.0
-        if grace_raw is not None:
-            try:
-                grace = float(grace_raw)
-            except ValueError:
-                msg = f"SIDECAR_STOP_GRACE must be a number of seconds, got {grace_raw!r}"
-                raise ConfigError(msg) from None
-            if not math.isfinite(grace) or not 0 <= grace <= 3600:
-                msg = f"SIDECAR_STOP_GRACE must be between 0 and 3600 seconds, got {grace_raw!r}"
-                raise ConfigError(msg)
 
-        notify_raw = (text("SIDECAR_INBOX_NOTIFY") or "idle").strip().lower()
-        try:
-            inbox_notify = InboxNotify(notify_raw)
-        except ValueError:
-            msg = f"SIDECAR_INBOX_NOTIFY must be idle or off; got {notify_raw!r}"
-            raise ConfigError(msg) from None
+def _ports(env: Mapping[str, str]) -> tuple[int, int | None]:
+    """The API's port, and ttyd's (None: a unix socket)."""
+    api = port(env, "SIDECAR_PORT", DEFAULT_PORT)
+    ttyd = port(env, "TTYD_PORT", 0) or None
+    if api == ttyd:
+        msg = f"TTYD_PORT must differ from SIDECAR_PORT (both are {api})"
+        raise ConfigError(msg)
+    return api, ttyd
 
-        quiet = seconds("SIDECAR_ACTIVITY_QUIET", 3.0, 0.5)
 
-        cli_config = text("SIDECAR_CLI_CONFIG")
-        port_value = port("SIDECAR_PORT", 8080)
-        ttyd_port = port("TTYD_PORT", 0) or None
-        if port_value == ttyd_port:
-            msg = f"TTYD_PORT must differ from SIDECAR_PORT (both are {port_value})"
+def _tokens(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    try:
+        token = tokens.resolve(env, "SIDECAR_TOKEN")
+        view_token = tokens.resolve(env, "SIDECAR_VIEW_TOKEN")
+    except tokens.TokenError as exc:
+        raise ConfigError(str(exc)) from None
+    if token is not None and token == view_token:
+        msg = "SIDECAR_VIEW_TOKEN must differ from SIDECAR_TOKEN"
+        raise ConfigError(msg)
+    return token, view_token
+
+
+def _origins(env: Mapping[str, str]) -> frozenset[str]:
+    allowed = frozenset(
+        o.strip().rstrip("/").lower()
+        for o in (text(env, "SIDECAR_ALLOWED_ORIGINS") or "").split(",")
+        if o.strip()
+    )
+    for origin in allowed - {"*"}:
+        scheme, sep, rest = origin.partition("://")
+        if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
+            msg = (
+                "SIDECAR_ALLOWED_ORIGINS must be comma-separated origins like "
+                f"https://envoy.example:8443 (or *), got {origin!r}"
+            )
             raise ConfigError(msg)
-        try:
-            token = tokens.resolve(env, "SIDECAR_TOKEN")
-            view_token = tokens.resolve(env, "SIDECAR_VIEW_TOKEN")
-        except tokens.TokenError as exc:
-            raise ConfigError(str(exc)) from None
-        if token is not None and token == view_token:
-            msg = "SIDECAR_VIEW_TOKEN must differ from SIDECAR_TOKEN"
-            raise ConfigError(msg)
-
-        allowed_origins = frozenset(
-            o.strip().rstrip("/").lower()
-            for o in (text("SIDECAR_ALLOWED_ORIGINS") or "").split(",")
-            if o.strip()
-        )
-        for origin in allowed_origins - {"*"}:
-            scheme, sep, rest = origin.partition("://")
-            if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
-                msg = (
-                    "SIDECAR_ALLOWED_ORIGINS must be comma-separated origins like "
-                    f"https://envoy.example:8443 (or *), got {origin!r}"
-                )
-                raise ConfigError(msg)
-
-        user = _user(text("SIDECAR_USER"), os.geteuid() if euid is None else euid)
-        user_home_raw = text("SIDECAR_USER_HOME")
-        user_home = Path(user_home_raw) if user_home_raw else None
-        if user_home is not None and not user_home.is_absolute():
-            msg = f"SIDECAR_USER_HOME must be an absolute path, got {user_home_raw!r}"
-            raise ConfigError(msg)
-        hidden = {*tokens.TOKEN_VARS, tokens.HANDOVER_VAR}
-        return cls(
-            sleeve_name=name,
-            cli=cli.strip(),
-            goal=text("SLEEVE_GOAL"),
-            repo=text("SLEEVE_REPO"),
-            port=port_value,
-            host=host,
-            ttyd_port=ttyd_port,
-            workspace=Path(text("SIDECAR_WORKSPACE") or "/workspace").absolute(),
-            state_dir=Path(text("SIDECAR_STATE_DIR") or "/run/sidecar").absolute(),
-            token=token,
-            view_token=view_token,
-            user=user,
-            user_home=user_home if user is not None else None,
-            allowed_origins=allowed_origins,
-            cli_config=Path(cli_config) if cli_config else None,
-            restart=restart,
-            stop_grace=grace,
-            inbox_notify=inbox_notify,
-            activity_quiet=quiet,
-            # The CLI never inherits the API's tokens.
-            child_env={k: v for k, v in env.items() if k not in hidden},
-        )
+    return allowed
 
 
 def _user(raw: str | None, euid: int) -> User | None:
@@ -254,3 +197,102 @@ def _user(raw: str | None, euid: int) -> User | None:
         )
         raise ConfigError(msg)
     return user
+
+
+def _user_home(env: Mapping[str, str]) -> Path | None:
+    raw = text(env, "SIDECAR_USER_HOME")
+    home = Path(raw) if raw else None
+    if home is not None and not home.is_absolute():
+        msg = f"SIDECAR_USER_HOME must be an absolute path, got {raw!r}"
+        raise ConfigError(msg)
+    return home
+
+
+def _path(env: Mapping[str, str], name: str, default: str) -> Path:
+    return Path(text(env, name) or default).absolute()
+
+
+@dataclass(frozen=True)
+class Config:
+    sleeve_name: str
+    cli: str
+    goal: str | None = None
+    repo: str | None = None
+    port: int = DEFAULT_PORT
+    host: str = DEFAULT_HOST
+    # None: ttyd listens on a unix socket only the sidecar (and the CLI's user) can reach.
+    ttyd_port: int | None = None
+    workspace: Path = Path(DEFAULT_WORKSPACE)
+    state_dir: Path = Path(DEFAULT_STATE_DIR)
+    token: str | None = None
+    view_token: str | None = None
+    # Browser origins allowed besides the page's own (a reverse proxy's public origin); "*": any.
+    allowed_origins: frozenset[str] = frozenset()
+    # SIDECAR_USER: tmux, ttyd and the CLI run as this user (the sidecar started as root).
+    user: User | None = None
+    # SIDECAR_USER_HOME: that user's HOME when its passwd entry does not give one.
+    user_home: Path | None = None
+    cli_config: Path | None = None
+    restart: RestartPolicy = RestartPolicy.NO
+    stop_grace: float = STOP_GRACE
+    inbox_notify: InboxNotify = InboxNotify.IDLE
+    # `activity` source: pane output within this many seconds is `working`, quiet is `idle`.
+    activity_quiet: float = ACTIVITY_QUIET
+    # The environment the CLI inherits (PATH, HOME, API keys, ...), captured once here.
+    child_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    @cached_property
+    def paths(self) -> Layout:
+        """Every path in the state dir (with SIDECAR_USER, the CLI's in its session dir)."""
+        return Layout(self.state_dir, for_user=self.user is not None)
+
+    @property
+    def cli_home(self) -> Path | None:
+        """The CLI user's HOME: SIDECAR_USER_HOME, else its passwd entry's, else the workspace
+        (None without SIDECAR_USER: the CLI inherits the sidecar's HOME)."""
+        if self.user is None:
+            return None
+        return self.user_home or self.user.home or self.workspace
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], *, euid: int | None = None) -> Config:
+        """`euid`: the uid the sidecar runs as (default: this process's), for SIDECAR_USER."""
+        # Read in this order, so that of several bad values the same one is reported first.
+        name = required(env, "SLEEVE_NAME")
+        cli = required(env, "SLEEVE_CLI")
+        _check_name(name)
+        host = _host(env)
+        restart = choice(env, "SIDECAR_RESTART", RestartPolicy.NO)
+        grace = stop_grace(env)
+        inbox_notify = choice(env, "SIDECAR_INBOX_NOTIFY", InboxNotify.IDLE)
+        quiet = seconds(env, "SIDECAR_ACTIVITY_QUIET", ACTIVITY_QUIET, 0.5)
+        cli_config = text(env, "SIDECAR_CLI_CONFIG")
+        api_port, ttyd_port = _ports(env)
+        token, view_token = _tokens(env)
+        allowed_origins = _origins(env)
+        user = _user(text(env, "SIDECAR_USER"), os.geteuid() if euid is None else euid)
+        user_home = _user_home(env)
+        hidden = {*tokens.TOKEN_VARS, tokens.HANDOVER_VAR}
+        return cls(
+            sleeve_name=name,
+            cli=cli.strip(),
+            goal=text(env, "SLEEVE_GOAL"),
+            repo=text(env, "SLEEVE_REPO"),
+            port=api_port,
+            host=host,
+            ttyd_port=ttyd_port,
+            workspace=_path(env, "SIDECAR_WORKSPACE", DEFAULT_WORKSPACE),
+            state_dir=_path(env, "SIDECAR_STATE_DIR", DEFAULT_STATE_DIR),
+            token=token,
+            view_token=view_token,
+            user=user,
+            user_home=user_home if user is not None else None,
+            allowed_origins=allowed_origins,
+            cli_config=Path(cli_config) if cli_config else None,
+            restart=restart,
+            stop_grace=grace,
+            inbox_notify=inbox_notify,
+            activity_quiet=quiet,
+            # The CLI never inherits the API's tokens.
+            child_env={k: v for k, v in env.items() if k not in hidden},
+        )

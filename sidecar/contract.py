@@ -43,3 +43,15 @@ InputKey = Literal[
 INPUT_KEYS: Final[tuple[str, ...]] = get_args(InputKey)
 #: Largest `text` of `POST /input`, in bytes of UTF-8.
 MAX_INPUT_BYTES: Final = 64 * 1024
+
+#: Defaults of the environment's settings (CONTRACT.md's table; `sidecar.config` reads them).
+DEFAULT_PORT: Final = 8080
+DEFAULT_HOST: Final = "0.0.0.0"  # noqa: S104 - the container's API is meant to be published
+DEFAULT_WORKSPACE: Final = "/workspace"
+DEFAULT_STATE_DIR: Final = "/run/sidecar"
+#: `SIDECAR_STOP_GRACE`: seconds between SIGTERM and SIGKILL for the CLI's tree (and, in a pod,
+#: what `terminationGracePeriodSeconds` must exceed).
+STOP_GRACE: Final = 5.0
+
+#: The tmux session that hosts the CLI (`sidecar attach` attaches to it).
+TMUX_SESSION: Final = "main"

@@ -3,8 +3,8 @@ the Status / Task sections, keep every other byte, the owner and the mode, and r
 atomically (temp file in the same directory + fsync + os.replace). The text is `sidecar.cstack`'s.
 
 The file is the agent's: it may be a symlink (followed only while it stays inside the
-workspace), a FIFO or a device (never opened for more than a non-blocking look). Given a
-`privs.Owner`, every access is made as the CLI's user, and what is created belongs to it.
+workspace), a FIFO or a device (never opened for more than a non-blocking look). Given an
+`acting.Owner`, every access is made as the CLI's user, and what is created belongs to it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from sidecar import privs
+from sidecar import files
+from sidecar.acting import Owner, acting, claim
 from sidecar.cstack import CurrentState, check_writable, edit_sections, goal_lines, parse_current
 
 __all__ = ["MAX_CURRENT_BYTES", "SEED_TEMPLATE", "read_current", "write_goal", "write_status"]
@@ -98,7 +99,7 @@ def _check_regular(path: Path, st: os.stat_result) -> None:
 
 
 def read_current(
-    path: Path, workspace: Path | None = None, owner: privs.Owner | None = None
+    path: Path, workspace: Path | None = None, owner: Owner | None = None
 ) -> CurrentState:
     """Read and parse CURRENT.md; never raises. Problems become warnings (and status `unknown`).
     `workspace`: symlinks are followed only inside it; `owner`: read as the CLI's user."""
@@ -108,7 +109,7 @@ def read_current(
         return CurrentState("unknown", None, 0, 0, (), (), (*warnings, msg))
 
     try:
-        with privs.acting(owner):
+        with acting(owner):
             fd = _open_regular(path, workspace, os.O_RDONLY)
     except FileNotFoundError:
         return unknown(f"{path} not found")
@@ -157,23 +158,15 @@ def _identity(st: os.stat_result | None) -> tuple[int, int, int, int] | None:
 
 
 def _atomic_write(
-    target: Path, data: bytes, like: os.stat_result | None, owner: privs.Owner | None
+    target: Path, data: bytes, like: os.stat_result | None, owner: Owner | None
 ) -> None:
-    with privs.replacing(target, 0o666) as fd:
+    with files.replacing(target, 0o666, sync=files.Sync.RENAME) as fd:
         if like is not None:
             # A rewrite keeps the file's mode and owner (the CLI's user's, say).
-            privs.keep_owner(fd, like)
+            files.keep_owner(fd, like)
         else:
-            privs.claim(owner, fd)
-        privs.write_all(fd, data)
-        os.fsync(fd)
-    # The rename is durable only once the directory entry is; some filesystems refuse, fine.
-    with contextlib.suppress(OSError):
-        dfd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+            claim(owner, fd)
+        files.write_all(fd, data)
 
 
 def _read_existing(path: Path, workspace: Path | None) -> tuple[bytes, os.stat_result] | None:
@@ -195,14 +188,14 @@ def _rewrite(
     *,
     create: bool,
     workspace: Path | None = None,
-    owner: privs.Owner | None = None,
+    owner: Owner | None = None,
 ) -> bool:
     """Read-modify-write with an optimistic check against a concurrent writer (the agent).
 
     The agent edits CURRENT.md with no lock we could share, so the file's identity (inode, size,
     mtime) is compared just before the rename; if it changed, the edit is redone on the new text.
     """
-    with privs.acting(owner):
+    with acting(owner):
         # Replacing a symlink would cut it; write through to the file it points at instead
         # (only inside the workspace).
         target = inside(path, workspace) if path.is_symlink() else path
@@ -226,7 +219,7 @@ def _rewrite(
     return True
 
 
-def _make_dirs(directory: Path, owner: privs.Owner | None) -> None:
+def _make_dirs(directory: Path, owner: Owner | None) -> None:
     """mkdir -p, each new directory the owner's."""
     missing = []
     for part in [directory, *directory.parents]:
@@ -239,7 +232,7 @@ def _make_dirs(directory: Path, owner: privs.Owner | None) -> None:
             if owner is not None and not owner.act_as:
                 fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
                 try:
-                    privs.claim(owner, fd)
+                    claim(owner, fd)
                 finally:
                     os.close(fd)
 
@@ -252,7 +245,7 @@ def _stat_or_none(path: Path) -> os.stat_result | None:
 
 
 def write_goal(
-    path: Path, goal: str, workspace: Path | None = None, owner: privs.Owner | None = None
+    path: Path, goal: str, workspace: Path | None = None, owner: Owner | None = None
 ) -> None:
     """Set Task = goal and Status = working, creating the file (and its directory) if missing.
 
@@ -272,7 +265,7 @@ def write_goal(
 
 
 def write_status(
-    path: Path, status: str, workspace: Path | None = None, owner: privs.Owner | None = None
+    path: Path, status: str, workspace: Path | None = None, owner: Owner | None = None
 ) -> bool:
     """Set Status in an existing file, keeping everything else; False if the file is missing.
 

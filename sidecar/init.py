@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from sidecar.proc import parent_death_signal
+from sidecar.contract import STOP_GRACE
+from sidecar.proc import Stat, parent_death_signal, start_time, stat
 
 PR_SET_CHILD_SUBREAPER = 36
 # Everything a container runtime or a terminal may send that the supervisor should see.
@@ -102,48 +103,36 @@ class Incarnation:
 # ---- processes init reaps for ----------------------------------------------------------------
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start ticks) of `pid`, None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    return int(fields[1]), int(fields[19])
-
-
-def descendants(root: int) -> dict[int, int]:
-    """Every process under `root`, with its start ticks. As PID 1 or a subreaper, init is the
+def descendants(root: int) -> dict[int, float]:
+    """Every process under `root`, with its start time. As PID 1 or a subreaper, init is the
     ancestor of everything the sidecar started: orphans re-parent to it."""
-    table: dict[int, tuple[int, int]] = {}
+    table: dict[int, Stat] = {}
     for name in os.listdir("/proc"):
-        if name.isdigit() and (entry := _stat(int(name))) is not None:
+        if name.isdigit() and (entry := stat(int(name))) is not None:
             table[int(name)] = entry
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found: dict[int, int] = {}
+    for pid, entry in table.items():
+        children.setdefault(entry.ppid, []).append(pid)
+    found: dict[int, float] = {}
     todo = [root]
     while todo:
         for child in children.get(todo.pop(), ()):
             if child not in found:
-                found[child] = table[child][1]
+                found[child] = table[child].start
                 todo.append(child)
     return found
 
 
-def _pidfds(procs: dict[int, int]) -> dict[int, int]:
-    """pidfd per process that is still the one seen (same start ticks): signals sent through
+def _pidfds(procs: dict[int, float]) -> dict[int, int]:
+    """pidfd per process that is still the one seen (same start time): signals sent through
     it can never reach a process that got a reused pid."""
     fds: dict[int, int] = {}
-    for pid, ticks in procs.items():
+    for pid, started in procs.items():
         try:
             fd = os.pidfd_open(pid)
         except OSError:
             continue
-        entry = _stat(pid)
-        if entry is None or entry[1] != ticks:
+        if start_time(pid) != started:
             os.close(fd)
             continue
         fds[pid] = fd
@@ -350,7 +339,7 @@ class _Init:
         return None
 
 
-def run_as_init(work: Callable[[Incarnation], int], *, grace: float = 5.0) -> int:
+def run_as_init(work: Callable[[Incarnation], int], *, grace: float = STOP_GRACE) -> int:
     """Fork `work` into a child, reap everything, start `work` again when it crashes; return
     its exit code (or the last crash's, 128+N for signal N, when init gives up). `grace` is how
     long processes left at the end get between SIGTERM and SIGKILL."""

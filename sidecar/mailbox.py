@@ -2,7 +2,7 @@
 
 One ``flock`` shared by every writer, journalled appends (a torn end is repaired), temp file +
 fsync + rename rewrites that keep the file's mode and owner, symlinks never followed, a parse
-cache; the text itself is `sidecar.needlecast`'s. Given a `privs.Owner`, the files are handled
+cache; the text itself is `sidecar.needlecast`'s. Given an `acting.Owner`, the files are handled
 as the CLI's user and what is created belongs to it. Limits: a read parses at most
 MAX_FILE_BYTES (16 MiB) and then lists only whole messages, marks the answer truncated and says
 so in a warning; appends to a file that big are refused.
@@ -23,7 +23,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from sidecar import privs
+from sidecar import files
+from sidecar.acting import Owner, acting, claim
 from sidecar.needlecast import (
     Message,
     ParseResult,
@@ -99,13 +100,14 @@ class Mailbox:
         name: str,
         *,
         max_bytes: int = MAX_FILE_BYTES,
-        owner: privs.Owner | None = None,
+        owner: Owner | None = None,
     ) -> None:
         self.workspace = workspace
         self.owner = owner
         self.filename = f"{name}.md"
         self.path = workspace / NEEDLECAST_DIR / self.filename
         self.lockname = f".{name}.md.lock"
+        self._temp_prefix = f".{self.filename}.tmp-"  # a rewrite's new file, until its rename
         self.max_bytes = max_bytes
         self.parse_count = 0  # how many times the file was really parsed (the cache's witness)
         self._cache: tuple[tuple[int, ...], ParseResult] | None = None
@@ -131,7 +133,7 @@ class Mailbox:
             made = True
         fd = os.open(real, flags)
         if made:
-            privs.claim(self.owner, fd)
+            claim(self.owner, fd)
         return fd
 
     def _open(self, dfd: int, name: str, flags: int) -> int:
@@ -145,7 +147,7 @@ class Mailbox:
                 except FileExistsError:
                     flags &= ~os.O_CREAT
                 else:
-                    privs.claim(self.owner, fd)
+                    claim(self.owner, fd)
                     return fd
             return os.open(name, flags, 0o600, dir_fd=dfd)
         except OSError as exc:
@@ -194,7 +196,7 @@ class Mailbox:
 
     def read(self) -> ParseResult:
         """The messages (at most :attr:`max_bytes` of the file), cached by (inode, mtime, size)."""
-        with privs.acting(self.owner):
+        with acting(self.owner):
             return self._read()
 
     def _read(self) -> ParseResult:
@@ -263,7 +265,7 @@ class Mailbox:
 
     def append(self, message: Message) -> None:
         """Add one message at the end (raises MailboxFullError past :attr:`max_bytes`)."""
-        with privs.acting(self.owner):
+        with acting(self.owner):
             self._append(message)
 
     def _append(self, message: Message) -> None:
@@ -282,7 +284,7 @@ class Mailbox:
                     data = blank_line_after(os.pread(fd, 3, max(0, st.st_size - 3))) + data
                     end = st.st_size + len(data)
                     os.pwrite(lock_fd, f"append {st.st_ino} {st.st_size} {end}\n".encode(), 0)
-                    privs.write_all(fd, data)
+                    files.write_all(fd, data)
                     os.fsync(fd)
                     if st.st_size == 0:
                         os.fsync(dfd)  # the file may be new: make its name durable too
@@ -295,7 +297,7 @@ class Mailbox:
     def remove(self, ids: Iterable[str]) -> RemoveResult:
         """Take exactly the messages with these ids out (within the first :attr:`max_bytes`, the
         part :meth:`read` shows); everything else stays byte for byte."""
-        with privs.acting(self.owner):
+        with acting(self.owner):
             return self._remove(set(ids))
 
     def _remove(self, wanted: set[str]) -> RemoveResult:
@@ -358,44 +360,34 @@ class Mailbox:
         return RemoveResult(removed, unknown)
 
     def _rewrite(self, dfd: int, head: bytes, src: int, tail_from: int, size: int) -> None:
-        """New content = head + src[tail_from:size], swapped in atomically."""
-        tmp = f".{self.filename}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        out = self._open(dfd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            try:
-                # The new file keeps the old one's mode and owner (not the sidecar's 0600).
-                privs.keep_owner(out, os.fstat(src))
-                privs.write_all(out, head)
-                offset = end = tail_from
-                while True:  # the tail past the read limit, copied in bounded chunks
-                    while offset < end:
-                        chunk = os.pread(src, min(1 << 20, end - offset), offset)
-                        if not chunk:
-                            break
-                        privs.write_all(out, chunk)
-                        offset += len(chunk)
-                    # Until it stops growing: a writer that ignores the lock (`cat >> outbox.md`)
-                    # may have appended since we read, and its message must not vanish with the
-                    # old file. Only the moment between this check and the rename stays open to
-                    # such writers; writers that take the lock never race here.
-                    end = max(size, os.fstat(src).st_size)
-                    if end <= offset:
+        """New content = head + src[tail_from:size], swapped in atomically and durably."""
+        name = Path(self.filename)
+        temp = f"{self._temp_prefix}{os.getpid()}-{secrets.token_hex(4)}"
+        with files.replacing(name, 0o600, sync=files.Sync.RENAME, dir_fd=dfd, temp=temp) as out:
+            claim(self.owner, out)  # as `_open` does with every file it makes
+            # The new file keeps the old one's mode and owner (not the sidecar's 0600).
+            files.keep_owner(out, os.fstat(src))
+            files.write_all(out, head)
+            offset = end = tail_from
+            while True:  # the tail past the read limit, copied in bounded chunks
+                while offset < end:
+                    chunk = os.pread(src, min(1 << 20, end - offset), offset)
+                    if not chunk:
                         break
-                os.fsync(out)
-            finally:
-                os.close(out)
-            os.replace(tmp, self.filename, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
-            raise
-        os.fsync(dfd)  # make the rename durable
+                    files.write_all(out, chunk)
+                    offset += len(chunk)
+                # Until it stops growing: a writer that ignores the lock (`cat >> outbox.md`)
+                # may have appended since we read, and its message must not vanish with the
+                # old file. Only the moment between this check and the rename stays open to
+                # such writers; writers that take the lock never race here.
+                end = max(size, os.fstat(src).st_size)
+                if end <= offset:
+                    break
         logger.debug("%s rewritten (%d bytes)", self.path, len(head) + offset - tail_from)
 
     def _drop_stale_temps(self, dfd: int) -> None:
         """Temp files of a rewrite killed before its rename (we hold the lock: none is live)."""
-        prefix = f".{self.filename}.tmp-"
         for name in os.listdir(dfd):
-            if name.startswith(prefix):
+            if name.startswith(self._temp_prefix):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(name, dir_fd=dfd)

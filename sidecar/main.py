@@ -21,7 +21,8 @@ log = logging.getLogger("sidecar")
 
 
 def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
-    from sidecar import privs, statedir
+    from sidecar import statedir
+    from sidecar.acting import Owner, acting
     from sidecar.clis import load_registry
     from sidecar.config import Config
 
@@ -29,9 +30,9 @@ def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
     owner = None
     if config.user is not None:
         _take_user_group(config)
-        owner = privs.Owner(config.user.uid, config.user.gid, act_as=True)
+        owner = Owner(config.user.uid, config.user.gid, act_as=True)
     shell = env.get("SHELL") or "/bin/bash"
-    with privs.acting(owner):  # it may be the user's own file, private to it (a workspace's)
+    with acting(owner):  # it may be the user's own file, private to it (a workspace's)
         registry = load_registry(
             config.cli_config, login_shell=shell if os.path.isabs(shell) else "/bin/bash"
         )
@@ -42,16 +43,16 @@ def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
 def _take_user_group(config: Config) -> None:
     """SIDECAR_USER: check that the capabilities to switch users are there, and make the CLI
     user's group the sidecar's only supplementary one (see `sidecar.statedir`)."""
-    from sidecar import privs
+    from sidecar import caps
     from sidecar.config import ConfigError
 
     assert config.user is not None
-    missing = privs.NEEDED_CAPS - privs.current_caps()
+    missing = caps.NEEDED_CAPS - caps.current_caps()
     if missing:
-        adds = " ".join(f"--cap-add {privs.CAP_NAMES[c]}" for c in sorted(missing))
+        adds = " ".join(f"--cap-add {caps.CAP_NAMES[c]}" for c in sorted(missing))
         msg = (
             f"SIDECAR_USER: running the CLI as another user needs the capabilities "
-            f"{privs.cap_names(privs.NEEDED_CAPS)}; this process lacks {privs.cap_names(missing)} "
+            f"{caps.cap_names(caps.NEEDED_CAPS)}; this process lacks {caps.cap_names(missing)} "
             f"(docker run {adds})"
         )
         raise ConfigError(msg)
@@ -60,12 +61,12 @@ def _take_user_group(config: Config) -> None:
 
 def _drop_privileges(config: Config) -> None:
     """With SIDECAR_USER, init and the supervisor keep only what they use from here on."""
-    from sidecar import privs
+    from sidecar import caps
 
-    keep = set(privs.NEEDED_CAPS)
+    keep = set(caps.NEEDED_CAPS)
     if config.port < 1024:
-        keep.add(privs.CAP_NET_BIND_SERVICE)
-    privs.keep_only(keep)
+        keep.add(caps.CAP_NET_BIND_SERVICE)
+    caps.keep_only(keep)
 
 
 async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarnation) -> int:

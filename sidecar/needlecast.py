@@ -294,57 +294,82 @@ def _layout(data: bytes) -> _Layout:
         # What the writer makes: every candidate opens a message and is closed, no chains.
         heads, starts, ends = found, seps, [*seps[1:], size] if seps else []
     else:
-        where = {sep: k for k, sep in enumerate(seps)}
-        role = [0] * len(found)
-        for k, closer in enumerate(closers):
-            if role[k]:
-                continue
-            if closer < 0:
-                role[k] = _SKIPPED
-                problems.append(_unclosed(data, found[k]))
-                continue
-            chain = [k]
-            nxt = where.get(closer)
-            while nxt is not None and closers[nxt] >= 0:
-                chain.append(nxt)
-                nxt = where.get(closers[nxt])
-            for j in chain:
-                role[j] = _TAKEN
-            last = found[chain[-1]]
-            if len(chain) % 2 or not _FIELD_LINE.search(data, last.end(), last.start(_CLOSER)):
-                paired = chain[0::2]
-            else:
-                paired = chain[1::2]
-                role[k] = _SKIPPED
-                problems.append(
-                    (
-                        seps[k],
-                        "header is never closed by a '---' line (line ",
-                        seps[chain[1]],
-                        " starts another header); skipped",
-                    )
-                )
-            for j in paired:
-                role[j] = _MESSAGE
-            if nxt is not None and paired[-1] != chain[-1]:  # a key line after a body rule
-                role[nxt] = _SKIPPED
-                problems.append(_unclosed(data, found[nxt]))
-            elif nxt is not None:  # the last closing separator, followed by key-line text
-                role[nxt] = _TAKEN
-        # Messages and skipped headers are blocks; each runs to the next one (or the end).
-        heads, starts, after = [], [], []  # after: index in `starts` of the block after a message
-        for m, sep, r in zip(found, seps, role, strict=True):
-            if r == _MESSAGE:
-                heads.append(m)
-                after.append(len(starts) + 1)
-            if r >= _MESSAGE:
-                starts.append(sep)
-        bounds = [*starts, size]
-        ends = [bounds[i] for i in after]
+        role = _roles(data, found, problems)
+        heads, starts, ends = _blocks(found, role, size)
     first = starts[0] if starts else size
     if data[:first].strip():
         problems.append((0, "text outside any message ignored", -1, ""))
     return _Layout(heads, ends, starts[-1] if starts else 0, problems)
+
+
+def _roles(data: bytes, found: list[re.Match[bytes]], problems: list[_Problem]) -> list[int]:
+    """What each candidate is (_TAKEN, _MESSAGE or _SKIPPED), when some are chained (a closing
+    separator that opens the next candidate) or never closed; `problems` gets why."""
+    seps = [m.start(1) for m in found]
+    closers = [m.start(_CLOSER) for m in found]
+    where = {sep: k for k, sep in enumerate(seps)}
+    role = [0] * len(found)
+    for k, closer in enumerate(closers):
+        if role[k]:
+            continue
+        if closer < 0:
+            role[k] = _SKIPPED
+            problems.append(_unclosed(data, found[k]))
+            continue
+        chain, nxt = _chain(closers, where, k)
+        for j in chain:
+            role[j] = _TAKEN
+        last = found[chain[-1]]
+        if len(chain) % 2 or not _FIELD_LINE.search(data, last.end(), last.start(_CLOSER)):
+            paired = chain[0::2]
+        else:
+            paired = chain[1::2]
+            role[k] = _SKIPPED
+            problems.append(
+                (
+                    seps[k],
+                    "header is never closed by a '---' line (line ",
+                    seps[chain[1]],
+                    " starts another header); skipped",
+                )
+            )
+        for j in paired:
+            role[j] = _MESSAGE
+        if nxt is not None and paired[-1] != chain[-1]:  # a key line after a body rule
+            role[nxt] = _SKIPPED
+            problems.append(_unclosed(data, found[nxt]))
+        elif nxt is not None:  # the last closing separator, followed by key-line text
+            role[nxt] = _TAKEN
+    return role
+
+
+def _chain(closers: list[int], where: dict[int, int], k: int) -> tuple[list[int], int | None]:
+    """Candidate `k` and those its closing separators open in turn, each closed itself; and the
+    candidate the last closer opens that is never closed (None: there is none)."""
+    chain = [k]
+    nxt = where.get(closers[k])
+    while nxt is not None and closers[nxt] >= 0:
+        chain.append(nxt)
+        nxt = where.get(closers[nxt])
+    return chain, nxt
+
+
+def _blocks(
+    found: list[re.Match[bytes]], role: list[int], size: int
+) -> tuple[list[re.Match[bytes]], list[int], list[int]]:
+    """Messages and skipped headers are blocks; each runs to the next one (or the end). The
+    messages' candidates, every block's start and each message's end."""
+    heads: list[re.Match[bytes]] = []
+    starts: list[int] = []
+    after: list[int] = []  # index in `starts` of the block after each message
+    for m, r in zip(found, role, strict=True):
+        if r == _MESSAGE:
+            heads.append(m)
+            after.append(len(starts) + 1)
+        if r >= _MESSAGE:
+            starts.append(m.start(1))
+    bounds = [*starts, size]
+    return heads, starts, [bounds[i] for i in after]
 
 
 def _scan(data: bytes) -> _Scan:

@@ -1,5 +1,6 @@
-"""The supervisor's state in one small file in the state dir, so that a supervisor started again
-after a crash can adopt what runs (see `sidecar.adopt`) instead of starting it anew.
+"""The supervisor's state in one small file in the state dir (`Layout.supervisor_state`), so
+that a supervisor started again after a crash can adopt what runs (see `sidecar.adopt`)
+instead of starting it anew.
 
 One typed record (`SupervisorState`), written atomically (temp file + rename, 0600) whenever it
 changes and never on a timer, and read back whole or not at all: a missing, truncated or
@@ -20,10 +21,9 @@ from pathlib import Path
 
 import msgspec
 
-from sidecar import privs
-from sidecar.proc import start_time
+from sidecar.files import write_new
+from sidecar.proc import cmdline, start_time
 
-STATE_FILE = "supervisor.json"
 VERSION = 1
 MAX_BYTES = 64 * 1024  # a larger file is not ours
 
@@ -75,12 +75,8 @@ def digest(argv: Sequence[str]) -> str:
 
 def cmdline_digest(pid: int) -> str | None:
     """`digest` of the argv `pid` runs now, None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return None
-    return digest([a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0")[:-1]])
+    argv = cmdline(pid)
+    return None if argv is None else digest([a.decode("utf-8", "surrogateescape") for a in argv])
 
 
 _encoder = msgspec.json.Encoder()
@@ -124,7 +120,7 @@ def load(path: Path) -> tuple[SupervisorState | None, str]:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace `path` with `data` (0600): a reader sees the old file or the new, never a part."""
-    privs.write_new(path, data, 0o600)
+    write_new(path, data, 0o600)
 
 
 def remove(path: Path) -> None:

@@ -1,18 +1,12 @@
-"""Process exits noticed on the event loop, and signals that reach only the process meant.
-
-Both go through pidfds: a pidfd names one process for as long as it is open, so neither a
-watch nor a signal can land on another process that got the pid after the first one died.
+"""Process exits noticed on the event loop through pidfds: a pidfd names one process for as
+long as it is open, so a watch never fires for another process that got the pid later.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
 from collections.abc import Callable
-
-from sidecar.persist import ProcRef
-from sidecar.proc import start_time
 
 
 class PidWatches:
@@ -43,22 +37,3 @@ class PidWatches:
         if fd is not None:
             asyncio.get_running_loop().remove_reader(fd)
             os.close(fd)
-
-
-def send_signal(ref: ProcRef, sig: int) -> bool:
-    """Send `sig` to the process `ref` names and to no other: the pidfd pins a process first,
-    then its start time says whether it is still the one recorded (a reused pid starts later).
-    Whether the signal was sent."""
-    try:
-        fd = os.pidfd_open(ref.pid)
-    except ProcessLookupError:
-        return False
-    try:
-        if start_time(ref.pid) != ref.start:
-            return False
-        signal.pidfd_send_signal(fd, sig)
-    except ProcessLookupError:
-        return False
-    finally:
-        os.close(fd)
-    return True

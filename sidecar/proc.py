@@ -1,28 +1,79 @@
-"""Process identity that survives pid reuse and wall-clock steps (used by init, the supervisor
-and the launcher alike), and dying with a parent; standard library only."""
+"""What /proc says about a process, read in one place: its identity across pid reuse and wall-clock
+steps (used by init, the supervisor and the launcher alike), its parent, its argv; and dying
+with a parent. Standard library only."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import signal
 from collections.abc import Callable
+from typing import NamedTuple
+
+
+class Stat(NamedTuple):
+    """The fields of /proc/PID/stat the package uses."""
+
+    ppid: int
+    start: float  # when the process started, in seconds after boot (see `start_time`)
+
+
+def stat(pid: int) -> Stat | None:
+    """`pid`'s parent and start time from /proc/PID/stat (fields 4 and 22); None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    # Field 2 (the command name, in parentheses) may hold spaces and ')': split after the last.
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    return Stat(int(fields[1]), int(fields[19]) / os.sysconf("SC_CLK_TCK"))
 
 
 def start_time(pid: int) -> float | None:
-    """When `pid` started, in seconds after boot (/proc/PID/stat, field 22); None if it is gone.
+    """When `pid` started, in seconds after boot; None if it is gone.
 
     A pid and this value name one process: a reused pid starts later. Not psutil's create_time,
     which adds the boot time as the wall clock gives it now, so that a step of the clock (NTP at
     boot, a resumed VM) would make a live process look like another one.
     """
+    found = stat(pid)
+    return None if found is None else found.start
+
+
+def ppid(pid: int) -> int | None:
+    """`pid`'s parent; None if it is gone."""
+    found = stat(pid)
+    return None if found is None else found.ppid
+
+
+def cmdline(pid: int) -> list[bytes] | None:
+    """The argv `pid` runs now, as bytes; None if it is gone (or unreadable)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read()
     except OSError:
         return None
-    # Field 2 (the command name, in parentheses) may hold spaces and ')': split after the last.
-    ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return raw.split(b"\0")[:-1]
+
+
+def send_signal(pid: int, start: float, sig: int) -> bool:
+    """Send `sig` to the process that is `pid` started at `start`, and to no other: a pidfd
+    pins a process first, then its start time says whether it is still the one meant (a reused
+    pid starts later). Whether the signal was sent."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if start_time(pid) != start:
+            return False
+        signal.pidfd_send_signal(fd, sig)
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 PR_SET_PDEATHSIG = 1

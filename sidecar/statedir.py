@@ -1,8 +1,8 @@
 """SIDECAR_STATE_DIR, prepared once at start (an unusable one is a configuration error, exit 2).
 
 An existing directory is used as it is, unless others can write it (then refused); one the
-sidecar makes is 0700. With SIDECAR_USER the layout lets the CLI's user reach what is its own
-and nothing of the sidecar's:
+sidecar makes is 0700. With SIDECAR_USER the layout (its paths: `sidecar.layout`) lets the
+CLI's user reach what is its own and nothing of the sidecar's:
 
     $SIDECAR_STATE_DIR/     root, 0710, group = the user's (made so; an existing one must let
                             the user pass): tmux.conf (0644), bin/ (a ttyd copy), the sidecar's
@@ -19,8 +19,9 @@ import os
 import stat
 from pathlib import Path
 
+from sidecar.acting import can_search
 from sidecar.config import Config, ConfigError
-from sidecar.privs import User, can_search, group_name
+from sidecar.users import User, group_name
 
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the NUL
 
@@ -62,7 +63,7 @@ def _make(state: Path, user: User | None) -> None:
 
 
 def _session(config: Config, user: User, euid: int) -> None:
-    session = config.session_dir
+    session = config.paths.session_dir
     try:
         os.mkdir(session, 0o700)
     except FileExistsError:
@@ -94,7 +95,8 @@ def prepare(config: Config, *, euid: int | None = None, egid: int | None = None)
     except OSError as exc:
         msg = f"SIDECAR_STATE_DIR: {state} is not a usable directory: {exc.strerror}"
         raise ConfigError(msg) from None
-    longest = max(len(os.fsencode(config.tmux_socket)), len(os.fsencode(config.ttyd_socket)))
+    paths = config.paths
+    longest = max(len(os.fsencode(paths.tmux_socket)), len(os.fsencode(paths.ttyd_socket)))
     if longest > SOCKET_PATH_MAX:
         room = SOCKET_PATH_MAX - (longest - len(os.fsencode(state)))
         msg = (
@@ -102,9 +104,9 @@ def prepare(config: Config, *, euid: int | None = None, egid: int | None = None)
             f"(max ~{room} bytes)"
         )
         raise ConfigError(msg)
-    if user is not None and not can_search(user, config.session_dir):
+    if user is not None and not can_search(user, paths.session_dir):
         msg = (
-            f"SIDECAR_STATE_DIR: SIDECAR_USER {user.spec} cannot reach {config.session_dir}; "
+            f"SIDECAR_STATE_DIR: SIDECAR_USER {user.spec} cannot reach {paths.session_dir}; "
             f"every directory above it needs x for that user (o+x, or group {user.gid})"
         )
         raise ConfigError(msg)

@@ -16,7 +16,8 @@ import time
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
-from sidecar import adopt, cstack_files, persist, privs
+from sidecar import adopt, cstack_files, persist, users
+from sidecar.acting import acting, workspace_owner
 from sidecar.adopt import Plan
 from sidecar.awareness import Awareness
 from sidecar.cli_runner import CliRunner
@@ -30,7 +31,7 @@ from sidecar.proctree import stop_tree, wait_exited
 from sidecar.shapes import ErrorEvent, Resleeve
 from sidecar.states import ProcState, ProcStatus
 from sidecar.stats import SupervisorStats
-from sidecar.tmux import SESSION, PaneInfo, Tmux
+from sidecar.tmux import PaneInfo, Tmux
 from sidecar.ttyd_runner import TtydRunner, stop_stale
 from sidecar.watch import CurrentWatcher
 
@@ -62,16 +63,13 @@ class Supervisor:
         self.registry = dict(registry)
         self.bus = bus
         # With SIDECAR_USER: the CLI's environment (its HOME), and how the sidecar acts in the
-        # workspace (as that user; see sidecar.privs). Without it: the sidecar's own.
-        cli_env = privs.user_env(config.child_env, config.user, config.cli_home)
+        # workspace (as that user; see sidecar.acting). Without it: the sidecar's own.
+        cli_env = users.user_env(config.child_env, config.user, config.cli_home)
         user_env = cli_env if config.user is not None else None
-        self.owner = privs.workspace_owner(config.user, config.workspace, os.geteuid())
+        self.owner = workspace_owner(config.user, config.workspace, os.geteuid())
         self.ttyd = TtydRunner(
             port=config.ttyd_port,
-            socket_path=config.ttyd_socket,
-            tmux_socket=config.tmux_socket,
-            session=SESSION,
-            state_dir=config.state_dir,
+            paths=config.paths,
             path_env=config.child_env.get("PATH"),
             bus=bus,
             on_change=self._save,
@@ -90,13 +88,7 @@ class Supervisor:
         self.current = CurrentWatcher(
             config.workspace / ".cstack" / "CURRENT.md", bus, config.workspace, self.owner
         )
-        self.tmux = Tmux(
-            config.tmux_socket,
-            config.state_dir / "tmux.conf",
-            config.session_dir / "cli.status",
-            run_as=config.user,
-            env=user_env,
-        )
+        self.tmux = Tmux(config.paths, run_as=config.user, env=user_env)
         # What the agent is doing (sidecar.agent): told of every change of the CLI's state.
         self.awareness = Awareness(config, bus, self.tmux)
         self.resleeving = False
@@ -104,7 +96,7 @@ class Supervisor:
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
         # What the state file says besides the CLI's and ttyd's own (see `SupervisorState`).
-        self.state_file = config.state_dir / persist.STATE_FILE
+        self.state_file = config.paths.supervisor_state
         self._init = ProcRef.of(os.getppid())  # None: no more saves
         self._saved = b""
         self.runner = CliRunner(
@@ -208,7 +200,7 @@ class Supervisor:
         record, found = persist.load(self.state_file)
         ours = record if record is not None and record.init == self._init else None
         if ours is not None and ours.ttyd is not None:
-            await stop_stale(ours.ttyd, self.config.tmux_socket)
+            await stop_stale(ours.ttyd, self.config.paths.tmux_socket)
         if stop_at_once or (ours is not None and ours.stopping):
             live = await adopt.find_pane(self.tmux, ours)
             self.runner.stop_only(live, ours)
@@ -236,7 +228,7 @@ class Supervisor:
         """The workspace made by, and checked for, the CLI's user; SLEEVE_GOAL into CURRENT.md
         at a first start; the warnings a dead supervisor had found."""
         cfg = self.config
-        with privs.acting(self.owner):
+        with acting(self.owner):
             try:
                 cfg.workspace.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -353,7 +345,7 @@ class Supervisor:
     # ---- periodic ------------------------------------------------------------------------
 
     async def _tick(self) -> None:
-        socket = os.fspath(self.config.tmux_socket)
+        socket = os.fspath(self.config.paths.tmux_socket)
         while not self._stopping:
             await asyncio.sleep(TICK)
             self._tick_once(socket)

@@ -238,7 +238,9 @@ def _client_sessions(sup: Supervisor) -> Callable[[web.Application], AsyncIterat
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         app[SESSION] = _new_session()
         # The socket path is fixed for the sidecar's life; ttyd makes the file again on start.
-        app[UNIX_SESSION] = _new_session(aiohttp.UnixConnector(path=str(sup.config.ttyd_socket)))
+        app[UNIX_SESSION] = _new_session(
+            aiohttp.UnixConnector(path=str(sup.config.paths.ttyd_socket))
+        )
         yield
         for session in (app[SESSION], app[UNIX_SESSION]):
             with contextlib.suppress(Exception):  # closing at shutdown; nothing to do on error

@@ -1,4 +1,5 @@
-"""The tmux session `main` that hosts the AI CLI; the only module that imports libtmux.
+"""The tmux session (`contract.TMUX_SESSION`) that hosts the AI CLI; the only module that
+imports libtmux.
 
 Every call here is blocking (libtmux runs the tmux client through `subprocess`), so the
 supervisor runs them in a worker thread and never on a request path.
@@ -18,11 +19,13 @@ from typing import Any
 import libtmux
 from libtmux import exc as tmux_exc
 
-from sidecar.privs import User, read_regular, spawn_credentials, write_new
+from sidecar.contract import TMUX_SESSION
+from sidecar.files import read_regular, write_new
+from sidecar.layout import Layout
+from sidecar.users import User, spawn_credentials
 
 log = logging.getLogger(__name__)
 
-SESSION = "main"
 WIDTH, HEIGHT = 200, 50
 
 # Options are in a config file read when the server starts, so they are in force before the
@@ -106,20 +109,20 @@ class Tmux:
 
     def __init__(
         self,
-        socket_path: Path,
-        conf_path: Path,
-        status_file: Path,
+        paths: Layout,
         *,
         run_as: User | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        self.socket_path = socket_path
-        self.conf_path = conf_path
-        self.status_file = status_file
-        self.env_file = status_file.with_name("cli.env")
+        self.socket_path = paths.tmux_socket
+        self.conf_path = paths.tmux_conf
+        self.status_file = paths.cli_status
+        self.env_file = paths.cli_env
         self.run_as = run_as
         self.env = dict(env) if env is not None else None
-        self.server = libtmux.Server(socket_path=str(socket_path), config_file=str(conf_path))
+        self.server = libtmux.Server(
+            socket_path=str(self.socket_path), config_file=str(self.conf_path)
+        )
 
     def _cmd(self, *args: str) -> list[str]:
         if self.run_as is not None:
@@ -193,7 +196,7 @@ class Tmux:
             "new-session",
             "-d",
             "-s",
-            SESSION,
+            TMUX_SESSION,
             "-x",
             str(WIDTH),
             "-y",
@@ -224,7 +227,7 @@ class Tmux:
             "respawn-pane",
             "-k",
             "-t",
-            f"{SESSION}:0.0",
+            f"{TMUX_SESSION}:0.0",
             "-c",
             str(cwd),
             *self._pane_command(argv, env),
@@ -255,7 +258,7 @@ class Tmux:
             "pane_tty",
         )
         fmt = "\t".join(f"#{{{name}}}" for name in fields)
-        out = self._cmd("display-message", "-p", "-t", f"{SESSION}:0.0", fmt)
+        out = self._cmd("display-message", "-p", "-t", f"{TMUX_SESSION}:0.0", fmt)
         if not out:
             msg = "tmux display-message printed nothing"
             raise TmuxError(msg)

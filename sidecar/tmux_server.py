@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sidecar.persist import ProcRef
-from sidecar.pidfd import send_signal
-from sidecar.proc import start_time
+from sidecar.proc import send_signal, start_time
 from sidecar.tmux import PaneInfo, Tmux
 
 
@@ -65,4 +64,5 @@ class TmuxServer:
     def recreate_socket(self) -> bool:
         """tmux recreates its socket on SIGUSR1 (agents have been seen to `rm -rf` it); sent to
         our server only if it is still that process. Whether it was sent."""
-        return self.ref is not None and send_signal(self.ref, signal.SIGUSR1)
+        ref = self.ref
+        return ref is not None and send_signal(ref.pid, ref.start, signal.SIGUSR1)

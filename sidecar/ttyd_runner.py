@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.events import EventBus
+from sidecar.layout import Layout
 from sidecar.persist import ProcRef
-from sidecar.privs import User, spawn_credentials
-from sidecar.proc import parent_death_signal
+from sidecar.proc import cmdline, parent_death_signal, send_signal
 from sidecar.proctree import wait_exited
 from sidecar.shapes import ErrorEvent
 from sidecar.states import (
@@ -27,6 +27,7 @@ from sidecar.states import (
     backoff_delay,
 )
 from sidecar.ttyd import Credential, TtydNotFound, Upstream, find_ttyd, port_free, ttyd_argv
+from sidecar.users import User, spawn_credentials
 
 log = logging.getLogger(__name__)
 
@@ -67,22 +68,18 @@ STALE_WAIT = 2.0  # seconds a dead supervisor's ttyd gets to vanish after SIGKIL
 
 def is_our_ttyd(pid: int, tmux_socket: Path) -> bool:
     """Whether `pid` runs ttyd attached to `tmux_socket` (what `ttyd_argv` builds)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = fh.read().split(b"\0")
-    except OSError:
-        return False
-    return b"--base-path" in argv and os.fsencode(tmux_socket) in argv
+    argv = cmdline(pid)
+    return argv is not None and b"--base-path" in argv and os.fsencode(tmux_socket) in argv
 
 
 async def stop_stale(ttyd: ProcRef, tmux_socket: Path) -> bool:
     """SIGKILL the ttyd a dead supervisor started, and wait until it is gone: it holds the port
     and a credential nobody knows any more. Its parent-death signal kills it too, but maybe not
     before a new supervisor wants the port. Whether there was one to stop."""
-    if not ttyd.alive() or not is_our_ttyd(ttyd.pid, tmux_socket):
+    if not is_our_ttyd(ttyd.pid, tmux_socket) or not send_signal(
+        ttyd.pid, ttyd.start, signal.SIGKILL
+    ):
         return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(ttyd.pid, signal.SIGKILL)
     await wait_exited([ttyd.pid], STALE_WAIT)
     return True
 
@@ -110,10 +107,7 @@ class TtydRunner:
         self,
         *,
         port: int | None,
-        socket_path: Path,
-        tmux_socket: Path,
-        session: str,
-        state_dir: Path,
+        paths: Layout,
         path_env: str | None,
         bus: EventBus,
         on_change: Callable[[], None] | None = None,
@@ -121,12 +115,11 @@ class TtydRunner:
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.port = port
-        self.socket_path = None if port is not None else socket_path
+        self.socket_path = None if port is not None else paths.ttyd_socket
         self.run_as = run_as
         self.env = dict(env) if env is not None else None
-        self.tmux_socket = tmux_socket
-        self.session = session
-        self.state_dir = state_dir
+        self.tmux_socket = paths.tmux_socket
+        self.ttyd_copy = paths.ttyd_copy
         self.path_env = path_env
         self.bus = bus
         self.on_change = on_change  # called when `status` or `process` changed
@@ -176,7 +169,7 @@ class TtydRunner:
         failures = 0
         while not self._stopping:
             try:
-                binary = await asyncio.to_thread(find_ttyd, self.state_dir, self.path_env)
+                binary = await asyncio.to_thread(find_ttyd, self.ttyd_copy, self.path_env)
             except TtydNotFound as exc:
                 # -> FATAL: nothing to start; a new binary needs a new sidecar.
                 self._set(ProcStatus(ProcState.FATAL, reason=str(exc)))
@@ -219,7 +212,6 @@ class TtydRunner:
         argv = ttyd_argv(
             binary,
             tmux_socket=self.tmux_socket,
-            session=self.session,
             socket_path=self.socket_path,
             port=self.port,
             credential=credential,

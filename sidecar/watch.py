@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sidecar import privs
+from sidecar.acting import Owner
 from sidecar.cstack import CurrentState
 from sidecar.cstack_files import read_current
 from sidecar.events import EventBus
@@ -36,12 +36,12 @@ class CurrentWatcher:
         path: Path,
         bus: EventBus,
         workspace: Path | None = None,
-        owner: privs.Owner | None = None,
+        owner: Owner | None = None,
     ) -> None:
         self.path = path
         self._bus = bus
         self._workspace = workspace  # symlinks are followed only inside it
-        self._owner = owner  # looked at as the CLI's user (see sidecar.privs)
+        self._owner = owner  # looked at as the CLI's user (see sidecar.acting)
         self._key: StatKey = None
         self._state: CurrentState | None = None
         self.mtime: float | None = None

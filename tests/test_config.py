@@ -42,9 +42,9 @@ def test_defaults_match_the_contract() -> None:
     assert (cfg.port, cfg.host, cfg.ttyd_port) == (8080, "0.0.0.0", None)
     assert cfg.workspace == Path("/workspace")
     assert cfg.state_dir == Path("/run/sidecar")
-    assert cfg.tmux_socket == Path("/run/sidecar/tmux.sock")
+    assert cfg.paths.tmux_socket == Path("/run/sidecar/tmux.sock")
     # TTYD_PORT unset: ttyd listens on a unix socket in the state dir.
-    assert cfg.ttyd_socket == Path("/run/sidecar/ttyd.sock")
+    assert cfg.paths.ttyd_socket == Path("/run/sidecar/ttyd.sock")
     assert cfg.user is None
     assert cfg.restart is RestartPolicy.NO
     assert cfg.stop_grace == 5.0

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar import persist
 from sidecar.init import MAX_CRASHES
+from sidecar.layout import Layout
 from sidecar.persist import ProcRef, SupervisorState
 from tests.harness import (
     REPO,
@@ -119,7 +120,7 @@ def gone(procs: dict[int, float]) -> bool:
 
 
 def edit_state(sc: Sidecar, change: Callable[[dict[str, Any]], None]) -> None:
-    path = sc.state_dir / persist.STATE_FILE
+    path = Layout(sc.state_dir).supervisor_state
     data = json.loads(path.read_text())
     change(data)
     path.write_text(json.dumps(data))
@@ -213,7 +214,7 @@ def test_sigkill_while_idle_adopts_restarts_ttyd_and_tells_event_clients(
     server = server_pid(sc)
     [old_ttyd] = [p for p in init_of(sc).children(recursive=True) if p.name() == "ttyd"]
     uptime = sc.get("/health")[1]["uptime"]
-    state = sc.state_dir / persist.STATE_FILE
+    state = Layout(sc.state_dir).supervisor_state
     assert state.stat().st_mode & 0o777 == 0o600
     assert state.stat().st_size < 4096
     stream = urllib.request.urlopen(sc.url + "/events", timeout=10)
@@ -307,7 +308,7 @@ def test_sigkill_during_shutdown_completes_the_shutdown(
     assert gone(everyone)
     current = (sc.workspace / ".cstack" / "CURRENT.md").read_text()
     assert re.search(r"^killed\s*$", current, re.M), current
-    assert not (sc.state_dir / persist.STATE_FILE).exists()
+    assert not Layout(sc.state_dir).supervisor_state.exists()
 
 
 def test_sigterm_before_the_new_supervisors_handlers_is_a_graceful_stop(
@@ -361,7 +362,7 @@ def test_the_state_file_is_written_on_changes_only(sidecar: Callable[..., Sideca
     """The once-a-second tick has run (it turned a CURRENT.md edit into an event) and the state
     file is untouched; a CLI exit, which changes the state, rewrites it."""
     sc = sidecar("shell", SLEEVE_GOAL="Idle").start()
-    state = sc.state_dir / persist.STATE_FILE
+    state = Layout(sc.state_dir).supervisor_state
     before = state.stat().st_mtime_ns, state.stat().st_ino
     with urllib.request.urlopen(sc.url + "/events", timeout=10) as events:
         assert json.loads(events.readline())["type"] == "heartbeat"
@@ -408,7 +409,7 @@ def test_an_uncaught_exception_in_the_loop_restarts_and_adopts(
 
 
 def spoil(kind: str, sc: Sidecar, unrelated: psutil.Process) -> None:
-    path = sc.state_dir / persist.STATE_FILE
+    path = Layout(sc.state_dir).supervisor_state
     if kind == "missing":
         path.unlink()
     elif kind == "truncated":
@@ -544,7 +545,7 @@ def test_state_records_round_trip_and_anything_else_is_no_record(tmp_path: Path)
         tmux=ProcRef(7, 13.0),
         warnings=("w",),
     )
-    path = tmp_path / persist.STATE_FILE
+    path = Layout(tmp_path).supervisor_state
     persist.write_atomic(path, persist.encode(record))
     assert path.stat().st_mode & 0o777 == 0o600
     assert persist.load(path) == (record, "state file read")

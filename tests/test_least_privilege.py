@@ -26,7 +26,7 @@ import aiohttp
 import psutil
 import pytest
 
-from sidecar import privs
+from sidecar.caps import CAP_KILL, CAP_SETGID, CAP_SETUID, current_caps
 from sidecar.ttyd import BASE_PATH, VIEWER_FLAGS, WRITER_FLAGS
 from tests.harness import CLIS, REPO, Sidecar, free_port, wait_for, write_cli_config
 from tests.tools import missing
@@ -76,7 +76,7 @@ def processes_of(sc: Sidecar) -> dict[str, list[psutil.Process]]:
 
 
 def caps(pid: int, kind: str) -> frozenset[int]:
-    return privs.current_caps(kind, pid)
+    return current_caps(kind, pid)
 
 
 async def open_terminal(
@@ -173,7 +173,7 @@ def test_init_and_the_supervisor_keep_only_setuid_setgid_and_kill(
     sc = user_sidecar().start()
     roles = processes_of(sc)
     assert len(roles["supervisor"]) == 1
-    kept = {privs.CAP_SETUID, privs.CAP_SETGID, privs.CAP_KILL}
+    kept = {CAP_SETUID, CAP_SETGID, CAP_KILL}
     for proc in roles["init"] + roles["supervisor"]:
         assert caps(proc.pid, "CapEff") == kept
         assert caps(proc.pid, "CapPrm") == kept

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from sidecar import mailbox, privs
+from sidecar import files, mailbox
 from sidecar.mailbox import Mailbox
 from sidecar.needlecast import ParseResult, render_messages
 from tests.needlecast_samples import SEED, box_file, msg
@@ -160,14 +160,14 @@ def test_a_message_appended_without_the_lock_during_a_rewrite_is_kept(
     """The append is injected at the moment the rewrite writes its temp file: a race with a
     writer that ignores the lock (`cat >> outbox.md`) cannot be timed from outside."""
     box = box_file(tmp_path, render_messages([msg("msg-1"), msg("msg-2")]))
-    real_write_all = privs.write_all
+    real_write_all = files.write_all
 
     def racing_write_all(fd: int, data: bytes) -> None:
         with open(box.path, "ab") as f:  # no lock, like a shell redirect
             f.write(render_messages([msg("msg-late")]).encode())
-        monkeypatch.setattr(privs, "write_all", real_write_all)
+        monkeypatch.setattr(files, "write_all", real_write_all)
         real_write_all(fd, data)
 
-    monkeypatch.setattr(privs, "write_all", racing_write_all)
+    monkeypatch.setattr(files, "write_all", racing_write_all)
     assert box.remove(["msg-1"]).removed == 1
     assert [m.id for m in box.read().messages] == ["msg-2", "msg-late"]

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import privs, statedir, tokens
+from sidecar import caps, files, statedir, tokens
 from sidecar.config import Config, ConfigError
 from sidecar.tmux import WAITER_SCRIPT, env_file_text
+from sidecar.users import parse_user
 from tests.harness import REPO, run_until_exit
 from tests.tools import missing
 
@@ -76,17 +77,17 @@ def test_a_bad_sidecar_user_exits_2_naming_it(value: str, needle: str, tmp_path:
 
 
 def test_sidecar_user_forms() -> None:
-    bare = privs.parse_user(f"{UID}")
+    bare = parse_user(f"{UID}")
     assert (bare.uid, bare.gid, bare.groups, bare.name, bare.home) == (UID, GID, (), None, None)
-    assert privs.parse_user(f"{UID}:777").gid == 777
-    nobody = privs.parse_user("nobody")
+    assert parse_user(f"{UID}:777").gid == 777
+    nobody = parse_user("nobody")
     assert nobody.uid == 65534 and nobody.name == "nobody"
-    assert privs.parse_user("65534").name == "nobody"  # a uid with an entry gets its name
+    assert parse_user("65534").name == "nobody"  # a uid with an entry gets its name
     assert nobody.home is None  # /nonexistent: the CLI's HOME falls back to the workspace
     cfg = Config.from_env({**BASE, "SIDECAR_USER": "nobody"}, euid=0)
     assert cfg.cli_home == cfg.workspace
-    assert cfg.session_dir == cfg.state_dir / "session"
-    assert cfg.tmux_socket == cfg.state_dir / "session" / "tmux.sock"
+    assert cfg.paths.session_dir == cfg.state_dir / "session"
+    assert cfg.paths.tmux_socket == cfg.state_dir / "session" / "tmux.sock"
     home = Config.from_env({**BASE, "SIDECAR_USER": "nobody", "SIDECAR_USER_HOME": "/h"}, euid=0)
     assert home.cli_home == Path("/h")
 
@@ -124,9 +125,9 @@ def test_keep_only_leaves_exactly_those_capabilities() -> None:
     if os.geteuid() != 0:
         missing("capabilities to drop need root")
     code = (
-        "import json; from sidecar import privs; privs.keep_only(privs.NEEDED_CAPS); "
+        "import json; from sidecar import caps; caps.keep_only(caps.NEEDED_CAPS); "
         "kinds = ('CapEff', 'CapPrm', 'CapBnd', 'CapInh', 'CapAmb'); "
-        "print(json.dumps([sorted(privs.current_caps(k)) for k in kinds]))"
+        "print(json.dumps([sorted(caps.current_caps(k)) for k in kinds]))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -135,7 +136,7 @@ def test_keep_only_leaves_exactly_those_capabilities() -> None:
         check=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     ).stdout
-    kept = sorted(privs.NEEDED_CAPS)
+    kept = sorted(caps.NEEDED_CAPS)
     assert json.loads(out) == [kept, kept, kept, [], []]
 
 
@@ -281,18 +282,18 @@ def test_with_sidecar_user_a_state_dir_the_user_cannot_reach_exits_2(tmp_path: P
 
 def test_read_regular_never_follows_a_symlink_nor_blocks_on_a_fifo(tmp_path: Path) -> None:
     (tmp_path / "real").write_text("3\n")
-    assert privs.read_regular(tmp_path / "real") == b"3\n"
+    assert files.read_regular(tmp_path / "real") == b"3\n"
     (tmp_path / "link").symlink_to(tmp_path / "real")
-    assert privs.read_regular(tmp_path / "link") is None
-    assert privs.read_regular(_fifo(tmp_path)) is None
-    assert privs.read_regular(Path("/dev/zero")) is None
+    assert files.read_regular(tmp_path / "link") is None
+    assert files.read_regular(_fifo(tmp_path)) is None
+    assert files.read_regular(Path("/dev/zero")) is None
 
 
 def test_write_new_replaces_a_planted_symlink_instead_of_following_it(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_text("keep")
     (tmp_path / "cli.env").symlink_to(victim)
-    privs.write_new(tmp_path / "cli.env", b"A=1\n", 0o640)
+    files.write_new(tmp_path / "cli.env", b"A=1\n", 0o640)
     assert victim.read_text() == "keep"
     assert (tmp_path / "cli.env").read_text() == "A=1\n"
     assert stat.S_IMODE((tmp_path / "cli.env").lstat().st_mode) == 0o640

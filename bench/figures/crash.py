@@ -24,7 +24,7 @@ from bench.procs import (
     stop_sidecar,
     wait_until,
 )
-from sidecar.persist import STATE_FILE
+from sidecar.layout import Layout
 
 NAMES = ("crash.restart",)
 
@@ -57,7 +57,7 @@ def _round(ctx: Context) -> dict[str, Any]:
         if pid is None:
             msg = "no CLI pid before the crash"
             raise BenchError(msg)
-        state_bytes = (sc.state_dir / STATE_FILE).stat().st_size
+        state_bytes = Layout(sc.state_dir).supervisor_state.stat().st_size
         supervisor = _supervisor(sc.proc.pid)
         start = time.perf_counter()
         supervisor.kill()

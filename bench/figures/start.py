@@ -12,6 +12,7 @@ from pathlib import Path
 from bench.context import Context
 from bench.core import Baseline, Figure, at_most, interleave
 from bench.procs import BenchError, make_sidecar, start_sidecar, stop_sidecar, stop_tree
+from sidecar.layout import Layout
 from sidecar.ttyd import find_ttyd
 from tests.harness import free_port
 
@@ -48,7 +49,7 @@ def _floor(ctx: Context, ttyd: str) -> float:
 
 
 def run(ctx: Context) -> list[Figure]:
-    ttyd = find_ttyd(ctx.scratch("bin"))
+    ttyd = find_ttyd(Layout(ctx.scratch("bin")).ttyd_copy)
     got = interleave(
         ctx.pick(2, 11),
         {"sidecar": lambda: _sidecar(ctx), "floor": lambda: _floor(ctx, ttyd)},

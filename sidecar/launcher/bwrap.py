@@ -7,7 +7,6 @@ so the API listens on a host loopback port. Resource limits need a systemd scope
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -35,7 +34,7 @@ from sidecar.launcher.plan import (
 from sidecar.launcher.runtime import POLL_INTERVAL, Reality, Runtime
 from sidecar.launcher.state import RUNNING, STOPPED, VANISHED, Run, StateStore, process_alive
 from sidecar.launcher.waiter import WATCHED, waiter_argv
-from sidecar.proc import start_time
+from sidecar.proc import send_signal, start_time
 
 logger = logging.getLogger(__name__)
 
@@ -239,19 +238,19 @@ class Bwrap(Runtime):
         return self.starting(run)
 
     def stop(self, home: Path, run: Run, grace: float) -> None:
-        """SIGTERM via the waiter, SIGKILL after `grace`."""
-        pid = run.pid
-        if pid is not None and process_alive(pid, run.pid_start):
-            with contextlib.suppress(ProcessLookupError):  # it may end by itself meanwhile
-                os.kill(pid, signal.SIGTERM)  # the waiter forwards it to the sandbox's PID 1
+        """SIGTERM via the waiter, SIGKILL after `grace`; only ever to the very process
+        recorded (a run without its start time is not signalled: its pid names nothing sure)."""
+        pid, start = run.pid, run.pid_start
+        if pid is not None and start is not None and process_alive(pid, start):
+            # The waiter forwards it to the sandbox's PID 1 (it may end by itself meanwhile).
+            send_signal(pid, start, signal.SIGTERM)
             deadline = time.monotonic() + grace
-            while process_alive(pid, run.pid_start) and time.monotonic() < deadline:
+            while process_alive(pid, start) and time.monotonic() < deadline:
                 time.sleep(POLL_INTERVAL)
-            if process_alive(pid, run.pid_start):
+            if process_alive(pid, start):
                 logger.warning("run %s did not stop within %g s; killing it", run.id, grace)
                 # Killing the waiter kills the sandbox too (bwrap --die-with-parent).
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                send_signal(pid, start, signal.SIGKILL)
         # The waiter normally records `stopped` with the exit code; if it could not, we asked
         # for the stop and the process is gone, so `stopped` is still the truth.
         StateStore(home).advance(run.id, STOPPED)

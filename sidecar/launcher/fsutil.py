@@ -1,7 +1,7 @@
 """Small filesystem helpers shared by the launcher: private dirs, flock, atomic writes.
 
 Everything under `$SLEEVE_HOME` is private to the user (dirs 0700, files 0600), and every
-write is temp file + fsync + rename so a reader never sees half a file.
+write is temp file + fsync + rename (`sidecar.files`) so a reader never sees half a file.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import contextlib
 import fcntl
 import logging
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from sidecar import files
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -95,24 +96,15 @@ def locked(path: Path, *, shared: bool = False) -> Iterator[None]:
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write `data` to `path` via a 0600 temp file in the same dir, fsync, then rename."""
+    """Write `data` to `path` (0600) via a temp file in the same dir, fsync, then rename."""
     raw = data.encode() if isinstance(data, str) else data
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        msg = f"cannot write {path}: {exc.strerror or exc}"
-        raise LauncherError(msg) from exc
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(raw)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with contextlib.ExitStack() as stack:
+        try:
+            fd = stack.enter_context(files.replacing(path, FILE_MODE, sync=files.Sync.DATA))
+        except OSError as exc:
+            msg = f"cannot write {path}: {exc.strerror or exc}"
+            raise LauncherError(msg) from exc
+        files.fill(fd, raw, FILE_MODE)
 
 
 def touch_private(path: Path, initial: str | bytes = b"") -> None:

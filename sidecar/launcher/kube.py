@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from sidecar import config
 from sidecar.launcher.plan import (
     CONTAINER_PORT,
     PASSTHROUGH_PREFIXES,
@@ -37,7 +38,6 @@ POD_UID = 1000
 POD_GID = 1000
 TOKEN_DIR = "/etc/sleeve/tokens"  # noqa: S105 - a path, not a password
 SEED_DIR = "/etc/sleeve/seed"
-DEFAULT_STOP_GRACE = 5.0
 DEFAULT_TERMINATION_GRACE = 30
 # Seconds the sidecar needs after the CLI's grace: ttyd and tmux stop, CURRENT.md is written.
 SHUTDOWN_MARGIN = 5
@@ -98,17 +98,10 @@ class Target:
 
 def stop_grace(settings: Mapping[str, str]) -> float:
     """SIDECAR_STOP_GRACE as the sidecar reads it; the pod's grace period is made to fit it."""
-    raw = settings.get("SIDECAR_STOP_GRACE")
-    if raw is None:
-        return DEFAULT_STOP_GRACE
     try:
-        grace = float(raw)
-    except ValueError:
-        grace = math.nan
-    if not 0 <= grace <= 3600:  # also false for nan
-        msg = f"SIDECAR_STOP_GRACE must be a number of seconds from 0 to 3600, got {raw!r}"
-        raise ManifestError(msg)
-    return grace
+        return config.stop_grace(settings)
+    except config.ConfigError as exc:
+        raise ManifestError(str(exc)) from None
 
 
 # -- objects ---------------------------------------------------------------------------
