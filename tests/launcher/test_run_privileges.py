@@ -8,8 +8,6 @@ import itertools
 import json
 import shlex
 import shutil
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from sidecar.launcher.runtimes import (
     systemd_problem,
     systemd_scope,
 )
+from tests.harness import http
 
 from .helpers import Result
 
@@ -164,14 +163,7 @@ def test_a_token_and_its_file_together_are_refused(
 
 
 def _status(url: str, token: str | None) -> int:
-    req = urllib.request.Request(url + "status")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
+    return http("GET", url + "status", timeout=5, token=token)[0]
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
