@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from http.client import HTTPMessage
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -110,6 +111,25 @@ async def wait_for_async(
         await asyncio.sleep(interval)  # sleep-ok: the polling interval of a deadline wait
 
 
+class Reply(tuple[int, Any]):
+    """What `http` answers: the (status, body) pair tests unpack, with the headers beside it."""
+
+    headers: HTTPMessage
+
+    def __new__(cls, status: int, body: Any, headers: HTTPMessage) -> Reply:
+        reply = super().__new__(cls, (status, body))
+        reply.headers = headers
+        return reply
+
+    @property
+    def status(self) -> int:
+        return int(self[0])
+
+    @property
+    def body(self) -> Any:
+        return self[1]
+
+
 def http(
     method: str,
     url: str,
@@ -119,10 +139,10 @@ def http(
     raw: bytes | None = None,
     timeout: float = 10.0,
     token: str | None = None,
-) -> tuple[int, Any]:
+) -> Reply:
     """One request, as any client of the API makes it: `body` sent as JSON (or `raw` bytes),
-    `token` as a bearer token. Returns the status and the body, parsed when it is JSON (bytes
-    otherwise); an error status is an answer, not an exception."""
+    `token` as a bearer token. The body comes back parsed when it is JSON (bytes otherwise); an
+    error status is an answer, not an exception."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
     req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     if data is not None and "Content-Type" not in (headers or {}):
@@ -131,14 +151,13 @@ def http(
         req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            payload = resp.read()
-            status = resp.status
+            payload, status, headers = resp.read(), resp.status, resp.headers
     except urllib.error.HTTPError as exc:
-        payload, status = exc.read(), exc.code
+        payload, status, headers = exc.read(), exc.code, exc.headers
     try:
-        return status, json.loads(payload)
+        return Reply(status, json.loads(payload), headers)
     except ValueError:
-        return status, payload
+        return Reply(status, payload, headers)
 
 
 def run_until_exit(
@@ -287,12 +306,12 @@ class Sidecar:
         token = self.env_extra.get("SIDECAR_TOKEN")
         return {"Authorization": f"Bearer {token}"} if token else {}
 
-    def get(self, path: str, headers: dict[str, str] | None = None, **kw: Any) -> tuple[int, Any]:
+    def get(self, path: str, headers: dict[str, str] | None = None, **kw: Any) -> Reply:
         return http("GET", self.url + path, headers=self._auth(headers), **kw)
 
     def post(
         self, path: str, body: Any = None, headers: dict[str, str] | None = None, **kw: Any
-    ) -> tuple[int, Any]:
+    ) -> Reply:
         return http("POST", self.url + path, body, headers=self._auth(headers), **kw)
 
     def status(self) -> dict[str, Any]:

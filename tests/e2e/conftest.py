@@ -24,7 +24,7 @@ import pytest
 
 from tests.e2e import dockerenv
 from tests.e2e.anthropic_stub import TEST_API_KEY, AnthropicStub, claude_json
-from tests.harness import http
+from tests.harness import Reply, http
 from tests.tools import missing
 
 IMAGE = "sleeve-e2e:latest"
@@ -174,10 +174,10 @@ class Sleeve:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def get(self, path: str, **kw: Any) -> tuple[int, Any]:
+    def get(self, path: str, **kw: Any) -> Reply:
         return http("GET", self.url + path, token=E2E_TOKEN, **kw)
 
-    def post(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+    def post(self, path: str, body: Any = None, **kw: Any) -> Reply:
         return http("POST", self.url + path, body, token=E2E_TOKEN, **kw)
 
 
