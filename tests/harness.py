@@ -151,13 +151,13 @@ def http(
         req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            payload, status, headers = resp.read(), resp.status, resp.headers
+            payload, status, answered = resp.read(), resp.status, resp.headers
     except urllib.error.HTTPError as exc:
-        payload, status, headers = exc.read(), exc.code, exc.headers
+        payload, status, answered = exc.read(), exc.code, exc.headers
     try:
-        return Reply(status, json.loads(payload), headers)
+        return Reply(status, json.loads(payload), answered)
     except ValueError:
-        return Reply(status, payload, headers)
+        return Reply(status, payload, answered)
 
 
 def run_until_exit(
