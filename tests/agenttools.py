@@ -1,5 +1,5 @@
 """Helpers for the agent-state tests: the real Claude Code CLI set up to run offline against the
-loopback API stub, and an /events reader that keeps every line it saw."""
+loopback API stub, an /events reader that keeps every line it saw, and the wait for a state."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ class EventLog:
         return wait_for(
             lambda: (seen := self.states()) and subsequence(wanted, seen) and seen,
             timeout,
-            what=f"agent states {wanted} on /events (seen: {self.states()})",
+            what=lambda: f"agent states {wanted} on /events (seen: {self.states()})",
         )
 
     def wait(
@@ -87,6 +87,12 @@ class EventLog:
             return next((e for e in list(self.lines) if predicate(e)), None)
 
         return wait_for(found, timeout, what=what)
+
+
+def wait_agent(sc: Sidecar, state: str, timeout: float = 30) -> dict[str, Any]:
+    """The agent's part of /status once its state is `state`."""
+    found = sc.wait_status(lambda s: s["agent"]["state"] == state, f"agent {state}", timeout)
+    return dict(found["agent"])
 
 
 def subsequence(wanted: list[str], seen: list[str]) -> bool:

@@ -1,11 +1,14 @@
-"""Test harness: a real sidecar process on free loopback ports, and small helpers to wait on it.
+"""Test harness: a real sidecar process on free loopback ports, and the suite's one way to wait
+(`wait_for`, with its async twin) and one way to make an HTTP request (`http`).
 
 Nothing here sleeps to synchronise: every wait polls a condition against a deadline.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import json
 import os
 import signal
@@ -15,8 +18,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from http.client import HTTPMessage
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,49 +47,117 @@ def free_ports(count: int) -> list[int]:
         return [int(s.getsockname()[1]) for s in socks]
 
 
+# What a predicate may raise while its answer is "not yet": a server still starting, a file
+# half written, a process that just went.
+_NOT_YET = (OSError, ValueError, psutil.Error)
+
+
+class _Deadline:
+    """The part both waits share: whether an answer ends the wait, and the failure once
+    `timeout` seconds have passed. `what` may be a callable, called then, to show the latest
+    state in the message."""
+
+    def __init__(self, timeout: float, what: str | Callable[[], str]) -> None:
+        self.timeout = timeout
+        self.what = what
+        self.end = time.monotonic() + timeout
+
+    def reached(self, last: Any) -> bool:
+        if last and not isinstance(last, Exception):
+            return True
+        if time.monotonic() > self.end:
+            what = self.what() if callable(self.what) else self.what
+            msg = f"timed out after {self.timeout}s waiting for {what}; last: {last!r}"
+            raise AssertionError(msg)
+        return False
+
+
 def wait_for(
     predicate: Callable[[], T | None],
     timeout: float = 10.0,
     interval: float = 0.02,
-    what: str = "condition",
+    what: str | Callable[[], str] = "condition",
 ) -> T:
     """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
+    deadline = _Deadline(timeout, what)
     while True:
         try:
-            last = predicate()
-        except (OSError, ValueError, psutil.Error) as exc:
+            last: Any = predicate()
+        except _NOT_YET as exc:
             last = exc
-        if last and not isinstance(last, Exception):
+        if deadline.reached(last):
             return last
-        if time.monotonic() > deadline:
-            msg = f"timed out after {timeout}s waiting for {what}; last: {last!r}"
-            raise AssertionError(msg)
         time.sleep(interval)  # sleep-ok: the polling interval of a deadline wait
+
+
+async def wait_for_async(
+    predicate: Callable[[], Awaitable[T | None] | T | None],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    what: str | Callable[[], str] = "condition",
+) -> T:
+    """`wait_for` inside a coroutine: `predicate` may be async, and each interval gives the event
+    loop its turn (a WebSocket reader filling the buffer the predicate looks at)."""
+    deadline = _Deadline(timeout, what)
+    while True:
+        try:
+            last: Any = predicate()
+            if inspect.isawaitable(last):
+                last = await last
+        except _NOT_YET as exc:
+            last = exc
+        if deadline.reached(last):
+            return last
+        await asyncio.sleep(interval)  # sleep-ok: the polling interval of a deadline wait
+
+
+class Reply(tuple[int, Any]):
+    """What `http` answers: the (status, body) pair tests unpack, with the headers beside it."""
+
+    headers: HTTPMessage
+
+    def __new__(cls, status: int, body: Any, headers: HTTPMessage) -> Reply:
+        reply = super().__new__(cls, (status, body))
+        reply.headers = headers
+        return reply
+
+    @property
+    def status(self) -> int:
+        return int(self[0])
+
+    @property
+    def body(self) -> Any:
+        return self[1]
 
 
 def http(
     method: str,
     url: str,
     body: Any = None,
+    *,
     headers: dict[str, str] | None = None,
     raw: bytes | None = None,
-) -> tuple[int, Any]:
+    timeout: float = 10.0,
+    token: str | None = None,
+) -> Reply:
+    """One request, as any client of the API makes it: `body` sent as JSON (or `raw` bytes),
+    `token` as a bearer token. The body comes back parsed when it is JSON (bytes otherwise); an
+    error status is an answer, not an exception."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
     req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     if data is not None and "Content-Type" not in (headers or {}):
         req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            payload = resp.read()
-            status = resp.status
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            payload, status, answered = resp.read(), resp.status, resp.headers
     except urllib.error.HTTPError as exc:
-        payload, status = exc.read(), exc.code
+        payload, status, answered = exc.read(), exc.code, exc.headers
     try:
-        return status, json.loads(payload)
+        return Reply(status, json.loads(payload), answered)
     except ValueError:
-        return status, payload
+        return Reply(status, payload, answered)
 
 
 def run_until_exit(
@@ -234,12 +306,12 @@ class Sidecar:
         token = self.env_extra.get("SIDECAR_TOKEN")
         return {"Authorization": f"Bearer {token}"} if token else {}
 
-    def get(self, path: str, headers: dict[str, str] | None = None, **kw: Any) -> tuple[int, Any]:
+    def get(self, path: str, headers: dict[str, str] | None = None, **kw: Any) -> Reply:
         return http("GET", self.url + path, headers=self._auth(headers), **kw)
 
     def post(
         self, path: str, body: Any = None, headers: dict[str, str] | None = None, **kw: Any
-    ) -> tuple[int, Any]:
+    ) -> Reply:
         return http("POST", self.url + path, body, headers=self._auth(headers), **kw)
 
     def status(self) -> dict[str, Any]:

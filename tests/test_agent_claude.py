@@ -10,7 +10,7 @@ from collections.abc import Callable
 import psutil
 import pytest
 
-from tests.agenttools import EventLog, claude_env, stub_factory
+from tests.agenttools import EventLog, claude_env, stub_factory, wait_agent
 from tests.e2e.anthropic_stub import AnthropicStub
 from tests.harness import Sidecar, http, wait_for
 
@@ -23,12 +23,6 @@ HOOK = "/hooks/claude-code"
 
 def agent(sc: Sidecar) -> dict:
     return sc.status()["agent"]
-
-
-def wait_agent(sc: Sidecar, state: str, timeout: float = 30) -> dict:
-    return sc.wait_status(lambda s: s["agent"]["state"] == state, f"agent {state}", timeout)[
-        "agent"
-    ]
 
 
 def claude_sidecar(

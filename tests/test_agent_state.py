@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.agenttools import EventLog
+from tests.agenttools import EventLog, wait_agent
 from tests.harness import CLIS, REPO, Sidecar, wait_for, write_cli_config
 
 TOKEN = "agent-state-admin-0123456789"
@@ -22,11 +22,6 @@ VIEW = "agent-state-view-0123456789"
 
 def agent(sc: Sidecar) -> dict[str, Any]:
     return sc.status()["agent"]
-
-
-def wait_agent(sc: Sidecar, state: str, timeout: float = 15) -> dict[str, Any]:
-    found = sc.wait_status(lambda s: s["agent"]["state"] == state, f"agent {state}", timeout)
-    return dict(found["agent"])
 
 
 def prompt_cli(tmp: Path, **extra: Any) -> tuple[Path, Path]:

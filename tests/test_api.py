@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -98,8 +97,7 @@ def test_view_token_reads_but_cannot_mutate(secured: Sidecar) -> None:
 
 
 def test_query_token_sets_an_httponly_strict_cookie_that_works(secured: Sidecar) -> None:
-    with urllib.request.urlopen(f"{secured.url}/status?token={TOKEN}", timeout=10) as resp:
-        cookie = resp.headers["Set-Cookie"]
+    cookie = http("GET", f"{secured.url}/status?token={TOKEN}").headers["Set-Cookie"]
     assert "sidecar_token=" in cookie
     assert "HttpOnly" in cookie
     assert "SameSite=Strict" in cookie
@@ -111,9 +109,9 @@ def test_query_token_sets_an_httponly_strict_cookie_that_works(secured: Sidecar)
 def test_query_token_on_the_streamed_terminal_page_sets_the_cookie_too(secured: Sidecar) -> None:
     """ttyd's page is streamed through the proxy; its own requests (token, WebSocket) carry no
     ?token=, so the cookie must come with the page itself."""
-    with urllib.request.urlopen(f"{secured.url}/terminal/?token={TOKEN}", timeout=10) as resp:
-        assert resp.status == 200
-        cookie = resp.headers["Set-Cookie"]
+    resp = http("GET", f"{secured.url}/terminal/?token={TOKEN}")
+    assert resp.status == 200
+    cookie = resp.headers["Set-Cookie"]
     assert cookie is not None
     assert cookie.startswith(f"sidecar_token={TOKEN};")
     assert secured.get("/terminal/token", headers={"Cookie": cookie.split(";")[0]})[0] == 200

@@ -10,14 +10,12 @@ from __future__ import annotations
 import base64
 import copy
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.harness import Sidecar
+from tests.harness import Sidecar, http
 from tests.kubetools import (
     CHART,
     HELM_VERSION,
@@ -242,12 +240,10 @@ def test_install_dry_run_prints_the_notes() -> None:
 def kubelet_probe(url: str, timeout: float) -> bool:
     """An httpGet probe as the kubelet runs it: no credentials, success on 200-399."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return 200 <= resp.status < 400
-    except urllib.error.HTTPError as exc:
-        return 200 <= exc.code < 400
+        code, _ = http("GET", url, timeout=timeout)
     except OSError:
         return False
+    return 200 <= code < 400
 
 
 def test_probes_pass_for_a_degraded_cli_and_fail_only_when_the_sidecar_is_gone(

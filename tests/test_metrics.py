@@ -41,9 +41,8 @@ def test_metrics_need_a_token_and_take_the_view_token(make_sidecar: Callable[...
     samples = scrape(sc, VIEW)
     assert value(samples, "sidecar_cli_up") == 1
     # The content type a Prometheus server asks for by default.
-    req = urllib.request.Request(f"{sc.url}/metrics", headers={"Authorization": f"Bearer {VIEW}"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    resp = sc.get("/metrics", headers={"Authorization": f"Bearer {VIEW}"})
+    assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
 
 
 def test_metrics_follow_the_sleeve(make_sidecar: Callable[..., Sidecar], short_tmp: Path) -> None:

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from sidecar.mailbox import Mailbox
 from sidecar.needlecast import Message, render_message, render_messages
-from tests.harness import message_app
+from tests.harness import message_app, wait_for
 from tests.needlecast_writer import BIG_BODY, body_for
 
 WRITER = str(pathlib.Path(__file__).with_name("needlecast_writer.py"))
@@ -178,10 +178,13 @@ def test_kill_9_at_a_random_moment_of_rewrites_leaves_an_old_or_new_version(
         path = outbox_with(tmp_path, messages)
         inode = path.stat().st_ino
         child = subprocess.Popen([sys.executable, WRITER, "rewrite-loop", str(tmp_path)], cwd=REPO)
-        deadline = time.monotonic() + 30
-        while path.stat().st_ino == inode:  # the first rewrite landed: now it is busy rewriting
-            assert time.monotonic() < deadline
-            assert child.poll() is None
+        wait_for(  # the first rewrite landed: now it is busy rewriting
+            lambda p=path, i=inode, c=child: p.stat().st_ino != i or c.poll() is not None,
+            30,
+            interval=0,
+            what="the first rewrite",
+        )
+        assert child.poll() is None
         child.send_signal(signal.SIGKILL)
         child.wait()
         data = path.read_bytes()
@@ -201,9 +204,12 @@ def test_kill_9_during_big_appends_never_shows_a_torn_message(tmp_path: pathlib.
         child = subprocess.Popen(
             [sys.executable, WRITER, "append-big", str(tmp_path), "8"], cwd=REPO
         )
-        deadline = time.monotonic() + 30
-        while path.stat().st_size < 1_500_000 and child.poll() is None:
-            assert time.monotonic() < deadline
+        wait_for(
+            lambda c=child: path.stat().st_size >= 1_500_000 or c.poll() is not None,
+            30,
+            interval=0,
+            what="1.5 MB appended",
+        )
         child.send_signal(signal.SIGKILL)
         child.wait()
         killed_mid_append += journal.read_bytes() != b""  # the writer died inside append()

@@ -26,6 +26,7 @@ import pytest
 
 from tests.harness import (
     Sidecar,
+    http,
     py_cli,
     stubborn_pids,
     stubborn_starts,
@@ -76,9 +77,9 @@ def test_start_serves_health_status_and_terminal_with_the_shell_cli(
     assert ttyd.net_connections("tcp") == []
     assert "--credential" not in ttyd.cmdline()
     assert (sc.state_dir / "ttyd.sock").is_socket()
-    with urllib.request.urlopen(sc.url + "/terminal/", timeout=10) as resp:
-        assert resp.status == 200
-        assert b"<html" in resp.read(4096).lower() or resp.headers.get("Content-Encoding") == "gzip"
+    resp = http("GET", sc.url + "/terminal/")
+    assert resp.status == 200
+    assert b"<html" in resp.body[:4096].lower() or resp.headers.get("Content-Encoding") == "gzip"
 
 
 def test_tmux_session_has_the_contract_options_and_socket_in_state_dir(

@@ -5,17 +5,17 @@ WebSocket terminal has drawn anything, so a test that must see the terminal wait
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import itertools
 import json
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from tests.harness import wait_for_async
 
 # ttyd's page keeps its xterm.js Terminal in `window.term`: its buffer is the screen as text.
 TERMINAL_TEXT_JS = """
@@ -60,12 +60,14 @@ class Browser:
         session = aiohttp.ClientSession()
         try:
             port_file = profile / "DevToolsActivePort"
-            deadline = time.monotonic() + 30
-            while not (port_file.exists() and port_file.read_text().strip()):
-                if proc.poll() is not None or time.monotonic() > deadline:
+
+            def port_written() -> str:
+                if proc.poll() is not None:
                     msg = f"chromium did not open its DevTools port (exit {proc.poll()})"
                     raise RuntimeError(msg)
-                await asyncio.sleep(0.05)  # sleep-ok: polling a file, with a deadline
+                return port_file.read_text().strip()  # absent: FileNotFoundError, "not yet"
+
+            await wait_for_async(port_written, 30, interval=0.05, what="chromium's DevTools port")
             port = int(port_file.read_text().split()[0])
             async with session.get(f"http://127.0.0.1:{port}/json/list") as resp:
                 targets = await resp.json()
@@ -102,15 +104,19 @@ class Browser:
 
     async def wait_for_text(self, expression: str, needles: list[str], timeout: float) -> str:
         """Poll `expression` (a string) until it contains every needle, with a deadline."""
-        deadline = time.monotonic() + timeout
-        while True:
-            text = await self.evaluate(expression) or ""
-            if all(n in text for n in needles):
-                return str(text)
-            if time.monotonic() > deadline:
-                msg = f"{needles} not in the page within {timeout} s; it shows:\n{text[-1500:]}"
-                raise TimeoutError(msg)
-            await asyncio.sleep(0.2)  # sleep-ok: the interval of a deadline wait
+        text = ""
+
+        async def shown() -> str | None:
+            nonlocal text
+            text = str(await self.evaluate(expression) or "")
+            return text if all(n in text for n in needles) else None
+
+        return await wait_for_async(
+            shown,
+            timeout,
+            interval=0.2,
+            what=lambda: f"{needles} in the page; it shows:\n{text[-1500:]}",
+        )
 
     async def screenshot(self, path: Path) -> None:
         await self.evaluate(PAINTED_JS)

@@ -15,8 +15,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +24,13 @@ import pytest
 
 from tests.e2e import dockerenv
 from tests.e2e.anthropic_stub import TEST_API_KEY, AnthropicStub, claude_json
+from tests.harness import Reply, http
 from tests.tools import missing
 
 IMAGE = "sleeve-e2e:latest"
 # Sleeves are closed by default; the e2e launcher gives this one as its own token (`sleeve run`
-# uses a caller's SIDECAR_TOKEN), and `http` sends it. (tests/e2e/test_e2e_privileges.py
-# proves the generated one.)
+# uses a caller's SIDECAR_TOKEN), and `Sleeve.get`/`post` send it.
+# (tests/e2e/test_e2e_privileges.py proves the generated one.)
 E2E_TOKEN = "e2e-token-0123456789abcdef0123456789"
 ARTIFACTS = dockerenv.REPO / "artifacts" / "e2e"
 SLEEVE = Path(sys.executable).parent / "sleeve"
@@ -152,34 +151,6 @@ def stub() -> Iterator[AnthropicStub]:
         yield s
 
 
-# --- HTTP helpers (stdlib: the tests act like any client of the API) -----------------------
-
-
-def http(
-    method: str, url: str, body: Any = None, timeout: float = 5.0, token: str | None = E2E_TOKEN
-) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw = resp.read()
-            status = resp.status
-    except urllib.error.HTTPError as exc:
-        raw, status = exc.read(), exc.code
-    try:
-        return status, json.loads(raw) if raw else None
-    except ValueError:
-        return status, raw.decode(errors="replace")
-
-
-def poll(predicate: Any, timeout: float, what: str, interval: float = 0.1) -> Any:
-    return dockerenv.wait_until(predicate, timeout, what, interval)
-
-
 def health_ok(port: int) -> dict[str, Any] | None:
     try:
         status, body = http("GET", f"http://127.0.0.1:{port}/health", timeout=1)
@@ -202,6 +173,12 @@ class Sleeve:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def get(self, path: str, **kw: Any) -> Reply:
+        return http("GET", self.url + path, token=E2E_TOKEN, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> Reply:
+        return http("POST", self.url + path, body, token=E2E_TOKEN, **kw)
 
 
 @dataclass

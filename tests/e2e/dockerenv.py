@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "debian:bookworm-slim"
 # bump when make_base_tarball changes: a cached tarball/image with another value is remade
@@ -81,19 +83,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]
-    """Poll `predicate` until it returns a truthy value or `timeout` passes (then TimeoutError)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            msg = f"timed out after {timeout:.1f} s waiting for {what}"
-            raise TimeoutError(msg)
-        time.sleep(interval)  # sleep-ok: the interval of a deadline wait
 
 
 @dataclass
@@ -171,9 +160,10 @@ class Engine:
         try:
             if self.proc is not None:
                 self.proc.wait(timeout=timeout)
-            else:
-                wait_until(lambda: not _pid_alive(self.pid), timeout, "dockerd to exit")
-        except (subprocess.TimeoutExpired, TimeoutError):
+            else:  # a dockerd of an earlier run: not our child, psutil waits for its pid to go
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(self.pid).wait(timeout)
+        except (subprocess.TimeoutExpired, psutil.TimeoutExpired):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
             if self.proc is not None:

@@ -21,11 +21,10 @@ from tests.e2e.conftest import (
     E2E_TOKEN,
     Launcher,
     Sleeve,
-    http,
     new_launcher,
-    poll,
     remove_started,
 )
+from tests.harness import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -56,7 +55,7 @@ def claude_sleeve(
 
 def _agent(sleeve: Sleeve) -> dict[str, Any] | None:
     try:
-        code, body = http("GET", f"{sleeve.url}/status")
+        code, body = sleeve.get("/status")
     except OSError:
         return None
     return body["agent"] if code == 200 else None
@@ -67,7 +66,7 @@ def _agent_in(sleeve: Sleeve, state: str, timeout: float) -> dict[str, Any]:
         agent = _agent(sleeve)
         return agent if agent is not None and agent["state"] == state else None
 
-    return dict(poll(check, timeout, f"agent {state}"))
+    return dict(wait_for(check, timeout, what=f"agent {state}"))
 
 
 def test_prompt_permission_and_answer_through_the_api_in_the_container(
@@ -84,15 +83,15 @@ def test_prompt_permission_and_answer_through_the_api_in_the_container(
                 seen.append(event)
 
     threading.Thread(target=read, daemon=True).start()
-    poll(lambda: seen, 10, "the /events stream")
-    code, body = http("POST", f"{sleeve.url}/input", {"text": "run the e2e command"})
+    wait_for(lambda: seen, 10, what="the /events stream")
+    code, body = sleeve.post("/input", {"text": "run the e2e command"})
     assert code == 202, body
     waiting = _agent_in(sleeve, "waiting", 60)
     assert "Bash" in waiting["reason"] and COMMAND in waiting["reason"], waiting
     # `sidecar wait` inside the container returns at once for a state the agent is in.
     done = lch.exec(sleeve, "sidecar", "wait", "--state", "waiting", "--timeout", "10")
     assert done.stdout.strip() == "waiting"
-    code, body = http("POST", f"{sleeve.url}/input", {"keys": ["Enter"]}, timeout=15)
+    code, body = sleeve.post("/input", {"keys": ["Enter"]}, timeout=15)
     assert code == 202 and body["changed"] is True, body
     waited = lch.exec(sleeve, "sidecar", "wait", "--state", "idle", "--timeout", "60")
     assert waited.returncode == 0, waited.stderr

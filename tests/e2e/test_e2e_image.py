@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import dockerenv
-from tests.e2e.conftest import SLEEVE, health_ok, poll, sleeve_env
-from tests.harness import free_ports
+from tests.e2e.conftest import SLEEVE, health_ok, sleeve_env
+from tests.harness import free_ports, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -175,11 +175,11 @@ def test_cold_docker_run_answers_health_quickly_as_pid_1_and_turns_healthy(
     port = _docker_run(
         engine, image, "e2e-cold", "--health-interval", "1s", "--health-start-period", "30s"
     )
-    poll(lambda: health_ok(port), 10, "/health 200", interval=0.02)
+    wait_for(lambda: health_ok(port), 10, what="/health 200", interval=0.02)
     timings["cold_run_health"] = elapsed = round(time.monotonic() - t0, 2)
     comm = engine.docker("exec", "e2e-cold", "cat", "/proc/1/cmdline").stdout.split("\0")
     assert any(part.endswith("sidecar") for part in comm[:2]), comm
-    poll(
+    wait_for(
         lambda: (
             engine.docker(
                 "inspect", "--format", "{{.State.Health.Status}}", "e2e-cold"
@@ -187,7 +187,7 @@ def test_cold_docker_run_answers_health_quickly_as_pid_1_and_turns_healthy(
             == "healthy"
         ),
         20,
-        "docker health status healthy",
+        what="docker health status healthy",
         interval=0.2,
     )
     engine.docker("rm", "-f", "e2e-cold")
@@ -208,7 +208,7 @@ def test_unknown_cli_keeps_container_running_with_health_degraded_and_says_why(
         return engine.docker("inspect", "--format", fmt, "e2e-nocli").stdout.strip()
 
     try:
-        poll(lambda: health_ok(port) or state() == "exited", 15, "/health 200 or an exit")
+        wait_for(lambda: health_ok(port) or state() == "exited", 15, what="/health 200 or an exit")
         logs = engine.docker("logs", "e2e-nocli")
         assert "no-such-cli" in logs.stdout + logs.stderr
         assert state() == "running", f"the container exited: {logs.stderr.strip()}"

@@ -19,16 +19,13 @@ import json
 import os
 import stat
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.e2e import dockerenv
-from tests.e2e.conftest import http, poll
-from tests.harness import free_port
+from tests.harness import free_port, http, wait_for
 from tests.kubetools import helm_template
 from tests.tools import missing
 
@@ -179,20 +176,11 @@ class Kubelet:
                 return False
             return 200 <= code < 400
 
-        poll(ok, deadline, f"{kind} probe")
+        wait_for(ok, deadline, what=f"{kind} probe")
 
 
 def _get(port: int, path: str, token: str | None) -> tuple[int, Any]:
-    import urllib.error
-
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+    return http("GET", f"http://127.0.0.1:{port}{path}", timeout=5, token=token)
 
 
 def test_the_charts_restricted_pod_runs_in_a_real_engine(
@@ -216,10 +204,9 @@ def test_the_charts_restricted_pod_runs_in_a_real_engine(
     def healthy() -> Any:
         code, body = _get(port, "/status", TOKEN)
         assert code == 200, body
-        status = json.loads(body)
-        return status if status["health"] == "healthy" else None
+        return body if body["health"] == "healthy" else None
 
-    poll(healthy, 10, "the CLI running")
+    wait_for(healthy, 10, what="the CLI running")
     code, body = _get(port, "/metrics", VIEW_TOKEN)
     assert code == 200 and b"sidecar_cli_up 1" in body
     # Everything in the container runs as the pod's uid.
@@ -229,14 +216,8 @@ def test_the_charts_restricted_pod_runs_in_a_real_engine(
 
     # State the StatefulSet's volumes must keep: a message (workspace) and a file in HOME.
     req_body = {"from": "envoy", "type": "task", "content": "survive a restart"}
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/inbox",
-        data=json.dumps(req_body).encode(),
-        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        assert resp.status == 201
+    code, _ = http("POST", f"http://127.0.0.1:{port}/inbox", req_body, timeout=5, token=TOKEN)
+    assert code == 201
     engine.docker("exec", "kube-e2e-0", "sh", "-c", "echo kept > $HOME/marker")
 
     # SIGTERM (what the kubelet sends), exit 0 well within the grace period.
@@ -261,7 +242,7 @@ def test_the_charts_restricted_pod_runs_in_a_real_engine(
     kubelet.probe("startup")
     code, body = _get(port, "/inbox", TOKEN)
     assert code == 200
-    assert [m["content"] for m in json.loads(body)["messages"]] == ["survive a restart"]
+    assert [m["content"] for m in body["messages"]] == ["survive a restart"]
     home = engine.docker("exec", "kube-e2e-0", "cat", "/home/sleeve/marker").stdout
     assert home.strip() == "kept"
     engine.docker("stop", "--time", str(grace), "kube-e2e-0")

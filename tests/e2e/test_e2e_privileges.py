@@ -23,7 +23,6 @@ import shutil
 import subprocess
 import sysconfig
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +33,9 @@ import pytest
 
 from tests.e2e import dockerenv
 from tests.e2e.anthropic_stub import TEST_API_KEY, AnthropicStub, claude_json
-from tests.e2e.conftest import health_ok, http, poll
+from tests.e2e.conftest import health_ok
 from tests.e2e.ttyclient import TerminalClient
+from tests.harness import http, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -187,7 +187,7 @@ def test_sleeve_run_by_a_host_user_runs_the_cli_as_that_user_and_closed(
         assert health_ok(port)
         assert _status(port, None)[0] == 401
         assert _status(port, "not-the-token")[0] == 401
-        status = poll(lambda: _cli_up(port, token, "claude-yolo"), 30, "claude running")
+        status = wait_for(lambda: _cli_up(port, token, "claude-yolo"), 30, what="claude running")
         # The token is in no argv and no environment the engine shows.
         inspect = engine.docker("inspect", container).stdout
         assert token not in inspect
@@ -214,9 +214,9 @@ def test_sleeve_run_by_a_host_user_runs_the_cli_as_that_user_and_closed(
         assert code == 201
         code, _ = http("POST", f"{url}resleeve", {"cli": "shell"}, token=token)
         assert code == 202
-        poll(lambda: _cli_up(port, token, "shell", status["cli_pid"]), 30, "the shell")
+        wait_for(lambda: _cli_up(port, token, "shell", status["cli_pid"]), 30, what="the shell")
         _terminal_type(port, token, "touch made-by-cli; mkdir -p made-dir/sub\r")
-        poll(lambda: (lch.project / "made-dir" / "sub").is_dir(), 20, "the CLI's files")
+        wait_for(lambda: (lch.project / "made-dir" / "sub").is_dir(), 20, what="the CLI's files")
         for rel in ("made-by-cli", "made-dir", "made-dir/sub", ".needlecast",
                     ".needlecast/inbox.md", ".cstack", ".cstack/CURRENT.md"):  # fmt: skip
             st = (lch.project / rel).stat()
@@ -297,14 +297,14 @@ def test_setuid_setgid_and_kill_are_enough_and_each_is_needed(
     name = "e2e-caps"
     port = _run_as_root_with(engine, image, name, CAPS)
     try:
-        first = poll(lambda: _cli_up(port, "", "shell"), 20, "the shell as sleeve")
+        first = wait_for(lambda: _cli_up(port, "", "shell"), 20, what="the shell as sleeve")
         top = engine.docker("exec", name, "ps", "-eo", "uid=,args=").stdout
         users = {line.split(None, 1)[1]: line.split()[0] for line in top.splitlines()}
         assert any(u == "1000" and "bash" in a for a, u in users.items()), top
         assert any(u == "1000" and "ttyd" in a for a, u in users.items()), top
         # A resleeve stops the user's tree (KILL) and starts the next as the user (SETUID).
         assert http("POST", f"http://127.0.0.1:{port}/resleeve", {}, token=None)[0] == 202
-        poll(lambda: _cli_up(port, "", "shell", first["cli_pid"]), 20, "the shell again")
+        wait_for(lambda: _cli_up(port, "", "shell", first["cli_pid"]), 20, what="the shell again")
         engine.docker("stop", "--time", "10", name)
         code = engine.docker("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
         assert code == "0"
@@ -322,7 +322,7 @@ def test_setuid_setgid_and_kill_are_enough_and_each_is_needed(
                 out = engine.docker("inspect", "--format", fmt, n).stdout.split()
                 return out[1] if out[0] == "exited" else None
 
-            assert poll(exited, 20, f"the sidecar without {missing} to exit") == "2"
+            assert wait_for(exited, 20, what=f"the sidecar without {missing} to exit") == "2"
             logs = engine.docker("logs", name).stderr
             assert f"--cap-add {missing}" in logs, logs
         finally:
@@ -353,14 +353,17 @@ def test_the_image_runs_entirely_as_1000_without_capabilities_read_only(
     argv += ["--env", "SIDECAR_TOKEN_FILE=/etc/sleeve/tokens/token", "--env", "SLEEVE_GOAL=ro"]
     engine.docker(*argv, image)
     try:
-        deadline = time.monotonic() + 20
-        while not health_ok(port):
+
+        def answers() -> dict[str, Any] | None:
+            if body := health_ok(port):
+                return body
             state = engine.docker("inspect", "--format", "{{.State.Status}}", name).stdout
             assert state.strip() == "running", engine.docker("logs", name).stderr
-            assert time.monotonic() < deadline, "no /health within 20 s"
-            time.sleep(0.1)  # sleep-ok: the polling interval of a deadline wait
+            return None
+
+        wait_for(answers, 20, what="/health")
         assert _status(port, None)[0] == 401
-        status = poll(lambda: _cli_up(port, token, "shell"), 20, "the shell as 1000")
+        status = wait_for(lambda: _cli_up(port, token, "shell"), 20, what="the shell as 1000")
         assert status["warnings"] == []
         message = {"from": "t", "type": "task", "content": "x"}
         assert http("POST", f"http://127.0.0.1:{port}/inbox", message, token=token)[0] == 201
@@ -394,7 +397,7 @@ def test_a_token_in_no_process_of_a_container_run_with_sidecar_token_in_its_env(
     argv += ["--env", f"SIDECAR_TOKEN={token}", image]
     engine.docker(*argv)
     try:
-        poll(lambda: _cli_up(port, token, "shell"), 20, "the shell")
+        wait_for(lambda: _cli_up(port, token, "shell"), 20, what="the shell")
         # Read from the host, as root with every capability (the sidecar makes itself
         # non-dumpable when it acts as the user, so in the container even root would need
         # CAP_SYS_PTRACE): every process of the container, PID 1 first.

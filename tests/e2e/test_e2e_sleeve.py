@@ -27,13 +27,12 @@ from tests.e2e.conftest import (
     Sleeve,
     descendants,
     health_ok,
-    http,
     new_launcher,
-    poll,
     processes,
     remove_started,
 )
 from tests.e2e.ttyclient import TerminalClient
+from tests.harness import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -42,7 +41,7 @@ GOAL = "Prove the sleeve end to end"
 
 
 def _status(sleeve: Sleeve) -> dict:
-    code, body = http("GET", f"{sleeve.url}/status")
+    code, body = sleeve.get("/status")
     assert code == 200, body
     return body
 
@@ -78,11 +77,11 @@ def test_sleeve_run_claude_code_is_healthy_with_the_sidecar_as_pid_1(
     claude: tuple[Launcher, Sleeve],
 ) -> None:
     lch, sleeve = claude
-    body = poll(lambda: health_ok(sleeve.port), 10, "/health 200")
+    body = wait_for(lambda: health_ok(sleeve.port), 10, what="/health 200")
     assert set(body) >= {"status", "uptime"}
     cmdline = lch.exec(sleeve, "cat", "/proc/1/cmdline").stdout.split("\0")
     assert any(part.endswith("sidecar") for part in cmdline[:2]), cmdline
-    status = poll(lambda: _cli_up(sleeve, "claude-code"), 15, "claude-code running")
+    status = wait_for(lambda: _cli_up(sleeve, "claude-code"), 15, what="claude-code running")
     table = processes(lch, sleeve)
     assert "claude" in table[status["cli_pid"]][1]
     assert status["status"] == "working" and status["current_task"] == GOAL
@@ -102,7 +101,7 @@ async def _submit_prompt(term: TerminalClient, stub: AnthropicStub, prompt: str)
     # Enter only once the text is drawn: text and CR in one read would look like a paste.
     await term.wait_for(prompt, 10, since=mark)
     await term.type("\r")
-    poll(lambda: any(prompt in p for p in stub.prompts_seen()), 30, "POST /v1/messages")
+    wait_for(lambda: any(prompt in p for p in stub.prompts_seen()), 30, what="POST /v1/messages")
     return mark
 
 
@@ -127,9 +126,11 @@ def test_resleeve_to_shell_and_back_replaces_the_whole_process_tree(
     for cli in ("shell", "claude-code"):
         before = _status(sleeve)
         old_tree = descendants(processes(lch, sleeve), before["cli_pid"])
-        code, body = http("POST", f"{sleeve.url}/resleeve", {"cli": cli})
+        code, body = sleeve.post("/resleeve", {"cli": cli})
         assert code == 202 and body == {"status": "resleeving", "cli": cli}, body
-        after = poll(lambda c=cli, p=before["cli_pid"]: _cli_up(sleeve, c, p), 30, f"{cli} up")
+        after = wait_for(
+            lambda c=cli, p=before["cli_pid"]: _cli_up(sleeve, c, p), 30, what=f"{cli} up"
+        )
         table = processes(lch, sleeve)
         assert not old_tree & set(table), f"left over from {before['cli']}: {old_tree & set(table)}"
         new_cmd = table[after["cli_pid"]][1]
@@ -155,17 +156,17 @@ def test_docker_exec_sidecar_status_and_outbox_work_and_a_written_message_is_ack
     )  # fmt: skip
 
     def listed() -> dict | None:
-        code, body = http("GET", f"{sleeve.url}/outbox")
+        code, body = sleeve.get("/outbox")
         ids = [m["id"] for m in body["messages"]] if code == 200 else []
         return body if "e2e-milestone-1" in ids else None
 
-    body = poll(listed, 10, "the message at /outbox")
+    body = wait_for(listed, 10, what="the message at /outbox")
     msg = next(m for m in body["messages"] if m["id"] == "e2e-milestone-1")
     assert msg["type"] == "milestone" and "e2e" in msg["content"]
     assert "e2e-milestone-1" in lch.exec(sleeve, "sidecar", "outbox").stdout
-    code, body = http("POST", f"{sleeve.url}/outbox/ack", {"ids": ["e2e-milestone-1"]})
+    code, body = sleeve.post("/outbox/ack", {"ids": ["e2e-milestone-1"]})
     assert code == 200 and body["removed"] == 1, body
-    code, body = http("GET", f"{sleeve.url}/outbox")
+    code, body = sleeve.get("/outbox")
     assert "e2e-milestone-1" not in [m["id"] for m in body["messages"]]
 
 
@@ -176,7 +177,7 @@ async def test_dashboard_in_headless_chromium_shows_the_claude_code_terminal(
     """The page is driven over DevTools: the embedded terminal's screen (xterm.js buffer) must
     show Claude Code, then the PNG is taken and kept as artifacts/e2e/dashboard.png."""
     _, sleeve = claude
-    poll(lambda: _cli_up(sleeve, "claude-code"), 15, "claude-code running")
+    wait_for(lambda: _cli_up(sleeve, "claude-code"), 15, what="claude-code running")
     shot = artifacts / "dashboard.png"
     shot.unlink(missing_ok=True)
     browser = await Browser.start(chromium, tmp_path / "profile", (1400, 900))
@@ -213,7 +214,9 @@ def test_the_launched_sleeve_turns_healthy_in_dockers_own_check(
         fmt = "{{.State.Health.Status}}"
         return lch.engine.docker("inspect", "--format", fmt, sleeve.container).stdout.strip()
 
-    assert poll(lambda: health() == "healthy" or None, 75, "docker health healthy", interval=1)
+    assert wait_for(
+        lambda: health() == "healthy" or None, 75, what="docker health healthy", interval=1
+    )
 
 
 @pytest.fixture
@@ -253,11 +256,11 @@ async def test_hard_resleeve_keeps_cstack_and_the_cli_history(
         files = found.stdout.splitlines()
         return history in files and any(f.startswith(projects) for f in files)
 
-    poll(saved, 15, "the prompt in history.jsonl and in the conversation in projects/")
+    wait_for(saved, 15, what="the prompt in history.jsonl and in the conversation in projects/")
     lch.engine.docker("rm", "-f", sleeve.container)
     again = lch.run("--slot", "1", cli="claude-code")
     assert again.container == sleeve.container
-    status = poll(lambda: _cli_up(again, "claude-code"), 20, "claude-code running again")
+    status = wait_for(lambda: _cli_up(again, "claude-code"), 20, what="claude-code running again")
     assert status["current_task"] == GOAL
     assert (
         lch.exec(again, "test", "-f", "/workspace/.cstack/CURRENT.md", check=False).returncode == 0
@@ -303,7 +306,7 @@ def test_docker_stop_exits_0_within_the_grace_period_and_current_md_says_killed(
     lch = shell_launcher
     sleeve = lch.run("--goal", GOAL, cli="shell")
     current = lch.project / ".cstack" / "CURRENT.md"
-    poll(current.exists, 10, "CURRENT.md written from SLEEVE_GOAL")
+    wait_for(current.exists, 10, what="CURRENT.md written from SLEEVE_GOAL")
     grace = 10
     t0 = time.monotonic()
     lch.engine.docker("stop", "--time", str(grace), sleeve.container, timeout=grace + 30)

@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 import json
 import re
-import time
 
 import aiohttp
+
+from tests.harness import wait_for_async
 
 _ESCAPES = re.compile(
     rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_()][0-9A-Za-z]?"
@@ -66,19 +67,17 @@ class TerminalClient:
 
         Whitespace is ignored: a TUI may draw a gap by moving the cursor or by redrawing.
         """
-        deadline = time.monotonic() + timeout
         want = "".join(needle.split())
-        while True:
+        seen = ""
+
+        def drawn() -> str | None:
+            nonlocal seen
             seen = self.screen_text(bytes(self.raw[since:]))
-            if want in "".join(seen.split()):
-                return seen
-            if time.monotonic() > deadline:
-                tail = seen[-1500:]
-                msg = (
-                    f"{needle!r} not seen on the terminal within {timeout} s; last output:\n{tail}"
-                )
-                raise TimeoutError(msg)
-            await asyncio.sleep(0.1)  # sleep-ok: the interval of a deadline wait
+            return seen if want in "".join(seen.split()) else None
+
+        return await wait_for_async(
+            drawn, timeout, interval=0.1, what=lambda: f"{needle!r}; last output:\n{seen[-1500:]}"
+        )
 
     async def type(self, text: str) -> None:
         await self._ws.send_bytes(b"0" + text.encode())

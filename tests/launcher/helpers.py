@@ -6,8 +6,6 @@ import csv
 import io
 import itertools
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,14 +30,6 @@ class Result:
     code: int
     out: str
     err: str
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll `cond` until it holds; fail the test at the deadline (no fixed sleeps)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"{what} not met within {timeout} s"
-        time.sleep(0.02)  # sleep-ok: the poll interval of a deadline wait
 
 
 def mount_fields(argv: list[str]) -> list[dict[str, str]]:

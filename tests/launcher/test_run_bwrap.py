@@ -7,7 +7,6 @@ import json
 import re
 import shlex
 import signal
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,8 +14,9 @@ import psutil
 import pytest
 
 from sidecar.launcher.launch import free_port
+from tests.harness import http, wait_for
 
-from .helpers import Result, wait_until
+from .helpers import Result
 
 pytestmark = pytest.mark.needs("bwrap")
 
@@ -25,9 +25,9 @@ SECRET = "sk-ant-api03-TESTKEY-abcdefghij0123456789"
 
 
 def health(url: str) -> dict[str, object]:
-    with urllib.request.urlopen(url + "health", timeout=5) as resp:
-        assert resp.status == 200
-        return dict(json.loads(resp.read()))
+    status, body = http("GET", url + "health", timeout=5)
+    assert status == 200
+    return dict(body)
 
 
 def refused(url: str) -> bool:
@@ -119,7 +119,7 @@ def test_bwrap_run_starts_a_sidecar_as_pid_1_that_ps_shows_and_stop_ends(
 
         stop = sleeve_proc("stop", "1", "--project", project)
         assert stop.code == 0, stop.err
-        wait_until(lambda: not waiter.is_running() or waiter.status() == psutil.STATUS_ZOMBIE)
+        wait_for(lambda: not waiter.is_running() or waiter.status() == psutil.STATUS_ZOMBIE)
         assert refused(url)
         (run,) = json.loads(sleeve_proc("ps", "--json").out)
         assert run["status"] == "stopped"

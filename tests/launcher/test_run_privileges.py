@@ -8,8 +8,6 @@ import itertools
 import json
 import shlex
 import shutil
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from sidecar.launcher.bwrap import systemd_problem, systemd_scope
 from sidecar.launcher.docker import DOCKER_CAPS, docker_argv, docker_command
 from sidecar.launcher.launch import free_port
 from sidecar.launcher.plan import Limits, RunPlan
+from tests.harness import http
 
 from .helpers import Result
 
@@ -158,14 +157,7 @@ def test_a_token_and_its_file_together_are_refused(
 
 
 def _status(url: str, token: str | None) -> int:
-    req = urllib.request.Request(url + "status")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
+    return http("GET", url + "status", timeout=5, token=token)[0]
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")

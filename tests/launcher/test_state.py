@@ -20,8 +20,9 @@ from sidecar.launcher.runtimes import reconcile
 from sidecar.launcher.state import COMPLETED, RUNNING, STOPPED, VANISHED, Run, StateStore
 from sidecar.launcher.waiter import waiter_argv
 from sidecar.proc import start_time
+from tests.harness import wait_for
 
-from .helpers import LIVES_UNTIL_KILLED, REPO, Result, wait_until
+from .helpers import LIVES_UNTIL_KILLED, REPO, Result
 
 
 @pytest.fixture
@@ -167,7 +168,7 @@ def start_waiter(home: Path, run_id: str, command: list[str]) -> tuple[int, floa
 def test_the_waiter_records_the_exit_code(home: Path, code: int, status: str) -> None:
     home.mkdir(mode=0o700)
     pid, _ = start_waiter(home, "w", [sys.executable, "-c", f"raise SystemExit({code})"])
-    wait_until(lambda: any(r.status != "starting" for r in StateStore(home).read()))
+    wait_for(lambda: any(r.status != "starting" for r in StateStore(home).read()))
     (run,) = StateStore(home).read()
     assert (run.status, run.exit_code) == (status, code)
     os.waitpid(pid, 0)
@@ -183,9 +184,9 @@ def test_sigterm_to_the_waiter_is_forwarded_and_recorded_as_stopped(home: Path) 
     )
     # `sh -c` stands in for bwrap: the waiter signals its child's child, the sandbox's PID 1.
     pid, _ = start_waiter(home, "w", ["sh", "-c", f'{sys.executable} -c "{child}"; exit $?'])
-    wait_until(ready.exists)
+    wait_for(ready.exists)
     os.kill(pid, signal.SIGTERM)
-    wait_until(lambda: bool(StateStore(home).read()))
+    wait_for(lambda: bool(StateStore(home).read()))
     (run,) = StateStore(home).read()
     assert (run.status, run.exit_code) == (STOPPED, 0)
     os.waitpid(pid, 0)
@@ -197,7 +198,7 @@ def test_ps_adopts_a_running_waiter_without_a_record(
     home.mkdir(mode=0o700)
     pid, _ = start_waiter(home, "lost", LIVES_UNTIL_KILLED)
     try:
-        wait_until(lambda: "sidecar.launcher.waiter" in " ".join(psutil.Process(pid).cmdline()))
+        wait_for(lambda: "sidecar.launcher.waiter" in " ".join(psutil.Process(pid).cmdline()))
         runs = json.loads(sleeve("ps", "--json").out)
         assert [(r["id"], r["status"], r["adopted"], r["pid"]) for r in runs] == [
             ("lost", RUNNING, True, pid)
@@ -215,7 +216,7 @@ def test_garbage_state_is_rebuilt_from_the_runs_still_alive(
     home.mkdir(mode=0o700)
     pid, start = start_waiter(home, "alive-1", LIVES_UNTIL_KILLED)
     try:
-        wait_until(lambda: "sidecar.launcher.waiter" in " ".join(psutil.Process(pid).cmdline()))
+        wait_for(lambda: "sidecar.launcher.waiter" in " ".join(psutil.Process(pid).cmdline()))
         StateStore(home).upsert(
             Run("alive-1", "proj_1", 1, "abcd0123", "bwrap", "shell", pid=pid, pid_start=start)
         )
