@@ -1,11 +1,6 @@
 """The agent's state (what the AI CLI is doing, not only whether its process runs): one machine,
-fed by one source per CLI, with the supervisor's process state on top.
-
-States: `starting` (launched, no sign yet), `working`, `waiting` (needs a person), `idle`,
-`exited` (the CLI process is not running: the supervisor's word beats any source's), `unknown`
-(the CLI gives no signal). A source reports what it sees with `report`; the effective state is
-published as an `agent-state` event whenever it or its reason changes, and the time spent in
-each state is kept for /metrics.
+fed by one source per CLI (its hooks, or pane activity), with the supervisor's process state on
+top. The state names are the contract's (`AgentStateName`).
 """
 
 from __future__ import annotations
@@ -14,8 +9,8 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from enum import Enum
 
+from sidecar.contract import AGENT_STATES, AgentStateName
 from sidecar.events import EventBus
 from sidecar.shapes import AgentStateEvent
 from sidecar.states import ProcState
@@ -25,18 +20,9 @@ log = logging.getLogger(__name__)
 MAX_REASON = 300  # characters of a reason kept (a command line can be long)
 
 
-class AgentState(Enum):
-    STARTING = "starting"
-    WORKING = "working"
-    WAITING = "waiting"
-    IDLE = "idle"
-    EXITED = "exited"
-    UNKNOWN = "unknown"
-
-
 @dataclass(frozen=True)
 class AgentStatus:
-    state: AgentState
+    state: AgentStateName
     since: float  # wall-clock time (time.time()) the state began
     reason: str | None
     source: str  # hooks, activity or none
@@ -58,13 +44,15 @@ class AgentMachine:
         self.source = "none"
         self.session_id: str | None = None
         self._process = ProcState.STOPPED
-        self._seen = AgentState.STARTING  # what the source last said
+        # starting: launched, no sign yet; exited: the CLI process is not running (the
+        # supervisor's word beats any source's); unknown: the CLI gives no signal.
+        self._seen: AgentStateName = "starting"  # what the source last said
         self._seen_reason: str | None = None
-        self._state = AgentState.EXITED  # the effective state
+        self._state: AgentStateName = "exited"  # the effective state
         self._reason: str | None = None
         self._since = time.time()
         self._since_mono = time.monotonic()
-        self._totals = dict.fromkeys(AgentState, 0.0)
+        self._totals = dict.fromkeys(AGENT_STATES, 0.0)
         self._changed = asyncio.Event()
 
     # ---- inputs ------------------------------------------------------------------------------
@@ -73,7 +61,7 @@ class AgentMachine:
         """A new CLI process was started: its source has said nothing yet."""
         self.source = source
         self._seen, self._seen_reason = (
-            (AgentState.UNKNOWN, None) if source == "none" else (AgentState.STARTING, None)
+            ("unknown", None) if source == "none" else ("starting", None)
         )
         self._apply()
 
@@ -82,7 +70,7 @@ class AgentMachine:
         self._process = state
         self._apply()
 
-    def report(self, state: AgentState, reason: str | None = None) -> None:
+    def report(self, state: AgentStateName, reason: str | None = None) -> None:
         """What the source sees now (ignored while the process is not running)."""
         self._seen = state
         self._seen_reason = one_line(reason) if reason else None
@@ -90,26 +78,26 @@ class AgentMachine:
 
     # ---- the machine ---------------------------------------------------------------------------
 
-    def _effective(self) -> tuple[AgentState, str | None]:
+    def _effective(self) -> tuple[AgentStateName, str | None]:
         if self._process is ProcState.RUNNING:
             return self._seen, self._seen_reason
         if self._process is ProcState.STARTING:
-            return AgentState.STARTING, None
+            return "starting", None
         # Whatever the source says: a CLI that is not running is doing nothing.
-        return AgentState.EXITED, None
+        return "exited", None
 
     def _apply(self) -> None:
         state, reason = self._effective()
-        if state is self._state and reason == self._reason:
+        if state == self._state and reason == self._reason:
             return
         previous = self._state
         now_mono = time.monotonic()
-        if state is not previous:
+        if state != previous:
             self._totals[previous] += now_mono - self._since_mono
             self._since, self._since_mono = time.time(), now_mono
         self._state, self._reason = state, reason
-        log.info("agent %s -> %s%s", previous.value, state.value, f" ({reason})" if reason else "")
-        self.bus.publish(AgentStateEvent(state=state.value, previous=previous.value, reason=reason))
+        log.info("agent %s -> %s%s", previous, state, f" ({reason})" if reason else "")
+        self.bus.publish(AgentStateEvent(state=state, previous=previous, reason=reason))
         # Wake everyone waiting for a change, then arm a fresh event for the next one.
         self._changed.set()
         self._changed = asyncio.Event()
@@ -117,7 +105,7 @@ class AgentMachine:
     # ---- readers -------------------------------------------------------------------------------
 
     @property
-    def state(self) -> AgentState:
+    def state(self) -> AgentStateName:
         return self._state
 
     @property
@@ -134,8 +122,8 @@ class AgentMachine:
 
     def seconds_in_states(self) -> dict[str, float]:
         """Seconds spent in each state since the sidecar started (the current one included)."""
-        totals = {s.value: t for s, t in self._totals.items()}
-        totals[self._state.value] += time.monotonic() - self._since_mono
+        totals = dict(self._totals)
+        totals[self._state] += time.monotonic() - self._since_mono
         return totals
 
     async def wait_change(self, timeout: float) -> bool:

@@ -18,7 +18,7 @@ from msgspec import UnsetType
 
 from sidecar import httpio
 from sidecar.awareness import Awareness
-from sidecar.claude_hooks import EVENTS, HOOK_PATH, SECRET_HEADER
+from sidecar.claude_code import EVENTS, HOOK_PATH, SECRET_HEADER
 from sidecar.openapi import Media, Operation
 from sidecar.shapes import InputAccepted, InputRequest
 

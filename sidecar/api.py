@@ -25,11 +25,11 @@ from msgspec import UnsetType
 from sidecar import httpio, mailbox
 from sidecar.agent_api import HookRefused, agent_operations
 from sidecar.api_messages import MAILBOXES, message_operations
-from sidecar.awareness import NotRunning, StateMismatch
 from sidecar.contract import MAX_BODY_BYTES
 from sidecar.events import encode_line
 from sidecar.guard import make_guard
 from sidecar.httpio import BadRequest, error
+from sidecar.input_delivery import NotRunning, StateMismatch
 from sidecar.metrics import Metrics, RequestCounter
 from sidecar.openapi import HTML, NDJSON, Media, Operation, document
 from sidecar.pane_input import DeliveryError, InputError
@@ -134,7 +134,7 @@ async def health(request: web.Request) -> web.Response:
         HealthAnswer(
             status="healthy" if sup.healthy else "degraded",
             uptime=uptime,
-            agent=sup.awareness.machine.state.value,
+            agent=sup.awareness.machine.state,
         )
     )
 
@@ -153,7 +153,7 @@ def _last_activity(sup: Supervisor) -> float | None:
 def agent_info(sup: Supervisor) -> AgentInfo:
     agent = sup.awareness.machine.status()
     return AgentInfo(
-        state=agent.state.value,
+        state=agent.state,
         since=_iso_ms(agent.since),
         reason=agent.reason,
         source=agent.source,  # type: ignore[arg-type]  # hooks, activity or none

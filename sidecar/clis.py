@@ -50,7 +50,7 @@ class CLIDef:
 def _builtins(login_shell: str) -> dict[str, CLIDef]:
     defs = [
         # claude-code's session arguments (--session-id/--resume/--continue) and --settings
-        # come from sidecar.claude_hooks; `resume` is what it does without hooks.
+        # come from sidecar.claude_code; `resume` is what it does without hooks.
         CLIDef(
             "claude-code",
             ("claude",),
@@ -65,19 +65,6 @@ def _builtins(login_shell: str) -> dict[str, CLIDef]:
         CLIDef("shell", (login_shell, "-l")),
     ]
     return {d.name: d for d in defs}
-
-
-def claude_has_history(workspace: Path, home: Path, config_dir: Path | None) -> bool:
-    """Whether Claude Code has a conversation for `workspace` (its projects/<encoded cwd>/)."""
-    base = config_dir if config_dir is not None else home / ".claude"
-    # Claude Code names a project's history folder after its cwd with every
-    # character outside [A-Za-z0-9] replaced by '-'.
-    encoded = re.sub(r"[^A-Za-z0-9]", "-", str(workspace))
-    folder = base / "projects" / encoded
-    try:
-        return any(p.suffix == ".jsonl" for p in folder.iterdir())
-    except OSError:
-        return False
 
 
 def _argv(value: Any, where: str) -> tuple[str, ...]:

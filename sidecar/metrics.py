@@ -269,7 +269,7 @@ class Metrics:
         out.one_hot(
             "sidecar_agent_state",
             "What the agent is doing (working, waiting for a person, idle, ...)",
-            agent.state.value,
+            agent.state,
             AGENT_STATES,
         )
         out.family(
