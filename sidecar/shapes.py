@@ -10,7 +10,7 @@ errors name the field (``Expected `str`, got `null` - at `$.cli```), it emits JS
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType, field
 
@@ -364,23 +364,4 @@ AnyEvent = (
     | AgentStateEvent
     | InboxNotified
     | ErrorEvent
-)
-EVENT_TYPES: tuple[str, ...] = tuple(str(t.__struct_config__.tag) for t in get_args(AnyEvent))
-
-#: Every named schema the OpenAPI document lists, in the order it lists them.
-DOCUMENTED: tuple[type, ...] = (
-    Error,
-    HealthAnswer,
-    StatusAnswer,
-    AgentInfo,
-    MessageList,
-    NewMessage,
-    MessageCreated,
-    AckRequest,
-    AckResult,
-    ResleeveRequest,
-    ResleeveAccepted,
-    InputRequest,
-    InputAccepted,
-    TerminalToken,
 )
