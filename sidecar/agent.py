@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sidecar.contract import AGENT_STATES, AgentStateName
@@ -42,7 +43,7 @@ class AgentMachine:
     def __init__(self, bus: EventBus) -> None:
         self.bus = bus
         self.source = "none"
-        self.session_id: str | None = None
+        self._session_id: str | None = None
         self._process = ProcState.STOPPED
         # starting: launched, no sign yet; exited: the CLI process is not running (the
         # supervisor's word beats any source's); unknown: the CLI gives no signal.
@@ -52,7 +53,10 @@ class AgentMachine:
         self._reason: str | None = None
         self._since = time.time()
         self._since_mono = time.monotonic()
-        self._totals = dict.fromkeys(AGENT_STATES, 0.0)
+        # Seconds in each state before the current one began: replaced, never changed in place,
+        # so that a snapshot can keep the mapping it was given.
+        self._totals: Mapping[str, float] = dict.fromkeys(AGENT_STATES, 0.0)
+        self._status = self._make_status()
         self._changed = asyncio.Event()
 
     # ---- inputs ------------------------------------------------------------------------------
@@ -63,6 +67,7 @@ class AgentMachine:
         self._seen, self._seen_reason = (
             ("unknown", None) if source == "none" else ("starting", None)
         )
+        self._status = self._make_status()  # the source is part of it, changed or not
         self._apply()
 
     def process_changed(self, state: ProcState) -> None:
@@ -93,9 +98,11 @@ class AgentMachine:
         previous = self._state
         now_mono = time.monotonic()
         if state != previous:
-            self._totals[previous] += now_mono - self._since_mono
+            spent = self._totals[previous] + now_mono - self._since_mono
+            self._totals = {**self._totals, previous: spent}
             self._since, self._since_mono = time.time(), now_mono
         self._state, self._reason = state, reason
+        self._status = self._make_status()
         log.info("agent %s -> %s%s", previous, state, f" ({reason})" if reason else "")
         self.bus.publish(AgentStateEvent(state=state, previous=previous, reason=reason))
         # Wake everyone waiting for a change, then arm a fresh event for the next one.
@@ -117,14 +124,27 @@ class AgentMachine:
     def since_monotonic(self) -> float:
         return self._since_mono
 
-    def status(self) -> AgentStatus:
-        return AgentStatus(self._state, self._since, self._reason, self.source, self.session_id)
+    @property
+    def session_id(self) -> str | None:
+        """Claude Code's conversation (the CLI's hooks and its launch tell it)."""
+        return self._session_id
 
-    def seconds_in_states(self) -> dict[str, float]:
-        """Seconds spent in each state since the sidecar started (the current one included)."""
-        totals = dict(self._totals)
-        totals[self._state] += time.monotonic() - self._since_mono
-        return totals
+    @session_id.setter
+    def session_id(self, value: str | None) -> None:
+        self._session_id = value
+        self._status = self._make_status()
+
+    def _make_status(self) -> AgentStatus:
+        return AgentStatus(self._state, self._since, self._reason, self.source, self._session_id)
+
+    def status(self) -> AgentStatus:
+        """The state as it is now: made when it changes, so reading it costs nothing."""
+        return self._status
+
+    @property
+    def totals(self) -> Mapping[str, float]:
+        """Seconds in each state before the current one began (see `seconds_in_states`)."""
+        return self._totals
 
     async def wait_change(self, timeout: float) -> bool:
         """Wait until the state or reason changes; False on timeout."""
@@ -133,3 +153,13 @@ class AgentMachine:
         except TimeoutError:
             return False
         return True
+
+
+def seconds_in_states(
+    totals: Mapping[str, float], state: AgentStateName, since: float, now: float
+) -> dict[str, float]:
+    """Seconds spent in each state since the sidecar started, the current one (`state`, begun
+    at `since`) included up to `now` (both time.monotonic())."""
+    seconds: dict[str, float] = dict(totals)
+    seconds[state] += now - since
+    return seconds

@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from sidecar import httpio
+from sidecar import httpio, view
 from sidecar.guard import set_token_cookie
 from sidecar.openapi import HTML, Media, Operation
 from sidecar.shapes import TerminalToken
@@ -57,7 +57,7 @@ HOP_HEADERS = frozenset(
 
 
 def _unavailable(sup: Supervisor) -> web.Response:
-    status = sup.ttyd.status
+    status = view.of(sup).ttyd
     reason = status.reason or f"ttyd is {status.state.value}"
     return httpio.error(503, f"terminal unavailable: {reason}", **{"Retry-After": "1"})
 
