@@ -54,7 +54,9 @@ def has_history(config: Path, workspace: Path) -> bool:
 # Our `--settings` only add to the user's own settings files (Claude Code merges them), so their
 # hooks keep working. Each event is POSTed to `HOOK_PATH/<event>` on the sidecar's loopback port
 # with a secret header; the secret is made anew for every launch (a hook from a CLI a resleeve
-# stopped is refused). SessionStart alone runs no HTTP hooks, so a command hook relays it.
+# stopped is refused) and kept in the state dir (`agent_files`), so a supervisor restart that
+# adopts the running CLI still accepts it. SessionStart alone runs no HTTP hooks, so a command
+# hook (`sidecar.hook_relay`) relays it. Timings measured on Claude Code: docs/benchmarks.md.
 
 HOOK_PATH = "/hooks/claude-code"
 SECRET_HEADER = "X-Sidecar-Hook"  # noqa: S105 - the header's name, not a secret

@@ -1,8 +1,6 @@
 """`sidecar status|outbox|inbox|send|resleeve|events|attach|input|keys|wait`: debugging from
-`docker exec`.
-
-They talk to the local API (address and token from the same environment the sidecar reads);
-human output by default, `--json` for machines.
+`docker exec`, through the local API (address and token from the same environment the sidecar
+reads); human output by default, `--json` for machines.
 """
 
 from __future__ import annotations

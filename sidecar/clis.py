@@ -1,10 +1,6 @@
 """The registry of AI CLIs the sidecar can run: built-ins plus a YAML file that adds or overrides.
-
-A CLI is always an argv list (never a shell string); `resume` is the argv used when the CLI is
-started again in the same workspace (resleeve, self-healing, a hard resleeve with history).
-`prompt` marks an interactive prompt that takes typed lines (inbox notices); `state` says how the
-agent's state is known (`sidecar.agent`): `hooks` (Claude Code's own hooks), `activity` (pane
-output) or `none`.
+A CLI is always an argv list (never a shell string); what each CLI keeps on disk and how it
+reports its state live in its own module (`sidecar.claude_code`).
 """
 
 from __future__ import annotations
@@ -25,6 +21,10 @@ STATE_SOURCES: tuple[str, ...] = get_args(StateSource)
 KEYS = ("command", "resume", "env", "prompt", "state")
 
 
+# `resume` is the argv used when the CLI is started again in the same workspace (resleeve,
+# self-healing, a hard resleeve with history). `prompt` marks an interactive prompt that takes
+# typed lines (inbox notices); `state` says how the agent's state is known (`sidecar.agent`):
+# `hooks` (Claude Code's own hooks), `activity` (pane output) or `none`.
 @dataclass(frozen=True)
 class CLIDef:
     name: str

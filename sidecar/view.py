@@ -16,9 +16,9 @@ if TYPE_CHECKING:  # typing only: the snapshot sits below the supervisor, which 
     from sidecar.supervisor import Supervisor
 
 
-# A NamedTuple, not a frozen dataclass: it is taken on every /health, and measured here a
-# frozen dataclass of these fields took 3.9 us to make against 0.7 us for all of /health's own
-# reads (a dataclass sets each frozen field through object.__setattr__; a tuple is made in C).
+# A NamedTuple, not a frozen dataclass: one is taken on every /health, and a frozen dataclass
+# sets each field through object.__setattr__, several times /health's own work (measured:
+# docs/benchmarks.md).
 class SupervisorView(NamedTuple):
     taken: float  # time.monotonic() when the snapshot was taken
     uptime: float  # seconds since the sidecar (init, not this supervisor) started
