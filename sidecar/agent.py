@@ -38,7 +38,7 @@ def one_line(text: str, limit: int = MAX_REASON) -> str:
 
 class AgentMachine:
     """Owns the agent's state. Sources call `report`; the supervisor calls `launched` and
-    `process_changed`; readers use `status`, `wait_for` and `seconds_in_states`."""
+    `process_changed`; readers use `status`, `totals` and `wait_change`."""
 
     def __init__(self, bus: EventBus) -> None:
         self.bus = bus
