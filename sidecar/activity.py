@@ -1,14 +1,6 @@
 """When the CLI last wrote to its pane, learnt from tmux itself: a control-mode client
-(`tmux -C attach`) on the sidecar's socket gets an `%output` line when the pane writes.
-
-Why this, not the alternatives (measured with tmux 3.3a): the tty's mtime is stamped only when
-it is 8 s or more behind (drivers/tty/tty_io.c), too coarse for "a few seconds"; `capture-pane`
-in a loop forks once per look; `pipe-pane` copies every byte through a shell and a pipe. Here
-each burst of output costs one wakeup: on the first `%output` the client pauses the pane for
-itself (`refresh-client -A %N:pause`: tmux keeps reading the pane and drops only this client's
-copy; a flooding CLI ran at full speed, ~100k lines/s, while paused) and continues it SAMPLE
-seconds later. A quiet pane costs nothing at all: no timer runs. Output is known to within
-SAMPLE seconds, which is what the `activity` source and the prompt-hold of `POST /input` need.
+(`tmux -C attach`) gets an `%output` line when the pane writes, one wakeup per burst and nothing
+while the pane is quiet (why not the tty's mtime or `capture-pane`: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -25,6 +17,9 @@ from sidecar.tmux import Tmux
 
 log = logging.getLogger(__name__)
 
+# On the first `%output` the client pauses the pane for itself (`refresh-client -A %N:pause`:
+# tmux keeps reading the pane and drops only this client's copy) and continues it SAMPLE seconds
+# later: output is known to within SAMPLE, what the `activity` source and POST /input's hold need.
 SAMPLE = 0.25  # seconds the pane stays paused for this client after output
 OUTPUT_RE = re.compile(rb"(?:^|\n)%(?:extended-)?output (%\d+) ")
 

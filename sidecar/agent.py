@@ -1,11 +1,6 @@
 """The agent's state (what the AI CLI is doing, not only whether its process runs): one machine,
-fed by one source per CLI, with the supervisor's process state on top.
-
-States: `starting` (launched, no sign yet), `working`, `waiting` (needs a person), `idle`,
-`exited` (the CLI process is not running: the supervisor's word beats any source's), `unknown`
-(the CLI gives no signal). A source reports what it sees with `report`; the effective state is
-published as an `agent-state` event whenever it or its reason changes, and the time spent in
-each state is kept for /metrics.
+fed by one source per CLI (its hooks, or pane activity), with the supervisor's process state on
+top. The state names are the contract's (`AgentStateName`).
 """
 
 from __future__ import annotations
@@ -13,9 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 
+from sidecar.contract import AGENT_STATES, AgentStateName
 from sidecar.events import EventBus
 from sidecar.shapes import AgentStateEvent
 from sidecar.states import ProcState
@@ -25,18 +21,9 @@ log = logging.getLogger(__name__)
 MAX_REASON = 300  # characters of a reason kept (a command line can be long)
 
 
-class AgentState(Enum):
-    STARTING = "starting"
-    WORKING = "working"
-    WAITING = "waiting"
-    IDLE = "idle"
-    EXITED = "exited"
-    UNKNOWN = "unknown"
-
-
 @dataclass(frozen=True)
 class AgentStatus:
-    state: AgentState
+    state: AgentStateName
     since: float  # wall-clock time (time.time()) the state began
     reason: str | None
     source: str  # hooks, activity or none
@@ -51,20 +38,25 @@ def one_line(text: str, limit: int = MAX_REASON) -> str:
 
 class AgentMachine:
     """Owns the agent's state. Sources call `report`; the supervisor calls `launched` and
-    `process_changed`; readers use `status`, `wait_for` and `seconds_in_states`."""
+    `process_changed`; readers use `status`, `totals` and `wait_change`."""
 
     def __init__(self, bus: EventBus) -> None:
         self.bus = bus
         self.source = "none"
-        self.session_id: str | None = None
+        self._session_id: str | None = None
         self._process = ProcState.STOPPED
-        self._seen = AgentState.STARTING  # what the source last said
+        # starting: launched, no sign yet; exited: the CLI process is not running (the
+        # supervisor's word beats any source's); unknown: the CLI gives no signal.
+        self._seen: AgentStateName = "starting"  # what the source last said
         self._seen_reason: str | None = None
-        self._state = AgentState.EXITED  # the effective state
+        self._state: AgentStateName = "exited"  # the effective state
         self._reason: str | None = None
         self._since = time.time()
         self._since_mono = time.monotonic()
-        self._totals = dict.fromkeys(AgentState, 0.0)
+        # Seconds in each state before the current one began: replaced, never changed in place,
+        # so that a snapshot can keep the mapping it was given.
+        self._totals: Mapping[str, float] = dict.fromkeys(AGENT_STATES, 0.0)
+        self._status = self._make_status()
         self._changed = asyncio.Event()
 
     # ---- inputs ------------------------------------------------------------------------------
@@ -73,8 +65,9 @@ class AgentMachine:
         """A new CLI process was started: its source has said nothing yet."""
         self.source = source
         self._seen, self._seen_reason = (
-            (AgentState.UNKNOWN, None) if source == "none" else (AgentState.STARTING, None)
+            ("unknown", None) if source == "none" else ("starting", None)
         )
+        self._status = self._make_status()  # the source is part of it, changed or not
         self._apply()
 
     def process_changed(self, state: ProcState) -> None:
@@ -82,7 +75,7 @@ class AgentMachine:
         self._process = state
         self._apply()
 
-    def report(self, state: AgentState, reason: str | None = None) -> None:
+    def report(self, state: AgentStateName, reason: str | None = None) -> None:
         """What the source sees now (ignored while the process is not running)."""
         self._seen = state
         self._seen_reason = one_line(reason) if reason else None
@@ -90,26 +83,28 @@ class AgentMachine:
 
     # ---- the machine ---------------------------------------------------------------------------
 
-    def _effective(self) -> tuple[AgentState, str | None]:
+    def _effective(self) -> tuple[AgentStateName, str | None]:
         if self._process is ProcState.RUNNING:
             return self._seen, self._seen_reason
         if self._process is ProcState.STARTING:
-            return AgentState.STARTING, None
+            return "starting", None
         # Whatever the source says: a CLI that is not running is doing nothing.
-        return AgentState.EXITED, None
+        return "exited", None
 
     def _apply(self) -> None:
         state, reason = self._effective()
-        if state is self._state and reason == self._reason:
+        if state == self._state and reason == self._reason:
             return
         previous = self._state
         now_mono = time.monotonic()
-        if state is not previous:
-            self._totals[previous] += now_mono - self._since_mono
+        if state != previous:
+            spent = self._totals[previous] + now_mono - self._since_mono
+            self._totals = {**self._totals, previous: spent}
             self._since, self._since_mono = time.time(), now_mono
         self._state, self._reason = state, reason
-        log.info("agent %s -> %s%s", previous.value, state.value, f" ({reason})" if reason else "")
-        self.bus.publish(AgentStateEvent(state=state.value, previous=previous.value, reason=reason))
+        self._status = self._make_status()
+        log.info("agent %s -> %s%s", previous, state, f" ({reason})" if reason else "")
+        self.bus.publish(AgentStateEvent(state=state, previous=previous, reason=reason))
         # Wake everyone waiting for a change, then arm a fresh event for the next one.
         self._changed.set()
         self._changed = asyncio.Event()
@@ -117,7 +112,7 @@ class AgentMachine:
     # ---- readers -------------------------------------------------------------------------------
 
     @property
-    def state(self) -> AgentState:
+    def state(self) -> AgentStateName:
         return self._state
 
     @property
@@ -129,14 +124,27 @@ class AgentMachine:
     def since_monotonic(self) -> float:
         return self._since_mono
 
-    def status(self) -> AgentStatus:
-        return AgentStatus(self._state, self._since, self._reason, self.source, self.session_id)
+    @property
+    def session_id(self) -> str | None:
+        """Claude Code's conversation (the CLI's hooks and its launch tell it)."""
+        return self._session_id
 
-    def seconds_in_states(self) -> dict[str, float]:
-        """Seconds spent in each state since the sidecar started (the current one included)."""
-        totals = {s.value: t for s, t in self._totals.items()}
-        totals[self._state.value] += time.monotonic() - self._since_mono
-        return totals
+    @session_id.setter
+    def session_id(self, value: str | None) -> None:
+        self._session_id = value
+        self._status = self._make_status()
+
+    def _make_status(self) -> AgentStatus:
+        return AgentStatus(self._state, self._since, self._reason, self.source, self._session_id)
+
+    def status(self) -> AgentStatus:
+        """The state as it is now: made when it changes, so reading it costs nothing."""
+        return self._status
+
+    @property
+    def totals(self) -> Mapping[str, float]:
+        """Seconds in each state before the current one began (see `seconds_in_states`)."""
+        return self._totals
 
     async def wait_change(self, timeout: float) -> bool:
         """Wait until the state or reason changes; False on timeout."""
@@ -145,3 +153,13 @@ class AgentMachine:
         except TimeoutError:
             return False
         return True
+
+
+def seconds_in_states(
+    totals: Mapping[str, float], state: AgentStateName, since: float, now: float
+) -> dict[str, float]:
+    """Seconds spent in each state since the sidecar started, the current one (`state`, begun
+    at `since`) included up to `now` (both time.monotonic())."""
+    seconds: dict[str, float] = dict(totals)
+    seconds[state] += now - since
+    return seconds

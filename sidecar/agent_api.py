@@ -1,10 +1,5 @@
 """HTTP routes of agent awareness: `POST /input` (type into the CLI) and
 `POST /hooks/claude-code/{event}` (Claude Code's hooks report to the sidecar).
-
-The hook route is public to the API's token check (the CLI never holds the API token) but needs
-the per-launch hook secret, checked in constant time before the body is read: a forged call costs
-one header comparison. Its answer is always empty (204): Claude Code takes an empty 2xx as "no
-decision", so nothing the sidecar answers can approve or deny a tool.
 """
 
 from __future__ import annotations
@@ -18,12 +13,16 @@ from msgspec import UnsetType
 
 from sidecar import httpio
 from sidecar.awareness import Awareness
-from sidecar.claude_hooks import EVENTS, HOOK_PATH, SECRET_HEADER
+from sidecar.claude_code import EVENTS, HOOK_PATH, SECRET_HEADER
 from sidecar.openapi import Media, Operation
 from sidecar.shapes import InputAccepted, InputRequest
 
 log = logging.getLogger(__name__)
 
+# The hook route is public to the API's token check (the CLI never holds the API token) but needs
+# the per-launch hook secret, checked in constant time before the body is read: a forged call
+# costs one header comparison. Its answer is always empty (204): Claude Code takes an empty 2xx
+# as "no decision", so nothing the sidecar answers can approve or deny a tool.
 AWARENESS = web.AppKey("awareness", Awareness)
 MAX_HOOK_BODY = 256 * 1024  # a bigger hook payload (a PostToolUse with a large result) is skipped
 

@@ -1,22 +1,14 @@
 """The HTTP API: `create_app()` wires the route table, auth and JSON errors around a running
-Supervisor, and builds the OpenAPI document from the same table.
-
-This is the one place where errors become HTTP statuses (`error_answer`). Request paths never
-fork a process: /status reads the supervisor's in-memory state plus two `stat` calls.
+Supervisor, and builds the OpenAPI document from the same table. This is the one place where
+errors become HTTP statuses (`error_answer`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import errno
 import json
 import logging
-import os
-import socket
-import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from importlib import resources
 
 from aiohttp import ClientConnectionResetError, typedefs, web
@@ -24,26 +16,17 @@ from msgspec import UnsetType
 
 from sidecar import httpio, mailbox
 from sidecar.agent_api import HookRefused, agent_operations
+from sidecar.api_events import events_operation
 from sidecar.api_messages import MAILBOXES, message_operations
-from sidecar.awareness import NotRunning, StateMismatch
+from sidecar.api_status import status_operations
 from sidecar.contract import MAX_BODY_BYTES
-from sidecar.events import encode_line
 from sidecar.guard import make_guard
 from sidecar.httpio import BadRequest, error
+from sidecar.input_delivery import NotRunning, StateMismatch
 from sidecar.metrics import Metrics, RequestCounter
-from sidecar.openapi import HTML, NDJSON, Media, Operation, document
+from sidecar.openapi import HTML, Media, Operation, document
 from sidecar.pane_input import DeliveryError, InputError
-from sidecar.shapes import (
-    AgentInfo,
-    HealthAnswer,
-    Heartbeat,
-    Progress,
-    ResleeveAccepted,
-    ResleeveRequest,
-    SidecarRestart,
-    StatusAnswer,
-)
-from sidecar.states import ProcState
+from sidecar.shapes import ResleeveAccepted, ResleeveRequest
 from sidecar.supervisor import ResleeveBusy, Supervisor, UnknownCLI
 from sidecar.terminal import terminal_operations
 
@@ -51,18 +34,7 @@ log = logging.getLogger(__name__)
 
 SUPERVISOR = web.AppKey("supervisor", Supervisor)
 OPENAPI = web.AppKey("openapi", bytes)  # the document, encoded once
-HEARTBEAT_EVERY = 15.0  # seconds between heartbeat lines on /events
-# A stream whose line cannot be handed to the kernel for this long has a client that stopped
-# reading (its socket buffer is full): it is dropped rather than held open for ever.
-EVENT_WRITE_TIMEOUT = 10.0
-EVENT_SNDBUF = 64 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 # ---- middlewares ---------------------------------------------------------------------------
@@ -127,120 +99,11 @@ def make_answers(requests: RequestCounter | None = None) -> typedefs.Middleware:
 # ---- routes ----------------------------------------------------------------------------------
 
 
-async def health(request: web.Request) -> web.Response:
-    sup = request.app[SUPERVISOR]
-    uptime = int(time.monotonic() - sup.started)
-    return httpio.answer(
-        HealthAnswer(
-            status="healthy" if sup.healthy else "degraded",
-            uptime=uptime,
-            agent=sup.awareness.machine.state.value,
-        )
-    )
-
-
-def _last_activity(sup: Supervisor) -> float | None:
-    times = [sup.current.mtime]
-    if sup.pane is not None:
-        # The kernel stamps a tty's mtime when it is written (to within 8 s): the CLI's
-        # last output, without asking tmux.
-        with contextlib.suppress(OSError):
-            times.append(os.stat(sup.pane.tty).st_mtime)
-    known = [t for t in times if t is not None]
-    return max(known) if known else None
-
-
-def agent_info(sup: Supervisor) -> AgentInfo:
-    agent = sup.awareness.machine.status()
-    return AgentInfo(
-        state=agent.state.value,
-        since=_iso_ms(agent.since),
-        reason=agent.reason,
-        source=agent.source,  # type: ignore[arg-type]  # hooks, activity or none
-        session_id=agent.session_id,
-    )
-
-
-def _iso_ms(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def status_body(sup: Supervisor) -> StatusAnswer:
-    state = sup.current.get()
-    running = sup.cli.state is ProcState.RUNNING
-    ttyd = sup.ttyd.status
-    warnings = [*sup.warnings, *state.warnings]
-    for name, proc in (("CLI", sup.cli), ("ttyd", ttyd)):
-        if proc.state in (ProcState.FATAL, ProcState.BACKOFF) and proc.reason:
-            warnings.append(f"{name}: {proc.reason}")
-    return StatusAnswer(
-        sleeve_id=sup.config.sleeve_name,
-        status=state.status,
-        current_task=state.task,
-        progress=Progress(total=state.progress_total, completed=state.progress_completed),
-        blockers=list(state.blockers),
-        next_steps=list(state.next_steps),
-        cli=sup.cli_name,
-        cli_pid=sup.cli.pid if running else None,
-        cli_running=running,
-        cli_state=sup.cli.state,
-        cli_exit_code=sup.cli.exit_code,
-        resleeving=sup.resleeving,
-        ttyd_state=ttyd.state,
-        last_activity=_iso(_last_activity(sup)),
-        health="healthy" if sup.healthy else "degraded",
-        repo=sup.config.repo,
-        warnings=warnings,
-        sidecar_restarts=sup.restarts,
-        agent=agent_info(sup),
-    )
-
-
-async def status(request: web.Request) -> web.Response:
-    return httpio.answer(status_body(request.app[SUPERVISOR]))
-
-
 async def resleeve(request: web.Request) -> web.Response:
     body = await httpio.read_optional_body(request, ResleeveRequest)
     name = None if body is None or isinstance(body.cli, UnsetType) else body.cli
     chosen, _ = request.app[SUPERVISOR].begin_resleeve(name)
     return httpio.answer(ResleeveAccepted(status="resleeving", cli=chosen), status=202)
-
-
-async def events(request: web.Request) -> web.StreamResponse:
-    sup = request.app[SUPERVISOR]
-    sub = sup.bus.subscribe()
-    response = web.StreamResponse(headers={"Content-Type": NDJSON, "Cache-Control": "no-store"})
-    sock = request.transport.get_extra_info("socket") if request.transport else None
-    if sock is not None:
-        # A small kernel buffer per stream: a client that stops reading is noticed (and
-        # dropped) after ~EVENT_SNDBUF bytes, not after megabytes of autotuned buffer.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, EVENT_SNDBUF)
-    response.force_close()  # a stream is the last answer on its connection
-    try:
-        await response.prepare(request)
-        # A first line at once: the client knows the stream is live and subscribed. From a
-        # supervisor started again after a crash, that line says so (streams of the dead one
-        # were cut: what happened in between is not replayed).
-        first: Heartbeat | SidecarRestart = Heartbeat()
-        if sup.restarted_at is not None:
-            first = SidecarRestart(time=sup.restarted_at, restarts=sup.restarts)
-        line: bytes | None = encode_line(first)
-        while line is not None:  # None: dropped for not reading, or shutting down
-            await asyncio.wait_for(response.write(line), EVENT_WRITE_TIMEOUT)
-            try:
-                line = await asyncio.wait_for(sub.get(), HEARTBEAT_EVERY)
-            except TimeoutError:
-                line = encode_line(Heartbeat())
-    except (ConnectionError, ClientConnectionResetError):
-        log.debug("an /events client went away")  # browsers close streams all the time
-    except TimeoutError:
-        log.warning("dropping an /events client that stopped reading")
-        if request.transport is not None:
-            request.transport.abort()  # what it did not read is of no use to it
-    finally:
-        sup.bus.unsubscribe(sub)
-    return response
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -254,59 +117,27 @@ async def dashboard(request: web.Request) -> web.Response:
     )
 
 
-def core_operations() -> list[Operation]:
+def resleeve_operation() -> Operation:
+    return Operation(
+        "POST",
+        "/resleeve",
+        resleeve,
+        "resleeve",
+        "control",
+        "Restart the CLI, optionally as another CLI",
+        {202: ResleeveAccepted},
+        description="The body is optional; without `cli` the current CLI is stopped and "
+        "started again (with its resume command, if it has one). 400: an unknown CLI (the "
+        "message lists the known ones); 409: a resleeve is already in progress or the "
+        "sidecar is shutting down. Progress is reported on `/events` (`resleeve`).",
+        body=ResleeveRequest,
+        body_required=False,
+        errors=(400, 409),
+    )
+
+
+def page_operations() -> list[Operation]:
     return [
-        Operation(
-            "GET",
-            "/health",
-            health,
-            "getHealth",
-            "status",
-            "Liveness: 200 whenever the sidecar runs",
-            {200: HealthAnswer},
-            description="Never needs a token; `degraded` means the CLI is not running.",
-            public=True,
-        ),
-        Operation(
-            "GET",
-            "/status",
-            status,
-            "getStatus",
-            "status",
-            "The sleeve's state: CURRENT.md, the CLI process and health",
-            {200: StatusAnswer},
-        ),
-        Operation(
-            "POST",
-            "/resleeve",
-            resleeve,
-            "resleeve",
-            "control",
-            "Restart the CLI, optionally as another CLI",
-            {202: ResleeveAccepted},
-            description="The body is optional; without `cli` the current CLI is stopped and "
-            "started again (with its resume command, if it has one). 400: an unknown CLI (the "
-            "message lists the known ones); 409: a resleeve is already in progress or the "
-            "sidecar is shutting down. Progress is reported on `/events` (`resleeve`).",
-            body=ResleeveRequest,
-            body_required=False,
-            errors=(400, 409),
-        ),
-        Operation(
-            "GET",
-            "/events",
-            events,
-            "getEvents",
-            "status",
-            "Event stream: one JSON object per line",
-            {
-                200: Media(
-                    "NDJSON stream that stays open; each line is an `Event`",
-                    NDJSON,
-                    {"$ref": "#/components/schemas/Event"},
-                )
-            },
-        ),
         Operation(
             "GET",
             "/",
@@ -356,7 +187,10 @@ def create_app(sup: Supervisor) -> web.Application:
 
     app.on_shutdown.append(end_event_streams)
     operations = [
-        *core_operations(),
+        *status_operations(sup),
+        resleeve_operation(),
+        events_operation(sup),
+        *page_operations(),
         *message_operations(app, cfg.workspace, sup.owner),
         *terminal_operations(app, sup),
         *agent_operations(app, sup.awareness),

@@ -1,9 +1,6 @@
 """HTTP routes for needlecast messages: GET /outbox, POST /outbox/ack, GET /inbox, POST /inbox.
-
-Bodies and answers are the typed shapes of `sidecar.shapes`; file work is in the mailbox store
-and runs in a worker thread (`asyncio.to_thread`), since it takes a file lock and may wait on
-other writers. The store's errors become statuses in `sidecar.api` (409 a `.needlecast/` that
-leads out of the workspace, 507 a full mailbox or disk).
+File work is the mailbox store's, run in a worker thread since it takes a file lock; its errors
+become statuses in `sidecar.api` (409, 507).
 """
 
 from __future__ import annotations

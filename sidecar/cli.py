@@ -1,8 +1,6 @@
 """`sidecar status|outbox|inbox|send|resleeve|events|attach|input|keys|wait`: debugging from
-`docker exec`.
-
-They talk to the local API (address and token from the same environment the sidecar reads);
-human output by default, `--json` for machines.
+`docker exec`, through the local API (address and token from the same environment the sidecar
+reads); human output by default, `--json` for machines.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +137,60 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _events(client: SidecarClient, args: argparse.Namespace) -> int:
+    for event in client.events():
+        print(json.dumps(event), flush=True)
+    return 0
+
+
+def _wait(client: SidecarClient, args: argparse.Namespace) -> int:
+    reached = client.wait_state(args.state, args.timeout)
+    if args.json:
+        print(json.dumps({"reached": reached is not None, "state": reached}))
+    elif reached is not None:
+        print(reached)
+    else:
+        print(
+            f"sidecar wait: not {' or '.join(args.state)} after {args.timeout} s", file=sys.stderr
+        )
+    return 0 if reached is not None else 1
+
+
+def _input(client: SidecarClient, args: argparse.Namespace) -> dict[str, Any]:
+    text = sys.stdin.read() if args.text == "-" else args.text
+    return client.input_text(text, submit=not args.no_submit, if_state=args.if_state)
+
+
+def _send(client: SidecarClient, args: argparse.Namespace) -> dict[str, Any]:
+    content = sys.stdin.read() if args.content == "-" else args.content
+    return client.send(args.sender, args.type, content, args.to, args.thread)
+
+
+def _print_delivered(result: dict[str, Any]) -> None:
+    print(f"delivered; the agent is {result.get('agent')}")
+
+
+Call = Callable[[SidecarClient, argparse.Namespace], dict[str, Any]]
+# Commands that follow the API until done, printing as they go; their exit status.
+STREAMS: dict[str, Callable[[SidecarClient, argparse.Namespace], int]] = {
+    "events": _events,
+    "wait": _wait,
+}
+# Commands of one request: the call, and how its answer is printed without --json.
+REQUESTS: dict[str, tuple[Call, Callable[[dict[str, Any]], None]]] = {
+    "status": (lambda client, _: client.status(), _print_status),
+    "outbox": (lambda client, _: client.outbox(), _print_messages),
+    "inbox": (lambda client, _: client.inbox(), _print_messages),
+    "send": (_send, lambda result: print(f"sent {result.get('id')}")),
+    "input": (_input, _print_delivered),
+    "keys": (lambda client, args: client.keys(args.keys, if_state=args.if_state), _print_delivered),
+    "resleeve": (
+        lambda client, args: client.resleeve(args.cli),
+        lambda result: print(f"resleeving to {result.get('cli')}"),
+    ),
+}
+
+
 def client_main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     env = dict(os.environ)
@@ -147,37 +200,11 @@ def client_main(argv: list[str]) -> int:
     if args.url:
         client = SidecarClient(args.url, client.token)
     try:
-        if args.command == "events":
-            for event in client.events():
-                print(json.dumps(event), flush=True)
-            return 0
-        result: dict[str, Any]
-        if args.command == "wait":
-            reached = client.wait_state(args.state, args.timeout)
-            if args.json:
-                print(json.dumps({"reached": reached is not None, "state": reached}))
-            elif reached is not None:
-                print(reached)
-            else:
-                print(
-                    f"sidecar wait: not {' or '.join(args.state)} after {args.timeout} s",
-                    file=sys.stderr,
-                )
-            return 0 if reached is not None else 1
-        if args.command == "input":
-            text = sys.stdin.read() if args.text == "-" else args.text
-            result = client.input_text(text, submit=not args.no_submit, if_state=args.if_state)
-        elif args.command == "keys":
-            result = client.keys(args.keys, if_state=args.if_state)
-        elif args.command == "status":
-            result = client.status()
-        elif args.command in ("outbox", "inbox"):
-            result = client.outbox() if args.command == "outbox" else client.inbox()
-        elif args.command == "send":
-            content = sys.stdin.read() if args.content == "-" else args.content
-            result = client.send(args.sender, args.type, content, args.to, args.thread)
-        else:
-            result = client.resleeve(args.cli)
+        stream = STREAMS.get(args.command)
+        if stream is not None:
+            return stream(client, args)
+        call, show = REQUESTS[args.command]
+        result = call(client, args)
     except ClientError as exc:
         print(f"sidecar {args.command}: {exc}", file=sys.stderr)
         return 1
@@ -185,14 +212,6 @@ def client_main(argv: list[str]) -> int:
         return 130
     if args.json:
         print(json.dumps(result, indent=2))
-    elif args.command == "status":
-        _print_status(result)
-    elif args.command in ("outbox", "inbox"):
-        _print_messages(result)
-    elif args.command == "send":
-        print(f"sent {result.get('id')}")
-    elif args.command in ("input", "keys"):
-        print(f"delivered; the agent is {result.get('agent')}")
     else:
-        print(f"resleeving to {result.get('cli')}")
+        show(result)
     return 0

@@ -16,15 +16,14 @@ import os
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import psutil
 
-from sidecar import persist
+from sidecar import claude_code, persist
 from sidecar.acting import Owner, acting, which
 from sidecar.awareness import Awareness
-from sidecar.clis import CLIDef, claude_has_history
+from sidecar.clis import CLIDef
 from sidecar.config import Config, RestartPolicy
 from sidecar.events import EventBus
 from sidecar.persist import ProcRef
@@ -130,11 +129,7 @@ class CliRunner:
     def _argv_for(self, cli: CLIDef, *, resume: bool) -> tuple[str, ...]:
         env = self.env
         with acting(self.owner):  # the history is the CLI user's, maybe private to it
-            history = claude_has_history(
-                self.config.workspace,
-                Path(env.get("HOME", "/root")),
-                Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else None,
-            )
+            history = claude_code.has_history(claude_code.config_dir(env), self.config.workspace)
             argv = cli.argv(resume=resume, has_history=history)
             return self.awareness.launch_argv(cli, argv, env, has_history=history)
 

@@ -14,6 +14,8 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from sidecar.loopback import loopback_url
+
 
 class ClientError(Exception):
     """The API answered with an error or could not be reached; `status` is 0 for the latter."""
@@ -56,12 +58,8 @@ class SidecarClient:
         """The local sidecar, as configured by the same variables the sidecar reads."""
         env = os.environ if env is None else env
         host = env.get("SIDECAR_HOST") or "127.0.0.1"
-        if host in ("0.0.0.0", "::"):  # noqa: S104 - a wildcard bind is reached via loopback
-            host = "127.0.0.1"
-        if ":" in host:
-            host = f"[{host}]"
         port = env.get("SIDECAR_PORT") or "8080"
-        return cls(f"http://{host}:{port}", _token(env))
+        return cls(loopback_url(host, port), _token(env))
 
     def _request(
         self, method: str, path: str, body: Any = None, timeout: float | None = None

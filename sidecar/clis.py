@@ -1,10 +1,6 @@
 """The registry of AI CLIs the sidecar can run: built-ins plus a YAML file that adds or overrides.
-
-A CLI is always an argv list (never a shell string); `resume` is the argv used when the CLI is
-started again in the same workspace (resleeve, self-healing, a hard resleeve with history).
-`prompt` marks an interactive prompt that takes typed lines (inbox notices); `state` says how the
-agent's state is known (`sidecar.agent`): `hooks` (Claude Code's own hooks), `activity` (pane
-output) or `none`.
+A CLI is always an argv list (never a shell string); what each CLI keeps on disk and how it
+reports its state live in its own module (`sidecar.claude_code`).
 """
 
 from __future__ import annotations
@@ -25,6 +21,10 @@ STATE_SOURCES: tuple[str, ...] = get_args(StateSource)
 KEYS = ("command", "resume", "env", "prompt", "state")
 
 
+# `resume` is the argv used when the CLI is started again in the same workspace (resleeve,
+# self-healing, a hard resleeve with history). `prompt` marks an interactive prompt that takes
+# typed lines (inbox notices); `state` says how the agent's state is known (`sidecar.agent`):
+# `hooks` (Claude Code's own hooks), `activity` (pane output) or `none`.
 @dataclass(frozen=True)
 class CLIDef:
     name: str
@@ -50,7 +50,7 @@ class CLIDef:
 def _builtins(login_shell: str) -> dict[str, CLIDef]:
     defs = [
         # claude-code's session arguments (--session-id/--resume/--continue) and --settings
-        # come from sidecar.claude_hooks; `resume` is what it does without hooks.
+        # come from sidecar.claude_code; `resume` is what it does without hooks.
         CLIDef(
             "claude-code",
             ("claude",),
@@ -65,19 +65,6 @@ def _builtins(login_shell: str) -> dict[str, CLIDef]:
         CLIDef("shell", (login_shell, "-l")),
     ]
     return {d.name: d for d in defs}
-
-
-def claude_has_history(workspace: Path, home: Path, config_dir: Path | None) -> bool:
-    """Whether Claude Code has a conversation for `workspace` (its projects/<encoded cwd>/)."""
-    base = config_dir if config_dir is not None else home / ".claude"
-    # Claude Code names a project's history folder after its cwd with every
-    # character outside [A-Za-z0-9] replaced by '-'.
-    encoded = re.sub(r"[^A-Za-z0-9]", "-", str(workspace))
-    folder = base / "projects" / encoded
-    try:
-        return any(p.suffix == ".jsonl" for p in folder.iterdir())
-    except OSError:
-        return False
 
 
 def _argv(value: Any, where: str) -> tuple[str, ...]:

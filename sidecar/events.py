@@ -1,8 +1,6 @@
-"""In-process event bus behind `GET /events`: every subscriber gets every event, in order.
-
-An event is one of the typed `sidecar.shapes.Event` lines, encoded once when published (not once
-per subscriber). Queues are bounded: a subscriber that stops reading is dropped (its stream
-ends) instead of growing memory without limit.
+"""In-process event bus behind `GET /events`: every subscriber gets every event, in order, each
+event encoded once when published. Queues are bounded: a subscriber that stops reading is
+dropped (its stream ends) instead of growing memory without limit.
 """
 
 from __future__ import annotations

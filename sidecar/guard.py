@@ -1,9 +1,7 @@
 """Who may ask: one middleware that refuses what a web page elsewhere makes a browser send here
 (CSRF, WebSocket hijacking, DNS rebinding) and checks the API tokens, plus the hook that turns a
-browser's one-time `?token=` into a cookie.
-
-One middleware, not two: every request passes through it, and each middleware layer is a
-coroutine frame per request on the hottest path (/health).
+browser's one-time `?token=` into a cookie. One middleware, not two: a layer costs a coroutine
+frame per request on the hottest path (/health).
 """
 
 from __future__ import annotations

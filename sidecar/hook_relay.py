@@ -1,10 +1,6 @@
-"""`python -I -m sidecar.hook_relay SETTINGS_FILE`: Claude Code's SessionStart command hook.
-
-Claude Code runs no HTTP hooks for SessionStart, so this relays the event (its JSON on standard
-input) to the sidecar the way the HTTP hooks do: the URL and secret come from the settings file
-the sidecar wrote for this CLI (readable by the CLI's user only), never from an argv. It prints
-nothing (a SessionStart hook's output would go into the model's context), always exits 0 and
-gives up after a second: a slow or dead sidecar never holds up the CLI. Standard library only.
+"""`python -I -m sidecar.hook_relay SETTINGS_FILE`: Claude Code's SessionStart command hook (it
+runs no HTTP hooks for that event), which relays the event to the sidecar the way the HTTP hooks
+do. Standard library only.
 """
 
 from __future__ import annotations
@@ -13,6 +9,10 @@ import json
 import sys
 import urllib.request
 
+# The URL and secret come from the settings file the sidecar wrote for this CLI (readable by the
+# CLI's user only), never from an argv. It prints nothing (a SessionStart hook's output would go
+# into the model's context), always exits 0 and gives up after a second: a slow or dead sidecar
+# never holds up the CLI.
 TIMEOUT = 1.0
 MAX_INPUT = 1024 * 1024
 

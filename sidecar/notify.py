@@ -1,22 +1,24 @@
 """Inbox notices: when the agent is idle and `.needlecast/inbox.md` holds messages it has not been
 told about, one line saying so is typed into the CLI and submitted (CLIs marked `prompt: true`,
-with `SIDECAR_INBOX_NOTIFY=idle`).
-
-Each message is announced once: the ids told are kept in the state dir (`agent_files`), so a
-restarted sidecar does not announce them again, and ids no longer in the inbox (acked, removed)
-are forgotten. Messages appended while a notice is typed are announced by the next one. Never
-while the agent is working or waiting: the state is checked under the same lock as `POST
-/input`, right before typing.
+with `SIDECAR_INBOX_NOTIFY=idle`). Each message is announced once, never while the agent works.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from collections.abc import Sequence
 
-from sidecar.agent import one_line
-from sidecar.mailbox import NEEDLECAST_DIR
+from sidecar.agent import AgentMachine, one_line
+from sidecar.agent_files import AgentFiles
+from sidecar.config import InboxNotify
+from sidecar.events import EventBus
+from sidecar.mailbox import NEEDLECAST_DIR, Mailbox
 from sidecar.needlecast import Message
+from sidecar.pane_input import PaneInput
+from sidecar.shapes import InboxNotified
+from sidecar.states import ProcState
 
 log = logging.getLogger(__name__)
 
@@ -57,3 +59,80 @@ def still_there(messages: Sequence[Message], announced: Sequence[str]) -> list[s
     """The announced ids that are still in the inbox (the others are forgotten)."""
     present = {m.id for m in messages}
     return [i for i in announced if i in present]
+
+
+class InboxNotices:
+    """Types a notice when one is due (`check`: on going idle, and once a second). The ids told
+    are kept in the state dir (`agent_files`), so a restarted sidecar does not announce them
+    again; ids no longer in the inbox (acked, removed) are forgotten. Messages appended while a
+    notice is typed are announced by the next one."""
+
+    def __init__(
+        self,
+        mode: InboxNotify,
+        machine: AgentMachine,
+        *,
+        files: AgentFiles,
+        inbox: Mailbox,
+        pane: PaneInput,
+        lock: asyncio.Lock,
+        bus: EventBus,
+    ) -> None:
+        self.mode = mode
+        self.machine = machine
+        self.files = files
+        self.inbox = inbox
+        self.pane = pane
+        self.lock = lock  # one writer to the pane at a time: inputs and notices
+        self.bus = bus
+        self.prompt = False  # whether the CLI that runs takes typed lines
+        self._seen: tuple[int, int, int] | None = None  # the inbox as last looked at
+        self._notifying = False
+
+    def check(self) -> None:
+        """Start typing a notice if one is due; never while another write holds the pane."""
+        if (
+            self.mode is not InboxNotify.IDLE
+            or not self.prompt
+            or self.machine.state != "idle"
+            or self._notifying
+            or self.lock.locked()
+        ):
+            return
+        try:
+            st = os.stat(self.inbox.path)
+        except OSError:
+            return
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if seen == self._seen:
+            return  # nothing new since the last look
+        self._notifying = True
+        task = asyncio.create_task(self._notify(seen), name="inbox-notice")
+        task.add_done_callback(self._notified)
+
+    def _notified(self, task: asyncio.Task[None]) -> None:
+        self._notifying = False
+        if not task.cancelled() and task.exception() is not None:
+            log.error("inbox notice failed", exc_info=task.exception())
+
+    async def _notify(self, seen: tuple[int, int, int]) -> None:
+        result = await asyncio.to_thread(self.inbox.read)
+        announced = still_there(result.messages, self.files.record.announced)
+        fresh = unannounced(result.messages, announced)
+        if announced != self.files.record.announced:
+            self.files.update(announced=announced)
+        if not fresh:
+            self._seen = seen
+            return
+        line = notice(fresh)
+        async with self.lock:
+            # Checked again under the lock (as `POST /input` checks): a prompt may have come in
+            # meanwhile.
+            if self.machine.state != "idle" or self.machine.process is not ProcState.RUNNING:
+                return
+            await asyncio.to_thread(self.pane.paste, line.encode(), submit=True)
+        ids = [m.id for m in fresh]
+        self.files.update(announced=[*announced, *ids])
+        self._seen = seen
+        log.info("inbox notice typed for %s", ids)
+        self.bus.publish(InboxNotified(ids=ids, text=line))

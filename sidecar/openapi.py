@@ -1,9 +1,6 @@
 """The OpenAPI 3.1 document served at `GET /openapi.json`, generated from the route table (each
-route module's `Operation`s) and the typed shapes in `sidecar.shapes`, so that the server and
-its description cannot drift: a handler decodes and encodes exactly the types named here.
-
-Built once per app (it depends on the registry's CLI names and on whether a token is set, since
-it describes this sidecar, not sidecars in general).
+route module's `Operation`s) and the typed shapes in `sidecar.shapes`, so that the server and its
+description cannot drift. Built once per app: it describes this sidecar (its CLIs, its tokens).
 """
 
 from __future__ import annotations

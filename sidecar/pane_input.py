@@ -1,10 +1,6 @@
-"""Typing into the CLI's pane: literal text as a paste, and named keys from a fixed list.
-
-Nothing a request sends ever reaches tmux's command parser or a shell: text goes to
-`tmux load-buffer -` on the client's standard input, then `paste-buffer -p` (bracketed paste
-where the application enabled it, so a TUI takes it as one paste); keys are looked up in a fixed
-table of tmux key names. The argv is ours alone (fixed words and the pane id tmux gave us). All
-calls block (a tmux client runs), so the caller runs them in a worker thread.
+"""Typing into the CLI's pane: literal text as a paste, and named keys from a fixed list. Nothing
+a request sends ever reaches tmux's command parser or a shell. All calls block (a tmux client
+runs), so the caller runs them in a worker thread.
 """
 
 from __future__ import annotations
@@ -16,6 +12,10 @@ from collections.abc import Sequence
 from sidecar.contract import INPUT_KEYS, MAX_INPUT_BYTES
 from sidecar.tmux import Tmux, TmuxError
 
+# Text goes to `tmux load-buffer -` on the client's standard input, then `paste-buffer -p`
+# (bracketed paste where the application enabled it, so a TUI takes it as one paste); keys are
+# looked up in a fixed table of tmux key names. The argv is ours alone (fixed words and the pane
+# id tmux gave us).
 TMUX_TIMEOUT = 5.0
 BUFFER = "sidecar-input"  # one named buffer, deleted by the paste (-d)
 # The contract's key names, mapped to tmux's. Digits and letters are tmux key names as they are.

@@ -1,19 +1,6 @@
-"""`/terminal`: ttyd proxied through the sidecar's own port, so ttyd is never exposed.
-
-The page is fetched from ttyd (which runs with `--base-path /terminal`); the WebSocket
-(subprotocol `tty`) is relayed frame for frame. A viewer's input and resize frames are dropped
-here, so a view token can watch the CLI but never type or reshape its window.
-
-ttyd listens on a unix socket only the sidecar reaches (aiohttp's UnixConnector), or, with
-TTYD_PORT, on loopback with a random credential (see `sidecar.ttyd.Credential`) that never
-leaves this process: the proxy adds it to every request to ttyd and puts it into the
-WebSocket's init message, and answers the page's `/terminal/token` itself with an empty token
-(ttyd's own answer is the credential). Only ttyd's page is proxied: ttyd 1.7.7 serves nothing
-else (its page is self-contained), and it normalises paths (`%74oken`, `x/../token`, `token;x`
-all reach its `/token`), so forwarding any other path could hand out the credential.
-
-The upstream URL is the proxy's own, never the client's: it carries the tmux attach flags as
-ttyd's URL argument, read-only for a viewer (a second guard behind the frame filter).
+"""`/terminal`: ttyd proxied through the sidecar's own port, so ttyd is never exposed and a view
+token can watch the CLI but never type: the page is fetched from ttyd, the WebSocket (subprotocol
+`tty`) relayed frame for frame, a viewer's input and resize frames dropped.
 """
 
 from __future__ import annotations
@@ -28,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from sidecar import httpio
+from sidecar import httpio, view
 from sidecar.guard import set_token_cookie
 from sidecar.openapi import HTML, Media, Operation
 from sidecar.shapes import TerminalToken
@@ -37,6 +24,15 @@ from sidecar.ttyd import BASE_PATH, VIEWER_FLAGS, WRITER_FLAGS, Upstream
 
 log = logging.getLogger(__name__)
 
+# ttyd listens on a unix socket only the sidecar reaches (aiohttp's UnixConnector), or, with
+# TTYD_PORT, on loopback with a random credential (see `sidecar.ttyd.Credential`) that never
+# leaves this process: the proxy adds it to every request to ttyd and puts it into the
+# WebSocket's init message, and answers the page's `/terminal/token` itself with an empty token
+# (ttyd's own answer is the credential). Only ttyd's page is proxied: ttyd 1.7.7 serves nothing
+# else (its page is self-contained), and it normalises paths (`%74oken`, `x/../token`, `token;x`
+# all reach its `/token`), so forwarding any other path could hand out the credential.
+# The upstream URL is the proxy's own, never the client's: it carries the tmux attach flags as
+# ttyd's URL argument, read-only for a viewer (a second guard behind the frame filter).
 SESSION = web.AppKey("terminal_session", aiohttp.ClientSession)
 UNIX_SESSION = web.AppKey("terminal_unix_session", aiohttp.ClientSession)
 CLIENTS = web.AppKey("terminal_clients", weakref.WeakSet[web.WebSocketResponse])
@@ -57,7 +53,7 @@ HOP_HEADERS = frozenset(
 
 
 def _unavailable(sup: Supervisor) -> web.Response:
-    status = sup.ttyd.status
+    status = view.of(sup).ttyd
     reason = status.reason or f"ttyd is {status.state.value}"
     return httpio.error(503, f"terminal unavailable: {reason}", **{"Retry-After": "1"})
 

@@ -1,7 +1,6 @@
-"""Keeps the parsed `.cstack/CURRENT.md` current and turns its changes into events.
-
-A change is noticed by `stat` alone (inode, size, mtime): the file is parsed again only when
-one of those moved, whether the caller is `/status` or the once-a-second tick.
+"""Keeps the parsed `.cstack/CURRENT.md` current and turns its changes into events. A change is
+noticed by `stat` alone (inode, size, mtime): the file is parsed again only when one of those
+moved, whether the caller is `/status` or the once-a-second tick.
 """
 
 from __future__ import annotations

@@ -166,16 +166,16 @@ def test_cli_config_adds_and_overrides_builtins(tmp_path: Path) -> None:
 
 
 def test_claude_resumes_only_when_it_has_history(tmp_path: Path) -> None:
-    from sidecar.clis import claude_has_history
+    from sidecar.claude_code import config_dir, has_history
 
     claude = load_registry(None)["claude-code"]
     workspace = Path("/workspace")
-    assert not claude_has_history(workspace, tmp_path, None)
+    assert not has_history(config_dir({"HOME": str(tmp_path)}), workspace)
     assert claude.argv(resume=True, has_history=False) == ("claude",)
     history = tmp_path / ".claude" / "projects" / "-workspace"
     history.mkdir(parents=True)
     (history / "abc.jsonl").write_text("{}\n")
-    assert claude_has_history(workspace, tmp_path, None)
+    assert has_history(config_dir({"HOME": str(tmp_path)}), workspace)
     assert claude.argv(resume=True, has_history=True) == ("claude", "--continue")
     # First start (resume=False) of a hard resleeve: the history decides, as on a resleeve.
     assert claude.argv(resume=False, has_history=True) == ("claude", "--continue")

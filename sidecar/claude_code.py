@@ -1,18 +1,6 @@
-"""Claude Code reporting its own lifecycle to the sidecar: the hook settings the sidecar passes
-with `--settings` (never the user's own settings files: Claude Code merges ours with theirs, so
-their hooks keep working), the session arguments that pin its conversation, and what each hook
-event means for the agent's state.
-
-The channel: HTTP hooks POST each event to `/hooks/claude-code/<event>` on the sidecar's own
-loopback port with a secret header. The secret is made anew for every launch of the CLI (a hook
-from a CLI stopped by a resleeve is refused) and kept in the state dir (`agent_files`), so a
-supervisor restart that adopts the running CLI still accepts it. Claude Code 2.1.330 runs no HTTP
-hooks for SessionStart, so that one event goes through a command hook, `sidecar.hook_relay`,
-which POSTs it the same way. Facts measured on 2.1.330 against a loopback API stub: PreToolUse
-then PermissionRequest come ~0.1 s after the prompt is submitted and before the permission prompt
-is drawn; a refused connection costs the CLI nothing; an empty 2xx answer leaves every decision
-to the CLI; the Notification hook for a permission prompt comes ~6 s later and not at all when
-the prompt was answered first.
+"""What the sidecar knows about Claude Code: where it keeps its files (config dir, per-project
+transcripts), the `--settings` document that makes its hooks report to the sidecar, the session
+arguments that pin its conversation, and what each hook event means for the agent's state.
 """
 
 from __future__ import annotations
@@ -21,11 +9,53 @@ import re
 import shlex
 import sys
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.agent import AgentState, one_line
+from sidecar.agent import one_line
+from sidecar.contract import AgentStateName
+from sidecar.loopback import loopback_url
+
+# ---- on disk -----------------------------------------------------------------------------------
+
+# Claude Code names a project's folder after its cwd, every character outside [A-Za-z0-9] a '-'.
+_PROJECT_NAME = re.compile(r"[^A-Za-z0-9]")
+
+
+def config_dir(env: Mapping[str, str]) -> Path:
+    """Claude Code's config dir in the CLI's environment: CLAUDE_CONFIG_DIR, else ~/.claude."""
+    if env.get("CLAUDE_CONFIG_DIR"):
+        return Path(env["CLAUDE_CONFIG_DIR"])
+    return Path(env.get("HOME", "/root")) / ".claude"
+
+
+def project_dir(config: Path, workspace: Path) -> Path:
+    """Where Claude Code keeps the conversations of `workspace` (projects/<encoded cwd>)."""
+    return config / "projects" / _PROJECT_NAME.sub("-", str(workspace))
+
+
+def transcript(config: Path, workspace: Path, session_id: str) -> Path:
+    """The transcript of one conversation."""
+    return project_dir(config, workspace) / f"{session_id}.jsonl"
+
+
+def has_history(config: Path, workspace: Path) -> bool:
+    """Whether Claude Code has a conversation for `workspace` (what `--continue` needs)."""
+    try:
+        return any(p.suffix == ".jsonl" for p in project_dir(config, workspace).iterdir())
+    except OSError:
+        return False
+
+
+# ---- hooks -------------------------------------------------------------------------------------
+# Our `--settings` only add to the user's own settings files (Claude Code merges them), so their
+# hooks keep working. Each event is POSTed to `HOOK_PATH/<event>` on the sidecar's loopback port
+# with a secret header; the secret is made anew for every launch (a hook from a CLI a resleeve
+# stopped is refused) and kept in the state dir (`agent_files`), so a supervisor restart that
+# adopts the running CLI still accepts it. SessionStart alone runs no HTTP hooks, so a command
+# hook (`sidecar.hook_relay`) relays it. Timings measured on Claude Code: docs/benchmarks.md.
 
 HOOK_PATH = "/hooks/claude-code"
 SECRET_HEADER = "X-Sidecar-Hook"  # noqa: S105 - the header's name, not a secret
@@ -54,14 +84,8 @@ UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]
 
 
 def hook_base_url(host: str, port: int) -> str:
-    """Where the CLI reaches the API: loopback for a wildcard or localhost bind."""
-    if host in ("0.0.0.0", "localhost"):  # noqa: S104 - a wildcard bind is reached via loopback
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"http://{host}:{port}{HOOK_PATH}/"
+    """Where the CLI POSTs its events, given the API's bind address."""
+    return f"{loopback_url(host, port)}{HOOK_PATH}/"
 
 
 def relay_command(settings_path: Path) -> str:
@@ -99,14 +123,8 @@ def new_session_id() -> str:
     return str(uuid.uuid4())
 
 
-def transcript(workspace: Path, config_dir: Path, session_id: str) -> Path:
-    """Claude Code's transcript of a conversation: projects/<cwd, non-alphanumerics as ->/."""
-    encoded = re.sub(r"[^A-Za-z0-9]", "-", str(workspace))
-    return config_dir / "projects" / encoded / f"{session_id}.jsonl"
-
-
 def session_args(
-    session_id: str | None, workspace: Path, config_dir: Path, *, has_history: bool
+    session_id: str | None, config: Path, workspace: Path, *, has_history: bool
 ) -> tuple[tuple[str, ...], str | None]:
     """The session arguments and the session id they pin (None: learnt from SessionStart).
 
@@ -116,7 +134,7 @@ def session_args(
     it has). Without an id (the state dir was lost: a new container), `--continue` takes the
     workspace's latest conversation when there is one."""
     if session_id is not None:
-        if transcript(workspace, config_dir, session_id).exists():
+        if transcript(config, workspace, session_id).exists():
             return ("--resume", session_id), session_id
         return ("--session-id", session_id), session_id
     if has_history:
@@ -130,7 +148,7 @@ def session_args(
 
 @dataclass(frozen=True)
 class HookEffect:
-    state: AgentState | None  # None: the event says nothing about the state
+    state: AgentStateName | None  # None: the event says nothing about the state
     reason: str | None = None
     session_id: str | None = None
 
@@ -161,30 +179,30 @@ def interpret(event: str, payload: dict[str, Any]) -> HookEffect:
     if event == "SessionStart":
         # A compaction mid-turn starts a "session" too; that one changes nothing.
         source = payload.get("source")
-        state = None if source == "compact" else AgentState.IDLE
+        state: AgentStateName | None = None if source == "compact" else "idle"
         return HookEffect(state, session_id=session)
     if event == "UserPromptSubmit":
-        return HookEffect(AgentState.WORKING, session_id=session)
+        return HookEffect("working", session_id=session)
     if event == "PreToolUse" and tool in QUESTION_TOOLS:
         question = _question(payload.get("tool_input"))
-        return HookEffect(AgentState.WAITING, one_line(f"question: {question}".strip(": ")))
+        return HookEffect("waiting", one_line(f"question: {question}".strip(": ")))
     if event in ("PreToolUse", "PostToolUse", "PostToolUseFailure", "PermissionDenied"):
-        return HookEffect(AgentState.WORKING)
+        return HookEffect("working")
     if event == "PermissionRequest":
         detail = _detail(payload.get("tool_input"))
         return HookEffect(
-            AgentState.WAITING, one_line(f"permission for {tool}{': ' + detail if detail else ''}")
+            "waiting", one_line(f"permission for {tool}{': ' + detail if detail else ''}")
         )
     if event == "Notification":
         kind = payload.get("notification_type")
         message = payload.get("message")
         text = one_line(message) if isinstance(message, str) else None
         if kind == "idle_prompt":
-            return HookEffect(AgentState.IDLE)
+            return HookEffect("idle")
         if kind in ("permission_prompt", "elicitation_dialog"):
-            return HookEffect(AgentState.WAITING, text)
+            return HookEffect("waiting", text)
         return HookEffect(None)
     if event in ("Stop", "StopFailure"):
         reason = "the turn ended with an API error" if event == "StopFailure" else None
-        return HookEffect(AgentState.IDLE, reason)
+        return HookEffect("idle", reason)
     return HookEffect(None)  # SessionEnd: the process's exit is the supervisor's to report

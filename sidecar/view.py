@@ -1,0 +1,76 @@
+"""What the HTTP layer sees of the supervisor: one immutable snapshot, taken once per request
+by `of`, the only function that reads the supervisor's attributes for it. Handlers answer from
+the snapshot, so every field of one answer comes from the same instant.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NamedTuple
+
+from sidecar.agent import AgentStatus, seconds_in_states
+from sidecar.states import ProcStatus
+
+if TYPE_CHECKING:  # typing only: the snapshot sits below the supervisor, which may take it
+    from sidecar.supervisor import Supervisor
+
+
+# A NamedTuple, not a frozen dataclass: one is taken on every /health, and a frozen dataclass
+# sets each field through object.__setattr__, several times /health's own work (measured:
+# docs/benchmarks.md).
+class SupervisorView(NamedTuple):
+    taken: float  # time.monotonic() when the snapshot was taken
+    uptime: float  # seconds since the sidecar (init, not this supervisor) started
+    healthy: bool  # the CLI runs
+    cli_name: str
+    cli: ProcStatus
+    ttyd: ProcStatus
+    resleeving: bool
+    warnings: tuple[str, ...]  # the supervisor's own (CURRENT.md's come with its parse)
+    restarts: int  # supervisors that ran before this one (crashed)
+    restarted_at: str | None  # when this supervisor started, if it is such a restart
+    pane_tty: str | None  # the tty of the CLI's pane, while there is one
+    current_mtime: float | None  # CURRENT.md's mtime when it was last parsed
+    agent: AgentStatus
+    agent_totals: Mapping[str, float]  # seconds in each state before the current
+    agent_since: float  # time.monotonic() the current state began
+    cli_exits: tuple[tuple[str, int], ...]  # CLI exits the sidecar did not cause, by code
+    cli_restarts: int  # CLI starts by the restart policy
+    tmux_heals: int  # tmux servers recreated after dying
+    resleeves: int  # finished resleeves
+    resleeve_seconds: float  # their summed duration
+
+    def agent_seconds(self) -> dict[str, float]:
+        """Seconds the agent spent in each state, up to the snapshot."""
+        return seconds_in_states(self.agent_totals, self.agent.state, self.agent_since, self.taken)
+
+
+def of(sup: Supervisor) -> SupervisorView:
+    """The supervisor as it is now."""
+    now = time.monotonic()
+    machine = sup.awareness.machine
+    stats = sup.stats
+    pane = sup.pane
+    return SupervisorView(
+        now,
+        now - sup.started,
+        sup.healthy,
+        sup.cli_name,
+        sup.cli,
+        sup.ttyd.status,
+        sup.resleeving,
+        tuple(sup.warnings),
+        sup.restarts,
+        sup.restarted_at,
+        pane.tty if pane is not None else None,
+        sup.current.mtime,
+        machine.status(),
+        machine.totals,
+        machine.since_monotonic,
+        tuple(stats.cli_exits.items()),
+        stats.cli_restarts,
+        stats.tmux_heals,
+        stats.resleeves,
+        stats.resleeve_seconds,
+    )
