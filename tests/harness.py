@@ -362,3 +362,38 @@ def running_sidecar(tmp: Path, **kw: Any) -> Iterator[Sidecar]:
         yield sc
     finally:
         sc.kill_everything()
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One live process as /proc shows it."""
+
+    pid: int
+    ppid: int
+    name: str  # the kernel's comm: "tmux: server", "ttyd", "python3", ...
+    argv: tuple[str, ...]
+
+
+def live_processes() -> list[Proc]:
+    """Every process there is now, zombies left out, read straight from /proc: a scan costs
+    about a millisecond (a quarter of psutil's), so a tight loop catches a process within a few."""
+    procs = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                stat = fh.read()
+            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except OSError:
+            continue  # gone meanwhile
+        # The name (in parentheses) may hold spaces and ')': the fields follow the last one.
+        end = stat.rindex(b")")
+        state, ppid = stat[end + 2 :].split()[:2]
+        if state == b"Z":
+            continue
+        name = stat[stat.index(b"(") + 1 : end].decode(errors="replace")
+        argv = tuple(a.decode(errors="replace") for a in cmdline.split(b"\0")[:-1])
+        procs.append(Proc(int(entry.name), int(ppid), name, argv))
+    return procs
