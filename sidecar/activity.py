@@ -24,6 +24,23 @@ SAMPLE = 0.25  # seconds the pane stays paused for this client after output
 OUTPUT_RE = re.compile(rb"(?:^|\n)%(?:extended-)?output (%\d+) ")
 
 
+ENDS_WITHIN = 1.0  # seconds a control client whose output closed gets to exit by itself
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Wait for a client whose output closed (its server went away, or it was told to go),
+    killing it only if it does not exit within ENDS_WITHIN. Killing first would race asyncio's
+    child watcher: `Popen.send_signal` polls, which reaps an exited child in this thread, and
+    the watcher, waiting on that pid in its own, then logs "Unknown child process" and loses
+    the exit status (seen whenever tmux died)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(proc.wait()), ENDS_WITHIN)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
 class PaneActivity:
     """Calls `on_output(monotonic time)` whenever the pane writes (at most once per SAMPLE)."""
 
@@ -82,10 +99,7 @@ class PaneActivity:
                 tail = data[cut:][-64:] if cut >= 0 else data[-64:]
         finally:
             self._proc = None
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-            await proc.wait()
+            await _reap(proc)
 
     def _seen(self, panes: set[bytes]) -> None:
         now = time.monotonic()
