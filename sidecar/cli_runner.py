@@ -186,7 +186,8 @@ class CliRunner:
         self.bus.publish(ErrorEvent(message=f"tmux failed: {exc}"))
         self.restart_due = time.monotonic() + delay
         self.process.change(ProcStatus(ProcState.BACKOFF, reason=reason))
-        self._backoff_task = self._spawn(self._restart_after(delay, gen, resume), "backoff")
+        retry = self._restart_after(delay, gen, resume, restart=False)
+        self._backoff_task = self._spawn(retry, "backoff")
 
     async def _cli_pid(self, waiter: int) -> int | None:
         """The CLI's pid: the pane waiter's child (it forks at once; None if already gone)."""
@@ -262,11 +263,16 @@ class CliRunner:
                 return info.dead_status
             await asyncio.sleep(0.01)
 
-    async def _restart_after(self, delay: float, gen: int, resume: bool) -> None:
+    async def _restart_after(
+        self, delay: float, gen: int, resume: bool, *, restart: bool = True
+    ) -> None:
+        """Launch again after `delay` unless something else launched meanwhile; `restart`: it
+        is the restart policy's (counted), not a retry of a launch tmux failed."""
         await asyncio.sleep(delay)
         async with self.lock:
             if gen == self.gen and not self.stopping:
-                self.stats.cli_restarts += 1
+                if restart:
+                    self.stats.cli_restarts += 1
                 await self.launch(resume=resume)
 
     def schedule_restart(self, due: float | None) -> None:
