@@ -12,6 +12,8 @@ import re
 import time
 from collections.abc import Callable
 
+import psutil
+
 from sidecar.contract import TMUX_SESSION
 from sidecar.tmux import Tmux
 
@@ -53,6 +55,25 @@ class PaneActivity:
         self._stop = False
         self._wake = asyncio.Event()
 
+    def client_argv(self) -> list[str]:
+        attach = ("attach-session", "-f", "ignore-size", "-t", TMUX_SESSION)
+        return self.tmux.client_argv("-C", *attach)
+
+    def stop_orphans(self, init: int) -> int:
+        """Kill the control clients a dead supervisor left on our socket (orphans re-parent to
+        `init`): one that lingers keeps its server from exiting at shutdown (a control client
+        waits for its input to close, and nobody holds it any more). How many there were."""
+        argv = self.client_argv()
+        found = 0
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(init).children():
+                with contextlib.suppress(psutil.Error):
+                    # psutil checks the create time first: a recycled pid is never signalled.
+                    if child.cmdline()[1:] == argv[1:]:
+                        child.kill()
+                        found += 1
+        return found
+
     def attach(self) -> None:
         """A session with the CLI exists (again): attach now if not attached."""
         if self._proc is None:
@@ -78,7 +99,7 @@ class PaneActivity:
         # A client of the session's own kind (with SIDECAR_USER: as the CLI's user, never as
         # root, whom the user's server could make run commands).
         proc = await asyncio.create_subprocess_exec(
-            *self.tmux.client_argv("-C", "attach-session", "-f", "ignore-size", "-t", TMUX_SESSION),
+            *self.client_argv(),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,

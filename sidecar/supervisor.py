@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import time
 from collections.abc import Coroutine, Mapping
 from typing import Any
@@ -26,7 +27,7 @@ from sidecar.config import Config
 from sidecar.contract import utc_now
 from sidecar.events import EventBus
 from sidecar.persist import ProcRef, SupervisorState
-from sidecar.proc import start_time
+from sidecar.proc import send_signal, start_time
 from sidecar.proctree import stop_tree, wait_exited
 from sidecar.shapes import ErrorEvent, Resleeve
 from sidecar.states import ProcState, ProcStatus
@@ -212,6 +213,8 @@ class Supervisor:
             return True
         await self._prepare_workspace(ours)
         self.current.get()
+        if self.restarts and (left := self.awareness.activity.stop_orphans(os.getppid())):
+            log.warning("stopped %d tmux control clients a dead supervisor left", left)
         self.awareness.start()
         # ttyd starts beside the CLI, not after it: it needs the tmux session only when a
         # browser attaches, and /terminal must be usable as soon as /health says healthy.
@@ -378,12 +381,16 @@ class Supervisor:
             await run.stop()
         await self.awareness.stop()
         await self.ttyd.stop()
+        server = run.server.ref
         await asyncio.to_thread(self.tmux.kill_server)
-        if run.server.pane is not None:
-            # kill-server returns once the tmux client is done; the server exits a moment later.
-            # Wait for it, so that it never outlives us (as PID 1's last act, that would leave
-            # it to the kernel's SIGKILL).
-            await wait_exited([run.server.pane.server_pid], 2.0)
+        # kill-server returns once the tmux client is done; the server exits a moment later.
+        # Wait for it, so that it never outlives us (as PID 1's last act, that would leave it to
+        # the kernel's SIGKILL). A server that does not exit (it waits for a client that waits
+        # for it: seen after faults) is killed, if it is still that process.
+        if server is not None and await wait_exited([server.pid], 1.0):
+            log.warning("tmux server %d did not exit on kill-server; SIGKILL", server.pid)
+            send_signal(server.pid, server.start, signal.SIGKILL)
+            await wait_exited([server.pid], 1.0)
         self._init = None  # nothing is left to adopt: no more saves
         run.stopped()
         try:
