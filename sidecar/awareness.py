@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from sidecar.acting import Owner
 from sidecar.activity import PaneActivity
 from sidecar.activity_source import ActivitySource
 from sidecar.agent import AgentMachine
@@ -31,7 +32,7 @@ from sidecar.tmux import Tmux
 
 
 class Awareness:
-    def __init__(self, config: Config, bus: EventBus, tmux: Tmux) -> None:
+    def __init__(self, config: Config, bus: EventBus, tmux: Tmux, owner: Owner | None) -> None:
         self.machine = AgentMachine(bus)
         self.files = AgentFiles(config.paths.agent_state)
         self.machine.session_id = self.files.load().session_id
@@ -42,7 +43,7 @@ class Awareness:
             config.inbox_notify,
             self.machine,
             files=self.files,
-            inbox=Mailbox(config.workspace, "inbox"),
+            inbox=Mailbox(config.workspace, "inbox", owner=owner),  # read as the CLI's user
             pane=pane,
             lock=lock,
             bus=bus,

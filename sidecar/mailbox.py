@@ -229,12 +229,18 @@ class Mailbox:
             self._cache = (key, result)
         return result
 
+    def stat(self) -> os.stat_result:
+        """The file's `stat`, as the CLI's user sees it (raises OSError): with SIDECAR_USER the
+        sidecar has no DAC_OVERRIDE, and a workspace private to the user is closed to root."""
+        with acting(self.owner):
+            return os.stat(self.path)
+
     def peek(self) -> ParseResult | None:
         """The last read's result if the file has not changed since (one `stat`: no lock, no
         parse, fit for the event loop); None when it has, or when nothing is cached."""
         cached = self._cache
         try:
-            st = os.stat(self.path)
+            st = self.stat()
         except FileNotFoundError:
             return ParseResult((), ())
         except OSError:

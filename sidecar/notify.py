@@ -1,20 +1,20 @@
 """Inbox notices: when the agent is idle and `.needlecast/inbox.md` holds messages it has not been
 told about, one line saying so is typed into the CLI and submitted (CLIs marked `prompt: true`,
 with `SIDECAR_INBOX_NOTIFY=idle`). Each message is announced once, never while the agent works.
+The inbox is looked at as the CLI's user (the `Mailbox`'s owner); a failure is logged once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Sequence
 
 from sidecar.agent import AgentMachine, one_line
 from sidecar.agent_files import AgentFiles
 from sidecar.config import InboxNotify
 from sidecar.events import EventBus
-from sidecar.mailbox import NEEDLECAST_DIR, Mailbox
+from sidecar.mailbox import NEEDLECAST_DIR, Mailbox, NeedlecastError
 from sidecar.needlecast import Message
 from sidecar.pane_input import PaneInput
 from sidecar.shapes import InboxNotified
@@ -88,6 +88,7 @@ class InboxNotices:
         self.prompt = False  # whether the CLI that runs takes typed lines
         self._seen: tuple[int, int, int] | None = None  # the inbox as last looked at
         self._notifying = False
+        self._failure: str | None = None  # the failure last logged: each one is logged once
 
     def check(self) -> None:
         """Start typing a notice if one is due; never while another write holds the pane."""
@@ -100,11 +101,16 @@ class InboxNotices:
         ):
             return
         try:
-            st = os.stat(self.inbox.path)
-        except OSError:
+            st = self.inbox.stat()
+        except FileNotFoundError:
+            self._cleared()  # no inbox (yet): nothing to announce
+            return
+        except OSError as exc:  # once a second until it clears: logged once, not each time
+            self._failed("cannot look at the inbox", exc)
             return
         seen = (st.st_ino, st.st_size, st.st_mtime_ns)
         if seen == self._seen:
+            self._cleared()  # as it was when last announced: nothing is failing
             return  # nothing new since the last look
         self._notifying = True
         task = asyncio.create_task(self._notify(seen), name="inbox-notice")
@@ -112,8 +118,29 @@ class InboxNotices:
 
     def _notified(self, task: asyncio.Task[None]) -> None:
         self._notifying = False
-        if not task.cancelled() and task.exception() is not None:
-            log.error("inbox notice failed", exc_info=task.exception())
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            self._cleared()
+        else:
+            self._failed("inbox notice failed", exc)
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """Log a failure once: the next look (a second later) would meet it again."""
+        text = f"{what}: {exc!r}"
+        if text == self._failure:
+            return
+        self._failure = text
+        if isinstance(exc, (OSError, NeedlecastError)):  # the file, not our code
+            log.warning("%s; no notices until it clears", text)
+        else:
+            log.error("%s", what, exc_info=exc)
+
+    def _cleared(self) -> None:
+        if self._failure is not None:
+            log.info("inbox notices work again (after: %s)", self._failure)
+            self._failure = None
 
     async def _notify(self, seen: tuple[int, int, int]) -> None:
         result = await asyncio.to_thread(self.inbox.read)

@@ -91,7 +91,7 @@ class Supervisor:
         )
         self.tmux = Tmux(config.paths, run_as=config.user, env=user_env)
         # What the agent is doing (sidecar.agent): told of every change of the CLI's state.
-        self.awareness = Awareness(config, bus, self.tmux)
+        self.awareness = Awareness(config, bus, self.tmux, self.owner)
         self.resleeving = False
         self._resleeve_move: tuple[str, str] | None = None  # (from, to) while one is under way
         self._stopping = False
