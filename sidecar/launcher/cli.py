@@ -32,6 +32,8 @@ stopping: `sleeve stop N` sends SIGTERM (bwrap: through the waiter to the sandbo
 docker: `docker stop`) and waits; `sleeve rm N --force` stops a running slot, then removes it.
 run statuses in `sleeve ps`: starting, running, completed (exit 0), failed (code N),
 failed (vanished) (gone without an exit code), stopped (ended by `sleeve stop`).
+agent and reason in `sleeve ps`: each running sleeve's agent state and what it waits for, from
+its /status (asked with its token, all at once, 1.5 s at most); `?` when it does not answer.
 """
 
 

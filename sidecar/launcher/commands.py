@@ -22,7 +22,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.launcher import engine, instances, kube, launch, manifest, runopts, runtimes
+from sidecar.launcher import (
+    agents,
+    engine,
+    instances,
+    kube,
+    launch,
+    manifest,
+    runopts,
+    runtimes,
+)
 from sidecar.launcher.fsutil import LauncherError, locked, private_home
 from sidecar.launcher.plan import RunPlan, audit, home_mounts, passthrough_env
 from sidecar.launcher.slots import Project, Slot, SlotState, prepare_home_files
@@ -253,18 +262,52 @@ def cmd_ps(args: argparse.Namespace, settings: Settings) -> int:
     if args.project is not None:
         key = _project(args, settings).key
         runs = [r for r in runs if r.project == key]
+    found = agents.agents(runs)  # running sleeves only; bounded by agents.DEADLINE
     if args.json:
-        _print_json([dataclasses.asdict(r) for r in runs])
+        _print_json([_ps_record(r, found.get(r.id)) for r in runs])
         return 0
     if not runs:
         print("no sleeves recorded")
         return 0
-    row = "{:24}  {:>4}  {:7}  {:18}  {:>5}  {:>8}  {}"
-    print(row.format("run", "slot", "runtime", "status", "port", "started", "project"))
+    width = max(len("project"), *(len(r.project) for r in runs))
+    row = "{:24}  {:>4}  {:7}  {:18}  {:>5}  {:>8}  {:8}  {}  {}"
+    columns = _terminal_width(settings.env)
+    print(row.format("run", "slot", "runtime", "status", "port", "started", "agent",
+                     "project".ljust(width), "reason").rstrip())  # fmt: skip
     for r in runs:
+        agent = found.get(r.id)
         started = instances.age(r.started_at)
-        print(row.format(r.id, r.slot, r.runtime, r.status, r.port or "", started, r.project))
+        line = row.format(
+            r.id, r.slot, r.runtime, r.status, r.port or "", started,
+            agent.state if agent else "", r.project.ljust(width), "",
+        )  # fmt: skip
+        reason = agent.reason if agent and agent.reason else ""
+        if reason and columns is not None:
+            # Cut to what is left of the line, but never to nothing: a narrow terminal wraps.
+            reason = agents.printable(reason, max(columns - len(line), 16))
+        print((line + reason).rstrip())
     return 0
+
+
+def _ps_record(run: Run, agent: agents.Agent | None) -> dict[str, object]:
+    """One run for `ps --json`: its record, and its agent's state and reason while it runs."""
+    return {
+        **dataclasses.asdict(run),
+        "agent": agent.state if agent else None,
+        "agent_reason": agent.reason if agent else None,
+    }
+
+
+def _terminal_width(env: Mapping[str, str]) -> int | None:
+    """COLUMNS, else the terminal's width; None when stdout is no terminal (a pipe gets the
+    whole reason, as `--json` does)."""
+    value = env.get("COLUMNS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    if sys.stdout.isatty():
+        with contextlib.suppress(OSError):
+            return os.get_terminal_size(sys.stdout.fileno()).columns
+    return None
 
 
 def _size(n: int) -> str:
