@@ -14,6 +14,7 @@ import pytest
 from tests.e2e.cdp import TERMINAL_TEXT_JS, Browser
 from tests.e2e.pngcheck import count_near, read_png
 from tests.harness import REPO, Sidecar
+from tests.standin import waiting_sidecar
 
 TOKEN = "dash-token-1234567890"
 pytestmark = pytest.mark.browser
@@ -108,3 +109,53 @@ async def test_dashboard_shows_status_progress_blockers_outbox_and_the_live_term
     # The page is dark with light text; an empty or error page would be near-uniform.
     assert count_near(rows, (13, 17, 23), tolerance=12) > width * height // 10
     assert count_near(rows, (214, 221, 230), tolerance=60) > 500
+
+
+BADGE_JS = """
+JSON.stringify({
+  badge: document.getElementById('agent-badge').textContent.replace(/\\s+/g, ' ').trim(),
+  reason: document.getElementById('agent-reason').textContent,
+  injected: document.querySelectorAll('#agent img, #agent b').length,
+  task: document.getElementById('status-chip').textContent,
+  title: document.title,
+})
+"""
+
+
+async def test_a_waiting_agents_reason_is_on_its_badge_and_the_task_status_is_labelled(
+    chromium: str, make_sidecar: Callable[..., Sidecar], short_tmp: Path, tmp_path: Path
+) -> None:
+    """The agent waits on a permission prompt (Claude Code's hook, from a stand-in): its badge
+    reads `waiting` and what for, as text (markup in the command stays text); the CURRENT.md
+    status beside it says it is the task's (`task: working`), not the agent's. The PNG is kept
+    as artifacts/dashboard-waiting.png."""
+    command = "rm -rf build <img src=x onerror=alert(1)> <b>bold</b>"
+    sc = waiting_sidecar(
+        make_sidecar,
+        short_tmp,
+        command,
+        SIDECAR_TOKEN=TOKEN,
+        SLEEVE_GOAL="Clean the build",  # CURRENT.md status: working
+    )
+    reason = sc.status()["agent"]["reason"]
+    assert reason and "rm -rf build" in reason
+    artifacts = Path(os.environ.get("SIDECAR_ARTIFACTS", REPO / "artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shot = artifacts / "dashboard-waiting.png"
+    shot.unlink(missing_ok=True)
+    browser = await Browser.start(chromium, tmp_path / "profile", (1200, 700))
+    try:
+        await browser.open(f"{sc.url}/?token={TOKEN}")
+        shown = json.loads(await browser.wait_for_text(BADGE_JS, ["waiting", reason], 15))
+        await browser.screenshot(shot)
+    finally:
+        await browser.close()
+    assert shown["badge"].startswith("waiting") and reason in shown["badge"], shown
+    assert shown["reason"] == reason  # as text, whole: the markup in it was not parsed
+    assert shown["injected"] == 0
+    assert shown["task"] == "task: working", shown
+    assert shown["title"] == "test-sleeve · waiting", shown
+    width, _, rows = read_png(shot)
+    assert width == 1200
+    # The waiting bar's amber text is on screen.
+    assert count_near(rows, (210, 153, 34), tolerance=40) > 200

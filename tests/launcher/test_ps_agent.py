@@ -10,7 +10,6 @@ import contextlib
 import json
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +21,8 @@ from sidecar.launcher.agents import DEADLINE, printable
 from sidecar.launcher.launch import free_port, new_run_id
 from sidecar.launcher.state import RUNNING, Run, StateStore
 from sidecar.proc import start_time
-from tests.harness import Sidecar, http, wait_for, write_cli_config
+from tests.harness import Sidecar, wait_for
+from tests.standin import waiting_sidecar
 
 from .helpers import Result
 
@@ -81,33 +81,6 @@ def silent_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def waiting_sidecar(make_sidecar: Callable[..., Sidecar], tmp: Path) -> Sidecar:
-    """A sidecar whose agent waits on a permission prompt: a stand-in `claude` (hooks) that
-    draws the prompt, and its PermissionRequest hook sent with the secret the sidecar gave it."""
-    bin_dir = tmp / "bin"
-    bin_dir.mkdir()
-    standin = bin_dir / "claude"
-    standin.write_text(
-        f"#!{sys.executable}\nimport signal\n"
-        f"print({('Bash command: ' + LONG)!r})\n"
-        "print('Do you want to proceed?')\nprint('> 1. Yes')\nprint('  2. No')\n"
-        "signal.pause()\n"
-    )
-    standin.chmod(0o755)
-    config = write_cli_config(tmp / "clis.yaml", {"standin": {"command": [str(standin)],
-                                                               "state": "hooks"}})  # fmt: skip
-    sc = make_sidecar(
-        cli="standin", env_extra={"SIDECAR_TOKEN": TOKEN, "SIDECAR_CLI_CONFIG": str(config)}
-    ).start()
-    settings = json.loads((sc.state_dir / "claude-hooks.json").read_text())
-    hook = settings["hooks"]["PermissionRequest"][0]["hooks"][0]
-    payload = {"tool_name": "Bash", "tool_input": {"command": LONG + "\x1b[31m\u202e"}}
-    code, _ = http("POST", hook["url"], payload, headers=hook["headers"])
-    assert code in (200, 204), code
-    sc.wait_status(lambda s: s["agent"]["state"] == "waiting", "agent waiting")
-    return sc
-
-
 def record(home: Path, sc: Sidecar, slot: int, port: int, token: str | None) -> Run:
     """What `sleeve run` writes to state.json for a running sleeve (a bwrap one: its process)."""
     assert sc.proc is not None
@@ -125,7 +98,7 @@ def test_ps_shows_what_a_waiting_agent_waits_for_and_question_marks_for_the_rest
     silent_port: int,
     sleeve_proc: Callable[..., Result],
 ) -> None:
-    sc = waiting_sidecar(make_sidecar, short_tmp)
+    sc = waiting_sidecar(make_sidecar, short_tmp, LONG + "\x1b[31m\u202e", SIDECAR_TOKEN=TOKEN)
     status = sc.get("/status")[1]["agent"]
     assert status["reason"] and len(status["reason"]) > 60, status
     runs = {

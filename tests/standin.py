@@ -1,0 +1,41 @@
+"""A sidecar whose agent waits on a permission prompt, without the real Claude Code: a stand-in
+`claude` (state source `hooks`) that draws a permission prompt, and the PermissionRequest hook
+Claude Code would send, with the secret the sidecar handed it in its hook settings file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.harness import Sidecar, http, write_cli_config
+
+
+def waiting_sidecar(
+    make_sidecar: Callable[..., Sidecar], tmp: Path, command: str, **env: str
+) -> Sidecar:
+    """Started, its agent `waiting` for permission to run the Bash `command`."""
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    standin = bin_dir / "claude"  # `state: hooks` is for Claude Code's command only
+    standin.write_text(
+        f"#!{sys.executable}\nimport signal\n"
+        f"print({('Bash command: ' + command)!r})\n"
+        "print('Do you want to proceed?')\nprint('> 1. Yes')\nprint('  2. No')\n"
+        "signal.pause()\n"
+    )
+    standin.chmod(0o755)
+    config = write_cli_config(
+        tmp / "clis.yaml", {"standin": {"command": [str(standin)], "state": "hooks"}}
+    )
+    sc = make_sidecar(cli="standin", env_extra={"SIDECAR_CLI_CONFIG": str(config), **env})
+    sc.start()
+    settings = json.loads((sc.state_dir / "claude-hooks.json").read_text())
+    hook = settings["hooks"]["PermissionRequest"][0]["hooks"][0]
+    payload = {"tool_name": "Bash", "tool_input": {"command": command}}
+    code, body = http("POST", hook["url"], payload, headers=hook["headers"])
+    assert code in (200, 204), (code, body)
+    sc.wait_status(lambda s: s["agent"]["state"] == "waiting", "agent waiting")
+    return sc
