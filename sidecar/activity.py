@@ -1,6 +1,7 @@
-"""When the CLI last wrote to its pane, learnt from tmux itself: a control-mode client
-(`tmux -C attach`) gets an `%output` line when the pane writes, one wakeup per burst and nothing
-while the pane is quiet (why not the tty's mtime or `capture-pane`: docs/benchmarks.md).
+"""The sidecar's one tmux control-mode client (`tmux -C attach`), its channel to the CLI's pane:
+an `%output` line tells when the pane writes (one wakeup per burst, nothing while it is quiet;
+why not the tty's mtime or `capture-pane`: docs/benchmarks.md), and `ask` sends commands through
+it and reads their replies, with no process per command (how `sidecar.screen` looks).
 """
 
 from __future__ import annotations
@@ -8,14 +9,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 
 import psutil
 
 from sidecar.contract import TMUX_SESSION
 from sidecar.tmux import Tmux
+from sidecar.tmux_control import ControlReader, NoAnswer, NotAttached, Reply
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +25,6 @@ log = logging.getLogger(__name__)
 # tmux keeps reading the pane and drops only this client's copy) and continues it SAMPLE seconds
 # later: output is known to within SAMPLE, what the `activity` source and POST /input's hold need.
 SAMPLE = 0.25  # seconds the pane stays paused for this client after output
-OUTPUT_RE = re.compile(rb"(?:^|\n)%(?:extended-)?output (%\d+) ")
-
-
 ENDS_WITHIN = 1.0  # seconds a control client whose output closed gets to exit by itself
 
 
@@ -43,8 +42,15 @@ async def _reap(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
+def _pane_action(pane: bytes, action: bytes) -> bytes:
+    # Quoted: tmux 3.3a's command parser takes a word that starts with `%` for a directive
+    # (`%if`), so `refresh-client -A %3:pause` is a syntax error and pauses nothing.
+    return b"refresh-client -A '" + pane + b":" + action + b"'\n"
+
+
 class PaneActivity:
-    """Calls `on_output(monotonic time)` whenever the pane writes (at most once per SAMPLE)."""
+    """Calls `on_output(monotonic time)` whenever the pane writes (at most once per SAMPLE), and
+    answers `ask` while attached."""
 
     def __init__(self, tmux: Tmux, on_output: Callable[[float], None]) -> None:
         self.tmux = tmux
@@ -52,12 +58,19 @@ class PaneActivity:
         self.last_output: float | None = None  # time.monotonic()
         self._proc: asyncio.subprocess.Process | None = None
         self._paused: set[bytes] = set()
+        # One entry per command line sent, in order: tmux answers each line with one reply, in
+        # the order it read them. None: a reply nobody waits for (pause, continue). A future's
+        # None result: the client went away before the reply came.
+        self._waiting: deque[asyncio.Future[Reply | None] | None] = deque()
         self._stop = False
         self._wake = asyncio.Event()
 
     def client_argv(self) -> list[str]:
         attach = ("attach-session", "-f", "ignore-size", "-t", TMUX_SESSION)
-        return self.tmux.client_argv("-C", *attach)
+        # -u: a UTF-8 client whatever the locale (with SIDECAR_USER, the user's environment may
+        # have none): tmux 3.3a replaces every non-ASCII character of a command's printed
+        # output (display-message -p) with `_` for a client it thinks is not UTF-8.
+        return self.tmux.client_argv("-u", "-C", *attach)
 
     def stop_orphans(self, init: int) -> int:
         """Kill the control clients a dead supervisor left on our socket (orphans re-parent to
@@ -107,20 +120,48 @@ class PaneActivity:
         )
         self._proc = proc
         self._paused.clear()
+        waiting: deque[asyncio.Future[Reply | None] | None] = deque()
+        self._waiting = waiting
         assert proc.stdout is not None
-        tail = b""
+        reader = ControlReader()
         try:
             while chunk := await proc.stdout.read(1 << 16):
-                data, tail = tail + chunk, b""
-                panes = set(OUTPUT_RE.findall(data))
+                panes, replies = reader.feed(chunk)
                 if panes:
                     self._seen(panes)
-                # A line cut at the chunk's end is looked at again with the next chunk.
-                cut = data.rfind(b"\n")
-                tail = data[cut:][-64:] if cut >= 0 else data[-64:]
+                for reply in replies:
+                    if reply.ours and waiting:
+                        self._answer(waiting.popleft(), reply)
         finally:
             self._proc = None
+            while waiting:
+                self._answer(waiting.popleft(), None)
             await _reap(proc)
+
+    @staticmethod
+    def _answer(future: asyncio.Future[Reply | None] | None, reply: Reply | None) -> None:
+        if future is not None and not future.done():  # done: its asker timed out
+            future.set_result(reply)
+
+    async def ask(self, commands: Sequence[str], timeout: float) -> list[Reply]:
+        """Send tmux `commands` (one per line, in one write, so tmux runs them back to back)
+        through the control client and return their replies in order. NotAttached: no client
+        (or it went away meanwhile); NoAnswer: no reply within `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Reply | None]] = [loop.create_future() for _ in commands]
+        if not self._send("".join(f"{c}\n" for c in commands).encode(), futures):
+            msg = "the tmux control client is not attached"
+            raise NotAttached(msg)
+        try:
+            async with asyncio.timeout(timeout):
+                replies = [await future for future in futures]
+        except TimeoutError:
+            msg = f"tmux did not answer within {timeout:g} s"
+            raise NoAnswer(msg) from None
+        if any(reply is None for reply in replies):
+            msg = "the tmux control client went away before tmux answered"
+            raise NotAttached(msg)
+        return [reply for reply in replies if reply is not None]
 
     def _seen(self, panes: set[bytes]) -> None:
         now = time.monotonic()
@@ -128,19 +169,24 @@ class PaneActivity:
         fresh = panes - self._paused
         if fresh:
             # Pause this client's copy of the pane's output; continue it SAMPLE s later.
-            self._command(b"".join(b"refresh-client -A " + p + b":pause\n" for p in fresh))
+            self._send(b"".join(_pane_action(p, b"pause") for p in fresh), [None] * len(fresh))
             self._paused |= fresh
             asyncio.get_running_loop().call_later(SAMPLE, self._resume, fresh)
         self.on_output(now)
 
     def _resume(self, panes: set[bytes]) -> None:
         self._paused -= panes
-        self._command(b"".join(b"refresh-client -A " + p + b":continue\n" for p in panes))
+        self._send(b"".join(_pane_action(p, b"continue") for p in panes), [None] * len(panes))
 
-    def _command(self, line: bytes) -> None:
+    def _send(self, lines: bytes, replies: Sequence[asyncio.Future[Reply | None] | None]) -> bool:
+        """Write command `lines` to the client, one entry in `replies` per line (never an empty
+        line: that detaches a control client). Whether there was a client to write to."""
         proc = self._proc
-        if proc is not None and proc.stdin is not None and not proc.stdin.is_closing():
-            proc.stdin.write(line)
+        if proc is None or proc.stdin is None or proc.stdin.is_closing():
+            return False
+        proc.stdin.write(lines)
+        self._waiting.extend(replies)
+        return True
 
     def quiet_for(self) -> float:
         """Seconds since the pane last wrote (infinity: not since the sidecar started)."""

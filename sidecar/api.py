@@ -18,6 +18,7 @@ from sidecar import httpio, mailbox
 from sidecar.agent_api import HookRefused, agent_operations
 from sidecar.api_events import events_operation
 from sidecar.api_messages import MAILBOXES, message_operations
+from sidecar.api_screen import NoScreen, screen_operation
 from sidecar.api_status import status_operations
 from sidecar.contract import MAX_BODY_BYTES
 from sidecar.guard import make_guard
@@ -29,6 +30,7 @@ from sidecar.pane_input import DeliveryError, InputError
 from sidecar.shapes import ResleeveAccepted, ResleeveRequest
 from sidecar.supervisor import ResleeveBusy, Supervisor, UnknownCLI
 from sidecar.terminal import terminal_operations
+from sidecar.tmux_control import ControlError
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +60,14 @@ def error_answer(request: web.Request, exc: Exception) -> web.Response:
         return error(400, str(exc))
     if isinstance(exc, HookRefused):
         return error(403, str(exc))
-    if isinstance(exc, ResleeveBusy | NotRunning | StateMismatch | DeliveryError):
+    if isinstance(exc, ResleeveBusy | NotRunning | StateMismatch | DeliveryError | NoScreen):
         return error(409, str(exc))
     if isinstance(exc, mailbox.UnsafePathError):
         # The workspace is set up so that writing would leave it: a state problem, not the
         # client's fault and not transient either.
         return error(409, str(exc))
+    if isinstance(exc, ControlError):  # tmux cannot be asked now (restarting, a heal)
+        return error(503, f"screen unavailable: {exc}", **{"Retry-After": "1"})
     if isinstance(exc, mailbox.MailboxFullError):
         return error(507, f"{exc}; ack messages to make room")
     if isinstance(exc, ConnectionError | ClientConnectionResetError):
@@ -188,6 +192,7 @@ def create_app(sup: Supervisor) -> web.Application:
     app.on_shutdown.append(end_event_streams)
     operations = [
         *status_operations(sup),
+        screen_operation(sup),
         resleeve_operation(),
         events_operation(sup),
         *page_operations(),

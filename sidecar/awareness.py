@@ -3,7 +3,8 @@
 (`notify`) typing under one lock, and what must survive a supervisor restart (`agent_files`).
 
 The supervisor calls `launch_argv`, `process_changed`, `start`, `tick` and `stop`; the API
-calls `deliver`, `hook_secret_matches` and `hook`.
+calls `deliver`, `hook_secret_matches`, `hook` and `look` (the screen, through the activity
+source's tmux control client).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sidecar.input_delivery import InputDelivery
 from sidecar.mailbox import Mailbox
 from sidecar.notify import InboxNotices
 from sidecar.pane_input import PaneInput
+from sidecar.screen import Screen, ScreenLook
 from sidecar.shapes import InputAccepted, InputRequest
 from sidecar.states import ProcState
 from sidecar.tmux import Tmux
@@ -37,6 +39,7 @@ class Awareness:
         self.files = AgentFiles(config.paths.agent_state)
         self.machine.session_id = self.files.load().session_id
         self.activity = PaneActivity(tmux, self._output)
+        self.screen = ScreenLook(self.activity.ask)
         pane = PaneInput(tmux)
         lock = asyncio.Lock()  # one writer to the pane at a time: inputs and notices
         self.notices = InboxNotices(
@@ -111,6 +114,10 @@ class Awareness:
     async def deliver(self, request: InputRequest) -> InputAccepted:
         """POST /input."""
         return await self.input.deliver(request)
+
+    async def look(self) -> Screen:
+        """GET /screen. Raises tmux_control.ControlError when tmux cannot be asked or refuses."""
+        return await self.screen.look()
 
     def hook_secret_matches(self, given: str | None) -> bool:
         return self.hooks.secret_matches(given)

@@ -1,4 +1,4 @@
-"""`sidecar status|outbox|inbox|send|resleeve|events|attach|input|keys|wait`: debugging from
+"""`sidecar status|screen|outbox|inbox|send|resleeve|events|attach|input|keys|wait`: debugging from
 `docker exec`, through the local API (address and token from the same environment the sidecar
 reads); human output by default, `--json` for machines.
 """
@@ -42,6 +42,15 @@ def _print_status(s: dict[str, Any]) -> None:
     print(f"activity  {s.get('last_activity') or '-'}")
     for warning in s.get("warnings") or []:
         print(f"warning   {warning}")
+
+
+def _print_screen(screen: dict[str, Any]) -> None:
+    """The lines as the screen shows them; empty lines at the bottom are left out."""
+    lines = list(screen.get("lines") or [])
+    while lines and not lines[-1]:
+        lines.pop()
+    for line in lines:
+        print(line)
 
 
 def _print_messages(body: dict[str, Any]) -> None:
@@ -101,6 +110,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in (
         ("status", "show the sleeve's status"),
+        ("screen", "print the CLI's screen as text"),
         ("outbox", "list messages from this sleeve"),
         ("inbox", "list messages to this sleeve"),
         ("events", "print the event stream (NDJSON) until interrupted"),
@@ -179,6 +189,7 @@ STREAMS: dict[str, Callable[[SidecarClient, argparse.Namespace], int]] = {
 # Commands of one request: the call, and how its answer is printed without --json.
 REQUESTS: dict[str, tuple[Call, Callable[[dict[str, Any]], None]]] = {
     "status": (lambda client, _: client.status(), _print_status),
+    "screen": (lambda client, _: client.screen(), _print_screen),
     "outbox": (lambda client, _: client.outbox(), _print_messages),
     "inbox": (lambda client, _: client.inbox(), _print_messages),
     "send": (_send, lambda result: print(f"sent {result.get('id')}")),

@@ -92,6 +92,10 @@ class SidecarClient:
     def status(self) -> dict[str, Any]:
         return dict(self.call("GET", "/status"))
 
+    def screen(self) -> dict[str, Any]:
+        """The CLI pane's visible screen: `rows`, `cols`, `lines`, `cursor` {`row`, `col`}."""
+        return dict(self.call("GET", "/screen"))
+
     def outbox(self) -> dict[str, Any]:
         return dict(self.call("GET", "/outbox"))
 

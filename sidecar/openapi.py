@@ -35,7 +35,7 @@ All JSON answers may gain fields in later versions; clients must ignore fields t
 Errors are always `{{"error": "<message>"}}`: 400 bad request body (unknown fields, wrong types
 and nulls included; the message names the field), 401 missing or wrong token, 403 view token on
 a write or a browser request from another origin, 404 unknown route, 405 wrong method (with
-`Allow`), 409 conflict, 413 request body too large, 503 a part (ttyd) is not running.
+`Allow`), 409 conflict, 413 request body too large, 503 a part (ttyd, tmux) is not available.
 
 {AUTH_TEXT}"""
 
@@ -46,7 +46,8 @@ ERRORS = {
     "token, from a page served by name rather than by address)",
     409: "conflict: the state does not allow it now (see the message)",
     413: "request body too large",
-    503: "the terminal (ttyd) is not available; retry after `Retry-After` seconds",
+    503: "a part is not available now (the terminal's ttyd; tmux, for the screen); retry after "
+    "`Retry-After` seconds",
     507: "no room: the mailbox is full (ack messages) or the disk is",
 }
 

@@ -265,6 +265,31 @@ class InputAccepted(Answer):
     ] = None
 
 
+# ---- screen ------------------------------------------------------------------------------------
+
+
+class Cursor(Answer):
+    """Where the cursor is, 0-based from the screen's top left."""
+
+    row: Count
+    col: Count
+
+
+class ScreenAnswer(Answer):
+    """The CLI pane's visible screen as text, as a person attached sees it."""
+
+    rows: Annotated[int, Meta(ge=1, description="lines on the screen")]
+    cols: Annotated[int, Meta(ge=1, description="columns on the screen")]
+    lines: Annotated[
+        list[str],
+        Meta(
+            description="exactly `rows` lines, top to bottom, without escape sequences or "
+            "trailing spaces; a wide character takes two columns but is one character here"
+        ),
+    ]
+    cursor: Cursor
+
+
 # ---- terminal ----------------------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
-"""`sidecar status|outbox|inbox|send|resleeve|events|attach` against a real sidecar, as a person
-debugging with `docker exec` would run them."""
+"""`sidecar status|screen|outbox|inbox|send|resleeve|events|attach` against a real sidecar, as
+a person debugging with `docker exec` would run them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from tests.harness import REPO, Sidecar
+from tests.harness import REPO, Sidecar, wait_for
 
 TOKEN = "cli-token-abcdef123456"
 
@@ -45,6 +45,26 @@ def test_status_human_and_json(make_sidecar: Callable[..., Sidecar]) -> None:
     assert "healthy" in human.stdout
     machine = sidecar_cmd(sc, "status", "--json")
     assert json.loads(machine.stdout)["current_task"] == "debug me"
+
+
+def test_screen_human_and_json(make_sidecar: Callable[..., Sidecar]) -> None:
+    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN}).start()
+    sc.post("/input", {"text": "echo SCREEN-CHECK-$((6*7))"})
+
+    def shown() -> subprocess.CompletedProcess[str] | None:
+        human = sidecar_cmd(sc, "screen")
+        assert human.returncode == 0, human.stderr
+        return human if "SCREEN-CHECK-42" in human.stdout else None
+
+    human = wait_for(shown, what="the echo on `sidecar screen`")
+    lines = human.stdout.split("\n")
+    assert len(lines) < 50  # the empty rows below the prompt are left out
+    assert lines[-1] == ""  # and the output ends with a newline
+    machine = json.loads(sidecar_cmd(sc, "screen", "--json").stdout)
+    assert (machine["rows"], machine["cols"]) == (50, 200)
+    assert len(machine["lines"]) == 50
+    assert machine["lines"][: len(lines) - 1] == lines[:-1]
+    assert set(machine["cursor"]) == {"row", "col"}
 
 
 def test_wrong_token_and_unreachable_sidecar_fail_with_one_clear_line(

@@ -34,6 +34,7 @@ CONTRACT_ROUTES = {
     "/": {"get"},
     "/openapi.json": {"get"},
     "/metrics": {"get"},
+    "/screen": {"get"},
 }
 
 
@@ -316,6 +317,17 @@ STATUS = {
             {"delivered": True, "agent": "working", "held": 0.7, "changed": True},
             True,
         ),
+        (
+            "ScreenAnswer",
+            {"rows": 2, "cols": 80, "lines": ["日本 e\u0301", ""], "cursor": {"row": 1, "col": 0}},
+            True,
+        ),
+        (
+            "ScreenAnswer",
+            {"rows": 2, "cols": 80, "lines": [], "cursor": {"row": -1, "col": 0}},
+            False,
+        ),
+        ("ScreenAnswer", {"rows": 2, "cols": 80, "lines": []}, False),
     ],
 )
 def test_contract_payloads_conform(
