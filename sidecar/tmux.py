@@ -257,12 +257,14 @@ class Tmux:
             "pid",
             "pane_tty",
         )
-        fmt = "\t".join(f"#{{{name}}}" for name in fields)
+        # A printable separator: for a client it takes for non-UTF-8 (LC_ALL=C), tmux 3.3a
+        # prints a tab as "_". No field holds a "|" (numbers and the pane's tty path).
+        fmt = "|".join(f"#{{{name}}}" for name in fields)
         out = self._cmd("display-message", "-p", "-t", f"{TMUX_SESSION}:0.0", fmt)
         if not out:
             msg = "tmux display-message printed nothing"
             raise TmuxError(msg)
-        pane_pid, dead, status, dead_signal, server_pid, tty = out[0].split("\t")
+        pane_pid, dead, status, dead_signal, server_pid, tty = out[0].split("|")
         code = int(status) if status.strip() else None
         if code is None and dead_signal.strip():
             code = 128 + int(dead_signal)  # death by signal N, as a shell reports it

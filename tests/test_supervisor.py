@@ -677,3 +677,13 @@ def test_status_never_forks(make_sidecar: Callable[..., Sidecar], short_tmp: Pat
 
     control = [line for line in traced(resleeve, "resleeve") if "CLONE_THREAD" not in line]
     assert control, "the witness saw no fork even when tmux ran"
+
+
+def test_the_cli_runs_under_a_c_locale(make_sidecar: Callable[..., Sidecar]) -> None:
+    """LC_ALL=C (a user's shell outside the image): tmux then takes its clients for non-UTF-8
+    and prints the pane's fields with a tab as "_"; the sidecar must still read them."""
+    sc = make_sidecar(env_extra={"LC_ALL": "C", "LANG": "C"}).start()
+    status = sc.status()
+    assert status["cli_state"] == "running", status
+    assert psutil.pid_exists(status["cli_pid"])
+    assert "cannot start the CLI" not in sc.log()
