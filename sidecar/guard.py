@@ -18,7 +18,10 @@ from aiohttp.web_urldispatcher import AbstractResource
 from sidecar.httpio import error
 
 COOKIE = "sidecar_token"
-NEW_COOKIE = "sidecar_new_cookie"  # request key: the token to set as a cookie in the answer
+#: Request keys: the caller's role (`admin`, `viewer`, or `public` on a public route), and the
+#: token to set as a cookie in the answer.
+ROLE = web.RequestKey("role", str)
+NEW_COOKIE = web.RequestKey("sidecar_new_cookie", str)
 Role = Literal["admin", "viewer"]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 AUTH_HEADERS = {"WWW-Authenticate": 'Bearer realm="sidecar"'}
@@ -95,7 +98,7 @@ def make_guard(
 ) -> typedefs.Middleware:
     """The middleware: the browser checks, then the tokens (every route but the `public` ones,
     named by their resources, so a route with a variable part is matched as a whole). It sets
-    `request["role"]`: `admin`, `viewer`, or `public` on a public route."""
+    `request[ROLE]`: `admin`, `viewer`, or `public` on a public route."""
     tokens: dict[str, Role] = {}
     if token:
         tokens[token] = "admin"
@@ -112,7 +115,7 @@ def make_guard(
             if refusal is not None:
                 return error(403, refusal)
         if not tokens or request.match_info.route.resource in public:
-            request["role"] = "admin" if not tokens else "public"
+            request[ROLE] = "admin" if not tokens else "public"
             return await handler(request)
         role, used = _token_role(request, tokens)
         if role is None:
@@ -129,7 +132,7 @@ def make_guard(
             return error(401, message, **AUTH_HEADERS)
         if role == "viewer" and request.method not in ("GET", "HEAD"):
             return error(403, "the view token is read-only")
-        request["role"] = role
+        request[ROLE] = role
         if "token" not in request.query or used is None:
             return await handler(request)
         # A browser passes ?token= once; the cookie carries it from then on. An answer the

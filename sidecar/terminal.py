@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from sidecar import httpio, view
-from sidecar.guard import set_token_cookie
+from sidecar.guard import ROLE, set_token_cookie
 from sidecar.openapi import HTML, Media, Operation
 from sidecar.shapes import TerminalToken
 from sidecar.supervisor import Supervisor
@@ -150,7 +150,7 @@ async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse
     if target is None:
         return _unavailable(sup)
     session = _session_for(request.app, target)
-    viewer = request.get("role") == "viewer"
+    viewer = request.get(ROLE) == "viewer"
     try:
         upstream = await session.ws_connect(
             f"{target.base_url}{BASE_PATH}/ws",

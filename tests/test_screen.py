@@ -170,9 +170,6 @@ def test_a_look_starts_no_process(drawer: Callable[..., Sidecar], short_tmp: Pat
     assert not [line for line in before if "capture-pane" in line]
 
 
-# In-process, the guard's `request["role"]` meets aiohttp 3.14's NotAppKeyWarning, which the
-# suite's `filterwarnings = error` would turn into a 500 (the sidecar process only warns).
-@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 async def test_no_pane_and_none_coming_is_409(short_tmp: Path) -> None:
     """A supervisor that has started nothing (the state before the first launch and after
     shutdown): no pane, no control client, the CLI stopped."""
