@@ -52,9 +52,15 @@ class PaneActivity:
     """Calls `on_output(monotonic time)` whenever the pane writes (at most once per SAMPLE), and
     answers `ask` while attached."""
 
-    def __init__(self, tmux: Tmux, on_output: Callable[[float], None]) -> None:
+    def __init__(
+        self,
+        tmux: Tmux,
+        on_output: Callable[[float], None],
+        on_attach: Callable[[], None] | None = None,
+    ) -> None:
         self.tmux = tmux
         self.on_output = on_output
+        self.on_attach = on_attach  # the client attached: the screen may be looked at
         self.last_output: float | None = None  # time.monotonic()
         self._proc: asyncio.subprocess.Process | None = None
         self._paused: set[bytes] = set()
@@ -122,6 +128,8 @@ class PaneActivity:
         self._paused.clear()
         waiting: deque[asyncio.Future[Reply | None] | None] = deque()
         self._waiting = waiting
+        if self.on_attach is not None:
+            self.on_attach()
         assert proc.stdout is not None
         reader = ControlReader()
         try:

@@ -8,17 +8,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sidecar.contract import AGENT_STATES, AgentStateName
 from sidecar.events import EventBus
+from sidecar.screens import Reading, Seen
 from sidecar.shapes import AgentStateEvent
 from sidecar.states import ProcState
+from sidecar.text import one_line
 
 log = logging.getLogger(__name__)
-
-MAX_REASON = 300  # characters of a reason kept (a command line can be long)
 
 
 @dataclass(frozen=True)
@@ -28,12 +28,6 @@ class AgentStatus:
     reason: str | None
     source: str  # hooks, activity or none
     session_id: str | None
-
-
-def one_line(text: str, limit: int = MAX_REASON) -> str:
-    """`text` as one line of printable characters, at most `limit` long."""
-    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 class AgentMachine:
@@ -49,6 +43,12 @@ class AgentMachine:
         # supervisor's word beats any source's); unknown: the CLI gives no signal.
         self._seen: AgentStateName = "starting"  # what the source last said
         self._seen_reason: str | None = None
+        # What the screen showed at the last look since the source last spoke (None: no look
+        # since), and whether a prompt the source announced has been on screen: only then can
+        # its leaving the screen end `waiting` (the hook comes before the prompt is drawn).
+        self._screen: Reading | None = None
+        self._drawn = False
+        self.on_report: Callable[[], None] | None = None  # a source spoke: look again
         self._state: AgentStateName = "exited"  # the effective state
         self._reason: str | None = None
         self._since = time.time()
@@ -67,6 +67,7 @@ class AgentMachine:
         self._seen, self._seen_reason = (
             ("unknown", None) if source == "none" else ("starting", None)
         )
+        self._screen, self._drawn = None, False
         self._status = self._make_status()  # the source is part of it, changed or not
         self._apply()
 
@@ -76,20 +77,53 @@ class AgentMachine:
         self._apply()
 
     def report(self, state: AgentStateName, reason: str | None = None) -> None:
-        """What the source sees now (ignored while the process is not running)."""
+        """What the source sees now (ignored while the process is not running). The source's
+        word is the latest: a look taken before it no longer counts."""
+        if state != self._seen:
+            self._drawn = False
+            if self.source != "activity":  # activity's word comes from the pane itself
+                self._screen = None
         self._seen = state
         self._seen_reason = one_line(reason) if reason else None
+        self._apply()
+        if self.on_report is not None:
+            self.on_report()
+
+    def screen(self, reading: Reading) -> None:
+        """What the screen shows now (a look after the pane settled, or after a source spoke)."""
+        self._screen = reading
+        if reading.needs_person:
+            self._drawn = True
         self._apply()
 
     # ---- the machine ---------------------------------------------------------------------------
 
     def _effective(self) -> tuple[AgentStateName, str | None]:
         if self._process is ProcState.RUNNING:
-            return self._seen, self._seen_reason
+            return self._combined()
         if self._process is ProcState.STARTING:
             return "starting", None
         # Whatever the source says: a CLI that is not running is doing nothing.
         return "exited", None
+
+    def _combined(self) -> tuple[AgentStateName, str | None]:
+        """The source's word, as the screen confirms or corrects it: a dialog on screen is
+        `waiting` whatever the source said; a prompt the source announced that has left the
+        screen is over (back at the input prompt: `idle`; at work: `working`); a CLI adopted
+        or just started reads as its screen shows it. `idle` is never reported over a dialog."""
+        seen, reason, screen = self._seen, self._seen_reason, self._screen
+        if screen is None or seen in ("exited", "unknown"):
+            return seen, reason
+        if screen.needs_person:
+            # The source's own reason names the request more exactly, when it has one.
+            return "waiting", reason if seen == "waiting" and reason else screen.reason
+        if seen == "waiting":
+            if not self._drawn:
+                return seen, reason  # announced, not drawn yet
+            return ("working" if screen.seen is Seen.WORKING else "idle"), None
+        if seen == "starting":
+            return ("working" if screen.seen is Seen.WORKING else "idle"), None
+        return seen, reason
 
     def _apply(self) -> None:
         state, reason = self._effective()
@@ -114,6 +148,11 @@ class AgentMachine:
     @property
     def state(self) -> AgentStateName:
         return self._state
+
+    @property
+    def screen_needs_person(self) -> bool:
+        """The last look saw a prompt for a person (a permission prompt or another dialog)."""
+        return self._screen is not None and self._screen.needs_person
 
     @property
     def process(self) -> ProcState:

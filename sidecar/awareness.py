@@ -28,6 +28,7 @@ from sidecar.mailbox import Mailbox
 from sidecar.notify import InboxNotices
 from sidecar.pane_input import PaneInput
 from sidecar.screen import Screen, ScreenLook
+from sidecar.screen_source import ScreenSource
 from sidecar.shapes import InputAccepted, InputRequest
 from sidecar.states import ProcState
 from sidecar.tmux import Tmux
@@ -38,8 +39,11 @@ class Awareness:
         self.machine = AgentMachine(bus)
         self.files = AgentFiles(config.paths.agent_state)
         self.machine.session_id = self.files.load().session_id
-        self.activity = PaneActivity(tmux, self._output)
+        self.activity = PaneActivity(tmux, self._output, self._attached)
         self.screen = ScreenLook(self.activity.ask)
+        # The screen confirms or corrects what the CLI's source says (sidecar.screen_source).
+        self.seen = ScreenSource(self.machine, self.screen.look)
+        self.machine.on_report = self.seen.spoke
         pane = PaneInput(tmux)
         lock = asyncio.Lock()  # one writer to the pane at a time: inputs and notices
         self.notices = InboxNotices(
@@ -61,6 +65,7 @@ class Awareness:
 
     def _use(self, cli: CLIDef) -> None:
         self._cli = cli
+        self.seen.use(cli)
         self.notices.prompt = cli.prompt
         self.machine.launched(cli.state)
 
@@ -96,6 +101,7 @@ class Awareness:
 
     async def stop(self) -> None:
         self.quiet.stop()
+        self.seen.stop()
         await self.activity.stop()
         if self._task is not None:
             self._task.cancel()
@@ -108,6 +114,10 @@ class Awareness:
 
     def _output(self, now: float) -> None:
         self.quiet.output()
+        self.seen.output()
+
+    def _attached(self) -> None:
+        self.seen.attached()
 
     # ---- the API's side ------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ arguments that pin its conversation, and what each hook event means for the agen
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 import sys
@@ -14,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sidecar.agent import one_line
 from sidecar.contract import AgentStateName
 from sidecar.loopback import loopback_url
+from sidecar.screen import Screen
+from sidecar.screens import Reading, Seen, dialog, nonblank, text_of
+from sidecar.text import one_line
 
 # ---- on disk -----------------------------------------------------------------------------------
 
@@ -206,3 +209,58 @@ def interpret(event: str, payload: dict[str, Any]) -> HookEffect:
         reason = "the turn ended with an API error" if event == "StopFailure" else None
         return HookEffect("idle", reason)
     return HookEffect(None)  # SessionEnd: the process's exit is the supervisor's to report
+
+
+# ---- what its screen shows (2.1.330, captured in tests/screens/claude-code/) ----------------
+
+# The input box: a full-width rule, the "❯" line(s) of the prompt, another rule; its footer says
+# "esc to interrupt" while a turn runs, above it a spinner line. A permission prompt asks "Do
+# you want to ..." (proceed, make this edit, create, fetch) over numbered choices; its title
+# (e.g. "Bash command") stands just below the rule that opens it. Anything else is a dialog
+# (trust, sign-in, pickers, MCP).
+_RULE = re.compile(r"^\s*─{20,}\s*$")
+_INPUT = re.compile(r"^\s*[❯>](\s|$)")
+_BUSY = re.compile(r"esc to interrupt", re.IGNORECASE)
+# The spinner's line while a turn runs: "✢ Kerfuffling… (0s · ↓ 20 tokens)". It is there before
+# the footer's "esc to interrupt" when an answered permission prompt gives way (measured).
+_SPINNER = re.compile(r"^\s*\S\s+\S[^…]*…\s+\(\d")
+_ASKS = re.compile(r"^\s*Do you want to\b.*\?\s*$")
+_DASHED = re.compile(r"^\s*╌{10,}\s*$")
+
+
+def read_screen(screen: Screen) -> Reading:
+    """What Claude Code's screen shows (see `sidecar.screens`)."""
+    lines = list(screen.lines)
+    asks = [i for i, line in enumerate(lines) if _ASKS.match(line)]
+    if asks:
+        return Reading(Seen.PERMISSION, _permission_reason(lines, asks[-1]))
+    if any(_BUSY.search(line) for line in nonblank(lines)[-4:]) or any(
+        _SPINNER.match(line) for line in lines
+    ):
+        return Reading(Seen.WORKING)
+    if _input_box(lines):
+        return Reading(Seen.PROMPT)
+    return dialog(nonblank(lines))
+
+
+def _input_box(lines: list[str]) -> bool:
+    """A prompt line between two rules (the box may hold several lines of typed text)."""
+    rules = [i for i, line in enumerate(lines) if _RULE.match(line)]
+    return any(
+        b - a >= 2 and _INPUT.match(lines[a + 1])
+        for a, b in itertools.pairwise(rules)
+        if b - a <= 12
+    )
+
+
+def _permission_reason(lines: list[str], ask: int) -> str:
+    """'<title>: <what>' of the permission prompt whose question is on line `ask`: the title
+    below the rule that opens the prompt, and the first line of the dashed box (the command) or
+    else the question itself."""
+    opened = max((i for i in range(ask) if _RULE.match(lines[i])), default=-1)
+    body = [text_of(line) for line in lines[opened + 1 : ask] if not _DASHED.match(line)]
+    body = [t for t in body if t and not t.startswith("Tip:")]
+    dashed = [i for i in range(opened + 1, ask) if _DASHED.match(lines[i])]
+    what = text_of(lines[dashed[0] + 1]) if dashed else text_of(lines[ask])
+    title = body[0] if body else "permission"
+    return one_line(f"{title}: {what}" if what != title else title)

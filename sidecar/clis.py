@@ -18,13 +18,15 @@ from sidecar.config import ConfigError
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 StateSource = Literal["hooks", "activity", "none"]
 STATE_SOURCES: tuple[str, ...] = get_args(StateSource)
-KEYS = ("command", "resume", "env", "prompt", "state")
+KEYS = ("command", "resume", "env", "prompt", "state", "prompt_pattern")
 
 
 # `resume` is the argv used when the CLI is started again in the same workspace (resleeve,
 # self-healing, a hard resleeve with history). `prompt` marks an interactive prompt that takes
 # typed lines (inbox notices); `state` says how the agent's state is known (`sidecar.agent`):
-# `hooks` (Claude Code's own hooks), `activity` (pane output) or `none`.
+# `hooks` (Claude Code's own hooks), `activity` (pane output) or `none`. `screen` names whose
+# knowledge reads the CLI's screen (`sidecar.screen_source.RECOGNIZERS`): a CLI the sidecar
+# knows, else `generic`, told the CLI's input prompt by `prompt_pattern` when the YAML gives it.
 @dataclass(frozen=True)
 class CLIDef:
     name: str
@@ -35,6 +37,8 @@ class CLIDef:
     resume_needs_history: bool = False
     prompt: bool = False  # takes typed lines: inbox notices are typed into it
     state: StateSource = "activity"
+    screen: str = "generic"
+    prompt_pattern: re.Pattern[str] | None = None
 
     def argv(self, *, resume: bool, has_history: bool) -> tuple[str, ...]:
         """The argv to run. `resume` asks for the resume argv (resleeve, restart, self-heal).
@@ -58,6 +62,7 @@ def _builtins(login_shell: str) -> dict[str, CLIDef]:
             resume_needs_history=True,
             prompt=True,
             state="hooks",
+            screen="claude-code",
         ),
         CLIDef("gemini-cli", ("gemini",), prompt=True),
         CLIDef("opencode", ("opencode",), ("opencode", "--continue"), prompt=True),
@@ -89,7 +94,8 @@ def _parse_entry(name: Any, body: Any, source: str) -> CLIDef:
         allowed = ", ".join(KEYS)
         msg = f"{source}: clis.{name} has unknown keys {sorted(unknown)}; allowed: {allowed}"
         raise ConfigError(msg)
-    command = _argv(body.get("command"), f"{source}: clis.{name}.command")
+    where = f"{source}: clis.{name}"
+    command = _argv(body.get("command"), f"{where}.command")
     resume = None
     if body.get("resume") is not None:
         resume = _argv(body["resume"], f"{source}: clis.{name}.resume")
@@ -118,7 +124,32 @@ def _parse_entry(name: Any, body: Any, source: str) -> CLIDef:
         # The only hooks the sidecar can install are Claude Code's.
         msg = f"{source}: clis.{name}.state: hooks needs Claude Code (command `claude`)"
         raise ConfigError(msg)
-    return CLIDef(name, command, resume, env, prompt=prompt, state=state)
+    pattern = _prompt_pattern(body.get("prompt_pattern"), where)
+    # A `claude` of the user's own is still Claude Code on screen.
+    screen = "claude-code" if Path(command[0]).name == "claude" else "generic"
+    return CLIDef(
+        name,
+        command,
+        resume,
+        env,
+        prompt=prompt,
+        state=state,
+        screen=screen,
+        prompt_pattern=pattern,
+    )
+
+
+def _prompt_pattern(value: Any, where: str) -> re.Pattern[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        msg = f"{where}.prompt_pattern must be a regular expression (a non-empty string)"
+        raise ConfigError(msg)
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        msg = f"{where}.prompt_pattern is not a valid regular expression: {exc}"
+        raise ConfigError(msg) from None
 
 
 def load_registry(config_file: Path | None, login_shell: str = "/bin/bash") -> dict[str, CLIDef]:

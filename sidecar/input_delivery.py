@@ -58,11 +58,11 @@ class InputDelivery:
         async with self.lock:
             self._require_running()
             held = 0.0
-            self._check_state(wanted)  # at once: no hold for keys that will not be sent
+            self._check_state(wanted, text=keys is None)  # at once: no hold for unsent keys
             answering = keys is not None and self.machine.state == "waiting"
             if answering:
                 held = await self._hold_for_prompt()
-            state = self._check_state(wanted)  # and again right before delivery
+            state = self._check_state(wanted, text=keys is None)  # and right before delivery
             self._require_running()
             if keys is not None:
                 await asyncio.to_thread(self.pane.keys, keys)
@@ -76,10 +76,19 @@ class InputDelivery:
                 delivered=True, agent=self.machine.state, held=round(held, 3), changed=changed
             )
 
-    def _check_state(self, wanted: Collection[str] | None) -> AgentStateName:
+    def _check_state(self, wanted: Collection[str] | None, *, text: bool) -> AgentStateName:
         state = self.machine.state
         if wanted is not None and state not in wanted:
             msg = f"the agent is {state}, not {' or '.join(sorted(wanted))}"
+            raise StateMismatch(msg)
+        if text and state == "waiting" and wanted is None:
+            # A prompt typed into a dialog is lost (or answers it): only a client that says it
+            # means the dialog (`if_state` with `waiting`) types text there. Keys answer it.
+            what = self.machine.status().reason or "a dialog"
+            msg = (
+                f"the agent is waiting ({what}): text is not typed into a dialog; answer it "
+                'with "keys", or pass "if_state" with "waiting" to type into it'
+            )
             raise StateMismatch(msg)
         return state
 
@@ -92,6 +101,8 @@ class InputDelivery:
             drawn = last is not None and last >= since
             if now - since >= HOLD_MIN and drawn and self.activity.quiet_for() >= HOLD_QUIET:
                 break
+            if self.machine.screen_needs_person:
+                break  # seen on a settled screen: drawn, and it takes keys now
             if now - since >= HOLD_MAX or self.machine.state != "waiting":
                 break
             await asyncio.sleep(HOLD_POLL)  # sleep-ok: the polling interval of a bounded hold

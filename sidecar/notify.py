@@ -10,7 +10,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from sidecar.agent import AgentMachine, one_line
+from sidecar.agent import AgentMachine
 from sidecar.agent_files import AgentFiles
 from sidecar.config import InboxNotify
 from sidecar.events import EventBus
@@ -19,6 +19,7 @@ from sidecar.needlecast import Message
 from sidecar.pane_input import PaneInput
 from sidecar.shapes import InboxNotified
 from sidecar.states import ProcState
+from sidecar.text import one_line
 
 log = logging.getLogger(__name__)
 

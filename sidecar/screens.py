@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from sidecar.agent import one_line
 from sidecar.screen import Screen
+from sidecar.text import one_line
 
 
 class Seen(Enum):
@@ -51,13 +51,16 @@ def text_of(line: str) -> str:
     return one_line(_FRAME.sub(" ", line))
 
 
+# A question: words ending in '?' (not "? for shortcuts"); the sentence up to it.
+_ASKED = re.compile(r"^(.*?\w[\w)'\"]*\s*\?)")
+
+
 def dialog(lines: Sequence[str], *, title: str | None = None) -> Reading:
-    """A dialog whose reason is `title`, else its question line (the last line ending in '?'),
-    else its first line of text."""
+    """A dialog whose reason is `title`, else its question (the last line asking one, up to
+    its '?'), else its first line of text."""
     if title is None:
-        texts = [text_of(line) for line in lines]
-        texts = [t for t in texts if t]
-        questions = [t for t in texts if t.rstrip().endswith("?")]
+        texts = [t for t in (text_of(line) for line in lines) if t]
+        questions = [m.group(1) for t in texts if (m := _ASKED.match(t))]
         title = questions[-1] if questions else (texts[0] if texts else "a screen with no text")
     return Reading(Seen.DIALOG, one_line(title))
 
@@ -76,21 +79,35 @@ _NUMBERED = re.compile(r"^\s*[❯›>▶►→]?\s*\d+[.)]\s+\S")
 
 def generic(screen: Screen, prompt: re.Pattern[str] | None = None) -> Reading:
     """The reading of a CLI we know nothing about, on a quiet screen (output decides
-    `working`). `prompt`: the registry's pattern of its input prompt line (`prompt_pattern`):
-    then anything else is a dialog. Without one, a question on the cursor's line or a menu
+    `working`). `prompt`: the registry's pattern of its input prompt line (`prompt_pattern`,
+    searched in the cursor's line, trailing spaces removed): then anything else is
+    a dialog. Without one, a question on the cursor's line or a menu
     near it is a dialog and the rest is its prompt."""
     lines = list(screen.lines)
     at = min(max(screen.cursor_row, 0), len(lines) - 1) if lines else 0
     current = lines[at] if lines else ""
     if prompt is not None:
-        if any(prompt.search(line) for line in lines[: at + 1][-3:]):
+        if prompt.search(current):
             return Reading(Seen.PROMPT)
         return dialog(nonblank(lines[: at + 1])[-8:])
     if _QUESTION.search(current.rstrip()):
-        return Reading(Seen.DIALOG, text_of(current))
-    near = lines[max(0, at - 8) : at + 4]
-    numbered = [line for line in near if _NUMBERED.match(line)]
-    if len(numbered) >= 2 or (numbered and any(_MARKER.match(line) for line in near)):
-        before = [line for line in lines[: at + 1] if line.strip() and line not in numbered]
-        return dialog(before[-6:])
+        # A bare "#?" (bash's select) asks about the lines above it: the nearest with words
+        # that is not one of its choices.
+        above = [line for line in lines[: at + 1] if not _NUMBERED.match(line)]
+        worded = [t for t in map(text_of, above) if any(c.isalpha() for c in t)]
+        asked = text_of(current)
+        title = asked if any(c.isalpha() for c in asked) else (worded or [asked])[-1]
+        return Reading(Seen.DIALOG, title)
+    # A menu: its choices are the last lines drawn, the cursor below them or on one (an old
+    # menu scrolled above a later prompt is history, not a question).
+    drawn = [i for i in range(at + 1) if lines[i].strip()]
+    choices: list[int] = []
+    for i in reversed(drawn):
+        if not _NUMBERED.match(lines[i]):
+            break
+        choices.insert(0, i)
+    if len(choices) >= 2 or (choices and _MARKER.match(lines[choices[0]])):
+        # The menu's title: the line of text just above its first choice.
+        above = [text_of(line) for line in lines[: choices[0]]]
+        return dialog([], title=next((t for t in reversed(above) if t), None))
     return Reading(Seen.PROMPT)

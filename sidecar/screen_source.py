@@ -1,0 +1,98 @@
+"""The screen as a source of the agent's state: looks at the CLI's pane when what it shows may
+have changed, reads it with the CLI's recognizer and tells the agent machine, which combines it
+with what the hooks or the pane's activity say (`sidecar.agent`).
+
+When it looks: once the pane has settled after output (SETTLE seconds with none: a CLI that
+paints continuously, a spinner, never settles, and stays `working`), after a source spoke, when
+the control client (re)attaches, and at once on output while the screen shows a prompt for a
+person (so that an answered or dismissed prompt is noticed as it leaves). Never on a timer
+while the pane is quiet. A look is two commands on the control client, no process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from sidecar import claude_code
+from sidecar.agent import AgentMachine
+from sidecar.clis import CLIDef
+from sidecar.screen import Screen
+from sidecar.screens import Recognizer, generic
+from sidecar.tmux_control import ControlError
+
+log = logging.getLogger(__name__)
+
+# Seconds without output before the pane counts as settled. The activity client hears of output
+# at most every SAMPLE (0.25 s) while it goes on, so a gap longer than that is a real pause.
+SETTLE = 0.4
+
+#: Whose knowledge reads a CLI's screen (`CLIDef.screen`); each lives in that CLI's own module.
+RECOGNIZERS: dict[str, Recognizer] = {"claude-code": claude_code.read_screen}
+
+
+class ScreenSource:
+    def __init__(self, machine: AgentMachine, look: Callable[[], Awaitable[Screen]]) -> None:
+        self.machine = machine
+        self._look = look
+        self.recognizer: Recognizer = generic
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._again = False  # something changed while a look was under way: look once more
+
+    def use(self, cli: CLIDef) -> None:
+        """`cli` runs now: its screen is read with its own knowledge, else the generic one."""
+        known = RECOGNIZERS.get(cli.screen)
+        pattern = cli.prompt_pattern
+        self.recognizer = known or (lambda screen: generic(screen, pattern))
+
+    def output(self) -> None:
+        """The pane wrote: look once it settles, or now if a person's prompt was on screen."""
+        self._settle_later()
+        if self.machine.screen_needs_person:
+            self.look_now()
+
+    def spoke(self) -> None:
+        """A source reported: check the screen once the pane is settled."""
+        if self._timer is None:
+            self._settle_later()
+
+    def attached(self) -> None:
+        """The control client attached (a launch, a heal, a supervisor taking over): what is on
+        screen is known only by looking."""
+        self._settle_later()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._task is not None:
+            self._task.cancel()
+
+    def _settle_later(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(SETTLE, self._settled)
+
+    def _settled(self) -> None:
+        self._timer = None
+        self.look_now()
+
+    def look_now(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.create_task(self._read(), name="screen-look")
+
+    async def _read(self) -> None:
+        while True:
+            self._again = False
+            try:
+                screen = await self._look()
+            except ControlError:
+                return  # tmux away (a heal, a restart): the last state stands; logged once
+            if any(line.strip() for line in screen.lines):  # a blank pane has drawn nothing yet
+                self.machine.screen(self.recognizer(screen))
+            if not self._again:
+                return

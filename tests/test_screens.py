@@ -1,0 +1,200 @@
+"""Screen recognition (pure): Claude Code's screens as captured from the real CLI
+(tests/screens/claude-code/, header: rows cols cursor_row cursor_col seen [reason]), the generic
+reading, shapes never seen before, wide and combining characters; and how the agent machine
+combines the screen with what the CLI's source says."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from sidecar import claude_code
+from sidecar.agent import AgentMachine
+from sidecar.events import EventBus
+from sidecar.screen import Screen
+from sidecar.screen_source import ScreenSource
+from sidecar.screens import Reading, Seen, generic
+from sidecar.states import ProcState
+from sidecar.tmux_control import NoAnswer
+
+SCREENS = Path(__file__).parent / "screens"
+
+
+def load(path: Path) -> tuple[Screen, Seen, str | None]:
+    head, *body = path.read_text(encoding="utf-8").split("\n")
+    fields = head.split(" ", 6)
+    rows, cols, row, col = (int(f) for f in fields[1:5])
+    lines = (body + [""] * rows)[:rows]
+    return Screen(rows, cols, tuple(lines), row, col), Seen(fields[5]), (fields[6:] or [None])[0]
+
+
+def screen_of(*lines: str, cursor: tuple[int, int] | None = None) -> Screen:
+    rows = 50
+    padded = (list(lines) + [""] * rows)[:rows]
+    row, col = cursor if cursor else (len(lines) - 1, len(lines[-1]) if lines else 0)
+    return Screen(rows, 200, tuple(padded), row, col)
+
+
+@pytest.mark.parametrize(
+    "path", sorted((SCREENS / "claude-code").glob("*.txt")), ids=lambda p: p.stem
+)
+def test_claude_codes_captured_screens(path: Path) -> None:
+    screen, seen, reason = load(path)
+    reading = claude_code.read_screen(screen)
+    assert reading.seen is seen, reading
+    if reason is not None:
+        assert reading.reason == reason
+
+
+def test_a_claude_screen_never_seen_before_is_a_dialog_never_the_prompt() -> None:
+    # The input box replaced by a question of a kind the recognizer does not know.
+    screen, _, _ = load(SCREENS / "claude-code" / "prompt-empty.txt")
+    lines = list(screen.lines)
+    box = next(i for i, line in enumerate(lines) if line.startswith("❯"))
+    lines[box - 1 : box + 2] = ["", " Connect the new MCP server 'files'?", "  Allow once  Deny"]
+    reading = claude_code.read_screen(Screen(screen.rows, screen.cols, tuple(lines), box, 2))
+    assert reading == Reading(Seen.DIALOG, "Connect the new MCP server 'files'?")
+    # An empty screen but for one line of text.
+    assert claude_code.read_screen(screen_of("Signing in...")) == Reading(
+        Seen.DIALOG, "Signing in..."
+    )
+
+
+@pytest.mark.parametrize(
+    ("lines", "seen", "reason"),
+    [
+        (["user@box:~/ws$ "], Seen.PROMPT, None),
+        (["$ make", "done", "$ "], Seen.PROMPT, None),
+        (["Delete the build directory? [y/N] "], Seen.DIALOG, "Delete the build directory? [y/N]"),
+        (["Overwrite config.yaml (yes/no)? "], Seen.DIALOG, "Overwrite config.yaml (yes/no)?"),
+        (["Continue [Y/n] "], Seen.DIALOG, "Continue [Y/n]"),
+        (["Pick a theme", "❯ 1. Dark", "  2. Light", ""], Seen.DIALOG, "Pick a theme"),
+        (["Choose:", "1) yes", "2) no", "#? "], Seen.DIALOG, "Choose:"),
+        # An old menu scrolled above a later prompt is history.
+        (["Pick a theme", "❯ 1. Dark", "  2. Light", "chose 1", "ready> "], Seen.PROMPT, None),
+    ],
+)
+def test_the_generic_reading(lines: list[str], seen: Seen, reason: str | None) -> None:
+    assert generic(screen_of(*lines)) == Reading(seen, reason)
+
+
+def test_the_generic_reading_with_a_prompt_pattern() -> None:
+    pattern = re.compile(r"^ready>")
+    assert generic(screen_of("ready>"), pattern).seen is Seen.PROMPT
+    reading = generic(screen_of("Sign in with your browser", "Press Enter"), pattern)
+    assert reading == Reading(Seen.DIALOG, "Sign in with your browser")
+
+
+def test_fifty_lines_of_wide_and_combining_characters() -> None:
+    wide = "漢字かな交じり文" * 12 + "e\u0301"
+    lines = [wide] * 49 + ["\u202eamp? 全角？ "]
+    for read in (generic, claude_code.read_screen):
+        reading = read(screen_of(*lines))
+        assert reading.seen in (Seen.PROMPT, Seen.DIALOG)
+        assert reading.reason is None or "\n" not in reading.reason
+        assert reading.reason is None or len(reading.reason) <= 300
+
+
+# ---- the machine: the source's word, as the screen confirms or corrects it ------------------
+
+
+def running(source: str) -> AgentMachine:
+    machine = AgentMachine(EventBus())
+    machine.launched(source)
+    machine.process_changed(ProcState.RUNNING)
+    return machine
+
+
+PROMPT, WORKING = Reading(Seen.PROMPT), Reading(Seen.WORKING)
+PERMISSION = Reading(Seen.PERMISSION, "Bash command: rm -rf build")
+TRUST = Reading(Seen.DIALOG, "Do you trust this folder?")
+
+
+def test_a_dialog_no_hook_reports_is_waiting_and_its_answer_idle() -> None:
+    machine = running("hooks")
+    machine.screen(TRUST)
+    assert (machine.state, machine.status().reason) == ("waiting", TRUST.reason)
+    machine.screen(PROMPT)
+    assert machine.state == "idle"
+
+
+def test_idle_from_the_hooks_is_not_reported_over_a_dialog() -> None:
+    machine = running("hooks")
+    machine.report("idle")
+    machine.screen(TRUST)
+    assert machine.state == "waiting"
+
+
+def test_a_permission_prompt_announced_before_it_is_drawn() -> None:
+    machine = running("hooks")
+    machine.report("working")
+    machine.report("waiting", "permission for Bash: rm -rf build")
+    # The hook comes first; the screen still shows the spinner: the hook stands.
+    machine.screen(WORKING)
+    assert machine.state == "waiting"
+    machine.screen(PERMISSION)
+    assert machine.status().reason == "permission for Bash: rm -rf build"  # the hook's, exact
+    # Answered: the prompt gives way to the tool at work.
+    machine.screen(WORKING)
+    assert machine.state == "working"
+
+
+def test_a_dismissed_permission_prompt_is_idle() -> None:
+    machine = running("hooks")
+    machine.report("waiting", "permission for Bash: rm -rf build")
+    machine.screen(PERMISSION)
+    machine.screen(PROMPT)
+    assert (machine.state, machine.status().reason) == ("idle", None)
+
+
+def test_a_hook_after_a_look_is_the_latest_word() -> None:
+    machine = running("hooks")
+    machine.screen(PROMPT)
+    assert machine.state == "idle"  # starting, read off the screen
+    machine.report("working")
+    assert machine.state == "working"
+
+
+def test_activity_keeps_what_the_screen_showed_when_it_goes_quiet() -> None:
+    """Activity's `idle` comes from the same pane the screen was read from: a dialog seen on
+    it stays `waiting` (no idle-then-waiting flap)."""
+    machine = running("activity")
+    changes: list[str] = []
+    machine.report("working")
+    machine.screen(Reading(Seen.DIALOG, "Delete it? [y/N]"))
+    machine.bus.publish = lambda event: changes.append(event.state)  # type: ignore[method-assign,attr-defined]
+    machine.report("idle")
+    assert machine.state == "waiting"
+    assert changes == []
+
+
+def test_a_cli_not_running_is_exited_whatever_its_screen() -> None:
+    machine = running("activity")
+    machine.screen(TRUST)
+    machine.process_changed(ProcState.EXITED)
+    assert machine.state == "exited"
+
+
+async def test_a_look_tmux_does_not_answer_keeps_the_last_state() -> None:
+    """tmux not answering (stopped, or restarting in a heal) is faked at the look itself, the
+    seam where the control client gives up: the state stands. The real path (a stopped tmux
+    server, one log line) is tests/test_screen.py's."""
+    machine = running("activity")
+    machine.report("working")
+    machine.screen(Reading(Seen.DIALOG, "Delete it? [y/N]"))
+    looks = 0
+
+    async def look() -> Screen:
+        nonlocal looks
+        looks += 1
+        msg = "tmux did not answer within 1 s"
+        raise NoAnswer(msg)
+
+    source = ScreenSource(machine, look)
+    source.look_now()
+    assert source._task is not None
+    await source._task
+    assert looks == 1
+    assert (machine.state, machine.status().reason) == ("waiting", "Delete it? [y/N]")
