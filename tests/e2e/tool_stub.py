@@ -1,0 +1,151 @@
+"""A small stand-in for the OpenAI (Responses, Chat Completions) and Gemini APIs on 127.0.0.1, so
+Codex CLI, opencode and Gemini CLI reach a permission prompt offline: a turn whose last message
+is the user's text is answered with a call of the request's own shell tool running `command`,
+any other turn with a line of text. It captured tests/screens; no real API is reachable here.
+
+    python -m tests.e2e.tool_stub PORT COMMAND
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from aiohttp import web
+
+REPLY_TEXT = "Hello from the tool-call stub."
+COMMAND = web.AppKey("command", str)
+ASKED = "Run the stub's command"
+
+
+def _escalated(command: str) -> dict[str, Any]:
+    # Codex asks a person for a command the model wants run outside its sandbox.
+    return {"cmd": command, "sandbox_permissions": "require_escalated", "justification": ASKED}
+
+
+# Each CLI's shell tool by name, and its arguments for one command.
+SHELL_TOOLS: dict[str, Callable[[str], dict[str, Any]]] = {
+    "exec_command": _escalated,  # Codex CLI
+    "shell": lambda c: {"command": ["bash", "-lc", c]},  # older Codex CLI
+    "bash": lambda c: {"command": c, "description": ASKED},  # opencode
+    "run_shell_command": lambda c: {"command": c, "description": ASKED},  # Gemini CLI
+}
+
+
+def _call(request: web.Request, names: Iterable[str], from_user: bool) -> tuple[str, str] | None:
+    """(tool, JSON arguments) when this turn is to be answered with a shell call."""
+    tool = next((n for n in names if n in SHELL_TOOLS), None)
+    if tool is None or not from_user:
+        return None
+    return tool, json.dumps(SHELL_TOOLS[tool](request.app[COMMAND]))
+
+
+async def _send(
+    request: web.Request, events: Iterable[tuple[str | None, Any]]
+) -> web.StreamResponse:
+    """Server-sent events: (event name or None, data as JSON or a plain string)."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for name, data in events:
+        head = f"event: {name}\n" if name else ""
+        body = data if isinstance(data, str) else json.dumps(data)
+        await resp.write(f"{head}data: {body}\n\n".encode())
+    await resp.write_eof()
+    return resp
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """OpenAI Responses API (Codex CLI's custom model provider)."""
+    body = await request.json()
+    items = body.get("input") or [{}]
+    names = [t.get("name", "") for t in body.get("tools") or []]
+    call = _call(request, names, items[-1].get("role") == "user")
+    item: dict[str, Any] = {"id": "item_stub", "status": "completed"}
+    if call:
+        item |= {"type": "function_call", "call_id": "call_stub", "name": call[0]}
+        item["arguments"] = call[1]
+    else:
+        text = {"type": "output_text", "text": REPLY_TEXT, "annotations": []}
+        item |= {"type": "message", "role": "assistant", "content": [text]}
+    usage = {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}
+    done = {"id": "resp_stub", "status": "completed", "usage": usage}
+    return await _send(
+        request,
+        [
+            ("response.created", {"type": "response.created", "response": {"id": "resp_stub"}}),
+            ("response.output_item.done", {"type": "response.output_item.done", "item": item}),
+            ("response.completed", {"type": "response.completed", "response": done}),
+        ],
+    )
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    """OpenAI Chat Completions (opencode's OpenAI-compatible provider)."""
+    body = await request.json()
+    messages = body.get("messages") or [{}]
+    names = [t.get("function", {}).get("name", "") for t in body.get("tools") or []]
+    call = _call(request, names, messages[-1].get("role") == "user")
+    delta: dict[str, Any] = {"role": "assistant", "content": REPLY_TEXT}
+    if call:
+        function = {"name": call[0], "arguments": call[1]}
+        tool_call = {"index": 0, "id": "call_stub", "type": "function", "function": function}
+        delta = {"role": "assistant", "tool_calls": [tool_call]}
+    chunk = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "model": "stub"}
+    last = {"index": 0, "delta": {}, "finish_reason": "tool_calls" if call else "stop"}
+    return await _send(
+        request,
+        [
+            (None, chunk | {"choices": [{"index": 0, "delta": delta}]}),
+            (
+                None,
+                chunk | {"choices": [last], "usage": {"prompt_tokens": 1, "completion_tokens": 1}},
+            ),
+            (None, "[DONE]"),
+        ],
+    )
+
+
+async def gemini(request: web.Request) -> web.StreamResponse:
+    """Gemini API `models/{model}:{method}` (Gemini CLI with GOOGLE_GEMINI_BASE_URL)."""
+    body = await request.json()
+    method = request.match_info["method"]
+    if method == "countTokens":
+        return web.json_response({"totalTokens": 1})
+    if method == "generateContent":
+        # Gemini CLI's own side requests (its model router asks for this JSON), not turns.
+        text = json.dumps({"reasoning": "stub", "model_choice": "flash"})
+        content = {"role": "model", "parts": [{"text": text}]}
+        return web.json_response({"candidates": [{"content": content, "finishReason": "STOP"}]})
+    contents = body.get("contents") or [{}]
+    from_user = contents[-1].get("role") == "user" and all(
+        "text" in part for part in contents[-1].get("parts") or []
+    )
+    declared = [f for t in body.get("tools") or [] for f in t.get("functionDeclarations") or []]
+    call = _call(request, [f.get("name", "") for f in declared], from_user)
+    part: dict[str, Any] = {"text": REPLY_TEXT}
+    if call:
+        part = {"functionCall": {"name": call[0], "args": json.loads(call[1])}}
+    content = {"role": "model", "parts": [part]}
+    answer = {"candidates": [{"content": content, "finishReason": "STOP"}]}
+    return await _send(request, [(None, answer)])
+
+
+async def other(request: web.Request) -> web.Response:
+    # Model lists, telemetry, feature flags...: refused, which the CLIs tolerate offline.
+    return web.json_response({"error": {"message": "stub"}}, status=404)
+
+
+def make_app(command: str) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[COMMAND] = command
+    app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1beta/models/{model}:{method}", gemini)
+    app.router.add_route("*", "/{tail:.*}", other)
+    return app
+
+
+if __name__ == "__main__":
+    web.run_app(make_app(sys.argv[2]), host="127.0.0.1", port=int(sys.argv[1]), access_log=None)
