@@ -18,6 +18,13 @@ from sidecar.config import ConfigError
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 StateSource = Literal["hooks", "activity", "none"]
 STATE_SOURCES: tuple[str, ...] = get_args(StateSource)
+# The programs whose screens the sidecar knows (`sidecar.screen_source.RECOGNIZERS`).
+SCREENS = {
+    "claude": "claude-code",
+    "codex": "codex",
+    "gemini": "gemini-cli",
+    "opencode": "opencode",
+}
 KEYS = ("command", "resume", "env", "prompt", "state", "prompt_pattern")
 
 
@@ -64,9 +71,11 @@ def _builtins(login_shell: str) -> dict[str, CLIDef]:
             state="hooks",
             screen="claude-code",
         ),
-        CLIDef("gemini-cli", ("gemini",), prompt=True),
-        CLIDef("opencode", ("opencode",), ("opencode", "--continue"), prompt=True),
-        CLIDef("codex", ("codex",), ("codex", "resume", "--last"), prompt=True),
+        CLIDef("gemini-cli", ("gemini",), prompt=True, screen="gemini-cli"),
+        CLIDef(
+            "opencode", ("opencode",), ("opencode", "--continue"), prompt=True, screen="opencode"
+        ),
+        CLIDef("codex", ("codex",), ("codex", "resume", "--last"), prompt=True, screen="codex"),
         CLIDef("shell", (login_shell, "-l")),
     ]
     return {d.name: d for d in defs}
@@ -125,8 +134,8 @@ def _parse_entry(name: Any, body: Any, source: str) -> CLIDef:
         msg = f"{source}: clis.{name}.state: hooks needs Claude Code (command `claude`)"
         raise ConfigError(msg)
     pattern = _prompt_pattern(body.get("prompt_pattern"), where)
-    # A `claude` of the user's own is still Claude Code on screen.
-    screen = "claude-code" if Path(command[0]).name == "claude" else "generic"
+    # A `claude` (`codex`, ...) of the user's own is still that CLI on screen.
+    screen = SCREENS.get(Path(command[0]).name, "generic")
     return CLIDef(
         name,
         command,

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from sidecar import claude_code
+from sidecar import claude_code, codex, gemini_cli, opencode
 from sidecar.agent import AgentMachine
 from sidecar.clis import CLIDef
 from sidecar.screen import Screen
@@ -29,7 +29,12 @@ log = logging.getLogger(__name__)
 SETTLE = 0.4
 
 #: Whose knowledge reads a CLI's screen (`CLIDef.screen`); each lives in that CLI's own module.
-RECOGNIZERS: dict[str, Recognizer] = {"claude-code": claude_code.read_screen}
+RECOGNIZERS: dict[str, Recognizer] = {
+    "claude-code": claude_code.read_screen,
+    "codex": codex.read_screen,
+    "gemini-cli": gemini_cli.read_screen,
+    "opencode": opencode.read_screen,
+}
 
 
 class ScreenSource:
