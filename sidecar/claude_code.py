@@ -74,6 +74,10 @@ HTTP_EVENTS = (
     "StopFailure",
     "SessionEnd",
 )
+# Only the calls the state needs: before a tool, only a question to the user says something new
+# (the turn is already `working`); every other tool use costs the CLI an HTTP call for nothing.
+QUESTION_TOOLS = frozenset({"AskUserQuestion"})
+MATCHERS = {"PreToolUse": "|".join(sorted(QUESTION_TOOLS))}  # a regex of tool names
 COMMAND_EVENTS = ("SessionStart",)  # 2.1.330: "HTTP hooks are not supported for SessionStart"
 EVENTS = (*COMMAND_EVENTS, *HTTP_EVENTS)
 # Seconds Claude Code waits for our answer. HTTP hooks cannot be asynchronous, so this bounds
@@ -81,7 +85,6 @@ EVENTS = (*COMMAND_EVENTS, *HTTP_EVENTS)
 HOOK_TIMEOUT = 2
 RELAY_TIMEOUT = 5
 # Tools that ask the person something rather than act: the agent is waiting while they run.
-QUESTION_TOOLS = frozenset({"AskUserQuestion"})
 DETAIL_KEYS = ("command", "file_path", "notebook_path", "path", "url", "pattern", "query")
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -102,6 +105,7 @@ def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
     hooks: dict[str, Any] = {
         event: [
             {
+                **({"matcher": MATCHERS[event]} if event in MATCHERS else {}),
                 "hooks": [
                     {
                         "type": "http",
@@ -109,7 +113,7 @@ def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
                         "headers": headers,
                         "timeout": HOOK_TIMEOUT,
                     }
-                ]
+                ],
             }
         ]
         for event in HTTP_EVENTS

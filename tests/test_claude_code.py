@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from sidecar import claude_code
 from sidecar.claude_code import (
     EVENTS,
     HookEffect,
@@ -181,3 +182,17 @@ def test_the_pinned_session_resumes_only_a_conversation_claude_code_has(tmp_path
     assert args == ("--session-id", fresh)
     assert fresh is not None
     assert fresh != SESSION
+
+
+def test_before_a_tool_only_a_question_to_the_user_is_hooked(tmp_path: Path) -> None:
+    """PreToolUse says nothing new for any other tool (the turn is already `working`): Claude
+    Code 2.1.330 honours the matcher (checked with the real CLI: a Bash call made no
+    PreToolUse request), sparing it an HTTP call per tool use."""
+    document = claude_code.settings("http://127.0.0.1:1/hooks/claude-code/", "s", tmp_path / "x")
+    assert document["hooks"]["PreToolUse"][0]["matcher"] == "AskUserQuestion"
+    assert all(
+        "matcher" not in entry
+        for event, entries in document["hooks"].items()
+        if event != "PreToolUse"
+        for entry in entries
+    )
