@@ -35,6 +35,15 @@ def type_line(sc: Sidecar, text: str) -> None:
     assert code == 202, body
 
 
+def asking(make_sidecar: Callable[..., Sidecar], tmp: Path) -> Sidecar:
+    """A sidecar whose CLI shows its yes/no question, the agent `waiting`."""
+    sc = dialog_sidecar(make_sidecar, tmp)
+    wait_agent(sc, "idle")
+    type_line(sc, "ask")
+    wait_agent(sc, "waiting")
+    return sc
+
+
 def test_a_yes_no_question_is_waiting_refuses_text_and_its_answer_is_idle(
     make_sidecar: Callable[..., Sidecar], short_tmp: Path
 ) -> None:
@@ -64,10 +73,7 @@ def test_a_yes_no_question_is_waiting_refuses_text_and_its_answer_is_idle(
 def test_text_into_a_dialog_is_typed_when_the_client_says_it_means_the_dialog(
     make_sidecar: Callable[..., Sidecar], short_tmp: Path
 ) -> None:
-    sc = dialog_sidecar(make_sidecar, short_tmp)
-    wait_agent(sc, "idle")
-    type_line(sc, "ask")
-    wait_agent(sc, "waiting")
+    sc = asking(make_sidecar, short_tmp)
     code, body = sc.post("/input", {"text": "y", "if_state": ["waiting"]})
     assert code == 202, body
     wait_agent(sc, "idle")
@@ -119,10 +125,7 @@ def test_a_cli_with_a_prompt_pattern_is_idle_only_at_that_prompt(
 def test_a_supervisor_started_again_reads_the_dialog_off_the_screen_and_leaves_one_client(
     make_sidecar: Callable[..., Sidecar], short_tmp: Path
 ) -> None:
-    sc = dialog_sidecar(make_sidecar, short_tmp)
-    wait_agent(sc, "idle")
-    type_line(sc, "ask")
-    wait_agent(sc, "waiting")
+    sc = asking(make_sidecar, short_tmp)
     assert sc.proc is not None
     old = supervisor_of(psutil.Process(sc.proc.pid))
     assert old is not None
