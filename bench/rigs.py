@@ -338,8 +338,10 @@ class TmuxRig:
         return self
 
     def restart(self) -> float:
-        """Everything started again (ccmanager keeps no session across); when it began."""
+        """Everything started again, as new; when it began."""
         self.stop()
+        # ccmanager 4.4 remembers its sessions and would first offer to restore them.
+        (Path(self.env["HOME"]) / ".config" / "ccmanager" / "sessions.json").unlink(missing_ok=True)
         began = time.time()
         self.start()
         return began
@@ -348,6 +350,8 @@ class TmuxRig:
         subprocess.run(
             ["tmux", "-S", str(self.pane.socket), "kill-server"], capture_output=True, check=False
         )
+        # A new server on this path must not reach the one still exiting.
+        self.pane.socket.unlink(missing_ok=True)
 
     def cli_pid(self) -> int:
         return claude_pid(self.pane.pid())

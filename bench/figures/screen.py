@@ -270,9 +270,9 @@ def _latency(
     ours, other = samples
     ours_s, ours_never = _capped(ours, row.cap)
     other_s, other_never = _capped(other, row.cap)
-    notes = ""
-    extra: dict[str, Any] = {"signed_samples": ours_s, "baseline_signed_samples": other_s}
+    notes, extra = "", {}
     if row.signed:
+        extra = {"signed_samples": ours_s, "baseline_signed_samples": other_s}
         notes = (
             "published before the screen showed it counts 0; signed medians: "
             f"{statistics.median(ours_s):+.3f} s vs {statistics.median(other_s):+.3f} s"
