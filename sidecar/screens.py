@@ -92,10 +92,12 @@ def generic(screen: Screen, prompt: re.Pattern[str] | None = None) -> Reading:
         return dialog(nonblank(lines[: at + 1])[-8:])
     if _QUESTION.search(current.rstrip()):
         # A bare "#?" (bash's select) asks about the lines above it: the nearest with words
-        # that is not one of its choices.
+        # that is not one of its choices. What a person typed after the question is no part of
+        # it (a reason that changed with every key would be an event per key).
         above = [line for line in lines[: at + 1] if not _NUMBERED.match(line)]
         worded = [t for t in map(text_of, above) if any(c.isalpha() for c in t)]
-        asked = text_of(current)
+        end = max(m.end() for m in _QUESTION.finditer(current.rstrip()))
+        asked = text_of(current[:end])
         title = asked if any(c.isalpha() for c in asked) else (worded or [asked])[-1]
         return Reading(Seen.DIALOG, title)
     # A menu: its choices are the last lines drawn, the cursor below them or on one (an old

@@ -70,6 +70,8 @@ def test_a_claude_screen_never_seen_before_is_a_dialog_never_the_prompt() -> Non
         (["Delete the build directory? [y/N] "], Seen.DIALOG, "Delete the build directory? [y/N]"),
         (["Overwrite config.yaml (yes/no)? "], Seen.DIALOG, "Overwrite config.yaml (yes/no)?"),
         (["Continue [Y/n] "], Seen.DIALOG, "Continue [Y/n]"),
+        # What is typed after the question does not change it.
+        (["Delete the build directory? [y/N] n"], Seen.DIALOG, "Delete the build directory? [y/N]"),
         (["Pick a theme", "❯ 1. Dark", "  2. Light", ""], Seen.DIALOG, "Pick a theme"),
         (["Choose:", "1) yes", "2) no", "#? "], Seen.DIALOG, "Choose:"),
         # An old menu scrolled above a later prompt is history.
