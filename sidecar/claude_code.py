@@ -232,19 +232,25 @@ _ASKS = re.compile(r"^\s*Do you want to\b.*\?\s*$")
 _DASHED = re.compile(r"^\s*╌{10,}\s*$")
 
 
+# The last line of a whole frame: a dialog's key hints, or the idle prompt's hint line.
+_DIALOG_FOOTER = re.compile(r"^\s*(Enter to (confirm|select|continue)|Esc to (cancel|go back))")
+_IDLE_HINT = re.compile(r"\? for shortcuts")
+
+
 def read_screen(screen: Screen) -> Reading:
     """What Claude Code's screen shows (see `sidecar.screens`)."""
     lines = list(screen.lines)
+    tail = nonblank(lines)[-4:]
+    footed = any(_DIALOG_FOOTER.match(line) for line in tail)
     asks = [i for i, line in enumerate(lines) if _ASKS.match(line)]
     if asks:
-        return Reading(Seen.PERMISSION, _permission_reason(lines, asks[-1]))
-    if any(_BUSY.search(line) for line in nonblank(lines)[-4:]) or any(
-        _SPINNER.match(line) for line in lines
-    ):
+        return Reading(Seen.PERMISSION, _permission_reason(lines, asks[-1]), complete=footed)
+    if any(_BUSY.search(line) for line in tail) or any(_SPINNER.match(line) for line in lines):
         return Reading(Seen.WORKING)
     if _input_box(lines):
-        return Reading(Seen.PROMPT)
-    return dialog(nonblank(lines))
+        return Reading(Seen.PROMPT, complete=any(_IDLE_HINT.search(line) for line in tail))
+    reading = dialog(nonblank(lines))
+    return Reading(reading.seen, reading.reason, complete=footed)
 
 
 def _input_box(lines: list[str]) -> bool:

@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 # Seconds without output before the pane counts as settled. The activity client hears of output
 # at most every SAMPLE (0.25 s) while it goes on, so a gap longer than that is a real pause.
 SETTLE = 0.4
+# Before the CLI has said anything: looks on output, each followed by up to EAGER_LOOKS more,
+# EAGER_AGAIN apart, until one reads a whole frame (a first-start dialog drawn in one burst is
+# `waiting` within ~0.1 s, not after the pane settles). Bounded: only at start, only after output.
+EAGER_LOOKS, EAGER_AGAIN = 15, 0.02
 
 #: Whose knowledge reads a CLI's screen (`CLIDef.screen`); each lives in that CLI's own module.
 RECOGNIZERS: dict[str, Recognizer] = {
@@ -45,6 +49,8 @@ class ScreenSource:
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self._again = False  # something changed while a look was under way: look once more
+        self._eager_left = 0
+        self._soon: asyncio.TimerHandle | None = None
 
     def use(self, cli: CLIDef) -> None:
         """`cli` runs now: its screen is read with its own knowledge, else the generic one."""
@@ -53,10 +59,16 @@ class ScreenSource:
         self.recognizer = known or (lambda screen: generic(screen, pattern))
 
     def output(self) -> None:
-        """The pane wrote: look once it settles, or now if a person's prompt was on screen."""
+        """The pane wrote: look once it settles; and now if a person's prompt was on screen
+        (has it gone?), or the CLI has not said anything yet (a first-start dialog). What such
+        an early look reads counts only if it is a whole frame of a shape the CLI's knowledge
+        recognizes (`Reading.complete`); the rest waits for the pane to settle."""
         self._settle_later()
         if self.machine.screen_needs_person:
             self.look_now()
+        elif self.machine.state == "starting":
+            self._eager_left = EAGER_LOOKS
+            self.look_now(eager=True)
 
     def spoke(self) -> None:
         """A source reported: check the screen once the pane is settled."""
@@ -69,11 +81,22 @@ class ScreenSource:
         self._settle_later()
 
     def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for handle in (self._timer, self._soon):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._soon = None
         if self._task is not None:
             self._task.cancel()
+
+    def _look_again_soon(self) -> None:
+        """A frame caught while it was drawn: the rest of it may come during the activity
+        client's pause (no output notice then), so look again shortly, a few times at most."""
+        if self._eager_left <= 0 or self.machine.state != "starting":
+            return
+        self._eager_left -= 1
+        self._soon = asyncio.get_running_loop().call_later(
+            EAGER_AGAIN, lambda: self.look_now(eager=True)
+        )
 
     def _settle_later(self) -> None:
         if self._timer is not None:
@@ -84,20 +107,26 @@ class ScreenSource:
         self._timer = None
         self.look_now()
 
-    def look_now(self) -> None:
+    def look_now(self, *, eager: bool = False) -> None:
         if self._task is not None and not self._task.done():
             self._again = True
             return
-        self._task = asyncio.create_task(self._read(), name="screen-look")
+        self._task = asyncio.create_task(self._read(eager), name="screen-look")
 
-    async def _read(self) -> None:
+    async def _read(self, eager: bool) -> None:
         while True:
             self._again = False
             try:
                 screen = await self._look()
             except ControlError:
                 return  # tmux away (a heal, a restart): the last state stands; logged once
+            reading = None
             if any(line.strip() for line in screen.lines):  # a blank pane has drawn nothing yet
-                self.machine.screen(self.recognizer(screen))
+                reading = self.recognizer(screen)
+                if reading.complete or not eager:
+                    self.machine.screen(reading)
+            if eager and (reading is None or not reading.complete):
+                self._look_again_soon()
             if not self._again:
                 return
+            eager = False  # a change while looking: the next look is a full one

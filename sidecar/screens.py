@@ -29,6 +29,9 @@ class Seen(Enum):
 class Reading:
     seen: Seen
     reason: str | None = None  # PERMISSION / DIALOG: the question or title line, one line
+    # The recognizer saw the whole of a shape it knows (a dialog with its footer, the prompt
+    # with its hint line): safe to act on before the pane settles, with no half-drawn frame.
+    complete: bool = False
 
     @property
     def needs_person(self) -> bool:

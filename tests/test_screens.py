@@ -12,6 +12,7 @@ import pytest
 
 from sidecar import claude_code
 from sidecar.agent import AgentMachine
+from sidecar.clis import CLIDef
 from sidecar.events import EventBus
 from sidecar.screen import Screen
 from sidecar.screen_source import ScreenSource
@@ -200,3 +201,25 @@ async def test_a_look_tmux_does_not_answer_keeps_the_last_state() -> None:
     await source._task
     assert looks == 1
     assert (machine.state, machine.status().reason) == ("waiting", "Delete it? [y/N]")
+
+
+async def test_an_early_look_counts_only_a_whole_frame_of_a_known_shape() -> None:
+    """While the CLI has said nothing yet, output makes the sidecar look at once (a first-start
+    dialog is `waiting` without waiting for the pane to settle), but only a complete reading
+    counts then: a frame caught half-drawn waits for the settled look. The look is fed the
+    real CLI's captured screens (the seam: what tmux would answer)."""
+    trust, _, _ = load(SCREENS / "claude-code" / "trust-folder.txt")
+    typed, _, _ = load(SCREENS / "claude-code" / "prompt-typed.txt")
+    for shown, expected in ((typed, "starting"), (trust, "waiting")):
+        machine = running("hooks")
+
+        async def look(shown: Screen = shown) -> Screen:
+            return shown
+
+        source = ScreenSource(machine, look)
+        source.use(CLIDef("claude-code", ("claude",), screen="claude-code"))
+        source.output()
+        assert source._task is not None
+        await source._task
+        source.stop()
+        assert machine.state == expected
