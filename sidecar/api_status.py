@@ -18,7 +18,7 @@ from sidecar.openapi import Operation
 from sidecar.shapes import AgentInfo, HealthAnswer, Progress, StatusAnswer
 from sidecar.states import ProcState
 from sidecar.supervisor import Supervisor
-from sidecar.view import SupervisorView
+from sidecar.view import HealthView, SupervisorView
 
 
 def _iso(ts: float | None) -> str | None:
@@ -31,9 +31,9 @@ def _iso_ms(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def health_answer(v: SupervisorView) -> HealthAnswer:
+def health_answer(v: HealthView) -> HealthAnswer:
     return HealthAnswer(
-        status="healthy" if v.healthy else "degraded", uptime=int(v.uptime), agent=v.agent.state
+        status="healthy" if v.healthy else "degraded", uptime=int(v.uptime), agent=v.agent
     )
 
 
@@ -91,7 +91,7 @@ def status_answer(v: SupervisorView, current: CurrentState, config: Config) -> S
 
 def status_operations(sup: Supervisor) -> list[Operation]:
     async def health(request: web.Request) -> web.Response:
-        return httpio.answer(health_answer(view.of(sup)))
+        return httpio.answer(health_answer(view.health_of(sup)))
 
     async def status(request: web.Request) -> web.Response:
         # CURRENT.md as it is now (a stat; parsed again only when it changed), then the snapshot.

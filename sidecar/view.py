@@ -1,6 +1,7 @@
 """What the HTTP layer sees of the supervisor: one immutable snapshot, taken once per request
-by `of`, the only function that reads the supervisor's attributes for it. Handlers answer from
-the snapshot, so every field of one answer comes from the same instant.
+by `of` (or `health_of`, its three fields for /health), the only functions that read the
+supervisor's attributes for it. Handlers answer from the snapshot, so every field of one answer
+comes from the same instant.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from sidecar.agent import AgentStatus, seconds_in_states
-from sidecar.states import ProcStatus
+from sidecar.contract import AgentStateName
+from sidecar.states import ProcState, ProcStatus
 
 if TYPE_CHECKING:  # typing only: the snapshot sits below the supervisor, which may take it
     from sidecar.supervisor import Supervisor
@@ -44,6 +46,23 @@ class SupervisorView(NamedTuple):
     def agent_seconds(self) -> dict[str, float]:
         """Seconds the agent spent in each state, up to the snapshot."""
         return seconds_in_states(self.agent_totals, self.agent.state, self.agent_since, self.taken)
+
+
+class HealthView(NamedTuple):
+    """What /health needs: liveness probes call it every few seconds, so it reads three
+    things, not the whole snapshot."""
+
+    healthy: bool
+    uptime: float
+    agent: AgentStateName
+
+
+def health_of(sup: Supervisor) -> HealthView:
+    return HealthView(
+        sup.runner.process.status.state is ProcState.RUNNING,
+        time.monotonic() - sup.started,
+        sup.awareness.machine.state,
+    )
 
 
 def of(sup: Supervisor) -> SupervisorView:
