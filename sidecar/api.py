@@ -42,6 +42,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # ---- middlewares ---------------------------------------------------------------------------
 
 
+WORKSPACE_STATE_ERRORS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR}
+)
+
+
 def error_answer(request: web.Request, exc: Exception) -> web.Response:
     """The answer to what a handler (or the framework, or a layer below) raised: errors become
     statuses here, and only here; every one answers `{"error": ...}`. What is not an error to
@@ -74,11 +79,19 @@ def error_answer(request: web.Request, exc: Exception) -> web.Response:
         raise exc  # the client went away: nobody to answer
     if isinstance(exc, OSError):  # a file the route needs (a message file): disk, permissions
         log.warning("%s %s: file I/O failed: %s", request.method, request.path, exc)
-        status = 507 if exc.errno == errno.ENOSPC else 500
-        return error(status, f"file I/O failed: {exc.strerror}")
+        return _file_error(exc)
     # A bug: logged with its traceback, answered as JSON like every error.
     log.error("%s %s failed", request.method, request.path, exc_info=exc)
     return error(500, "internal error (the sidecar's log has the details)")
+
+
+def _file_error(exc: OSError) -> web.Response:
+    if exc.errno in WORKSPACE_STATE_ERRORS:
+        # The workspace as it is set up refuses it (a read-only file or folder, a file where a
+        # folder belongs): a state to fix there, not the client's fault, and not transient.
+        return error(409, f"the workspace refuses it: {exc.strerror} ({exc.filename})")
+    status = 507 if exc.errno == errno.ENOSPC else 500
+    return error(status, f"file I/O failed: {exc.strerror}")
 
 
 def make_answers(requests: RequestCounter | None = None) -> typedefs.Middleware:

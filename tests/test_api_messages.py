@@ -213,3 +213,17 @@ async def test_needlecast_symlinked_outside_the_workspace_is_refused(
         resp = await c.post("/outbox/ack", json={"ids": ["a"]})
         assert resp.status == 409
     assert list(outside.iterdir()) == []
+
+
+async def test_a_workspace_that_refuses_the_message_file_is_409_not_500(
+    client: Client, tmp_path: pathlib.Path
+) -> None:
+    """`.needlecast` a file where the folder belongs (a user's workspace, as found): the
+    workspace's state, answered 409 naming it, never 500; nothing of the user's is touched."""
+    (tmp_path / ".needlecast").write_text("not a folder")
+    resp = await client.post("/inbox", json={"from": "e", "type": "task", "content": "x"})
+    assert resp.status == 409, await resp.text()
+    assert "the workspace refuses it" in (await resp.json())["error"]
+    assert (tmp_path / ".needlecast").read_text() == "not a folder"
+    for path in ("/inbox", "/outbox"):
+        assert (await client.get(path)).status in (200, 409)
