@@ -87,3 +87,24 @@ def test_an_answered_prompt_is_working_while_its_5_s_tool_runs(
     assert sc.status()["agent"]["state"] == "working"
     wait_agent(sc, "idle", timeout=30)
     assert (sc.workspace / "slept.txt").exists()
+
+
+def test_a_fresh_home_is_never_idle(
+    make_sidecar: Callable[..., Sidecar], stub_factory: Callable[..., AnthropicStub]
+) -> None:
+    """Nothing configured away: no ~/.claude.json at all, as on a user's new machine. Offline,
+    Claude Code 2.1.330's first start checks its sign-in service, cannot reach it, says so and
+    exits: the state is `exited` (never `idle`), the screen keeps what it said, and a prompt is
+    refused rather than typed anywhere."""
+    sc = make_sidecar(cli="claude-code")
+    sc.env_extra.update(claude_env(sc, stub_factory()))
+    (sc.tmp / "home" / ".claude.json").unlink()
+    sc.start(wait_healthy=False)
+    events = EventLog(sc)
+    wait_agent(sc, "exited")
+    code, screen = sc.get("/screen")
+    assert code == 200, screen
+    assert any("Unable to connect to Anthropic services" in line for line in screen["lines"])
+    code, body = sc.post("/input", {"text": "please run the tests"})
+    assert code == 409, body
+    assert "idle" not in [e["state"] for e in events.of("agent-state")]
