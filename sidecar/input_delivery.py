@@ -101,8 +101,8 @@ class InputDelivery:
             drawn = last is not None and last >= since
             if now - since >= HOLD_MIN and drawn and self.activity.quiet_for() >= HOLD_QUIET:
                 break
-            if self.machine.screen_needs_person:
-                break  # seen on a settled screen: drawn, and it takes keys now
+            if self.machine.screen_needs_person and self.activity.quiet_for() >= HOLD_QUIET:
+                break  # seen on screen, and nothing drawn since for a while: it takes keys now
             if now - since >= HOLD_MAX or self.machine.state != "waiting":
                 break
             await asyncio.sleep(HOLD_POLL)  # sleep-ok: the polling interval of a bounded hold

@@ -48,7 +48,9 @@ class ScreenSource:
         self.recognizer: Recognizer = generic
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
-        self._again = False  # something changed while a look was under way: look once more
+        # Asked for while a look was under way: one more look after it, "eager" (only a whole
+        # frame counts) unless a full look was asked for; None: none.
+        self._pending: str | None = None
         self._eager_left = 0
         self._soon: asyncio.TimerHandle | None = None
 
@@ -109,13 +111,12 @@ class ScreenSource:
 
     def look_now(self, *, eager: bool = False) -> None:
         if self._task is not None and not self._task.done():
-            self._again = True
+            self._pending = "eager" if eager and self._pending != "full" else "full"
             return
         self._task = asyncio.create_task(self._read(eager), name="screen-look")
 
     async def _read(self, eager: bool) -> None:
         while True:
-            self._again = False
             try:
                 screen = await self._look()
             except ControlError:
@@ -127,6 +128,6 @@ class ScreenSource:
                     self.machine.screen(reading)
             if eager and (reading is None or not reading.complete):
                 self._look_again_soon()
-            if not self._again:
+            if self._pending is None:
                 return
-            eager = False  # a change while looking: the next look is a full one
+            eager, self._pending = self._pending == "eager", None
