@@ -35,10 +35,16 @@ def type_line(sc: Sidecar, text: str) -> None:
     assert code == 202, body
 
 
+def ready(make_sidecar: Callable[..., Sidecar], tmp: Path, **entry: Any) -> Sidecar:
+    """A sidecar whose CLI is at its input prompt, the agent `idle`."""
+    sc = dialog_sidecar(make_sidecar, tmp, **entry)
+    wait_agent(sc, "idle")
+    return sc
+
+
 def asking(make_sidecar: Callable[..., Sidecar], tmp: Path) -> Sidecar:
     """A sidecar whose CLI shows its yes/no question, the agent `waiting`."""
-    sc = dialog_sidecar(make_sidecar, tmp)
-    wait_agent(sc, "idle")
+    sc = ready(make_sidecar, tmp)
     type_line(sc, "ask")
     wait_agent(sc, "waiting")
     return sc
@@ -83,8 +89,7 @@ def test_text_into_a_dialog_is_typed_when_the_client_says_it_means_the_dialog(
 def test_a_menu_is_waiting_with_its_title_and_idle_once_chosen(
     make_sidecar: Callable[..., Sidecar], short_tmp: Path
 ) -> None:
-    sc = dialog_sidecar(make_sidecar, short_tmp)
-    wait_agent(sc, "idle")
+    sc = ready(make_sidecar, short_tmp)
     type_line(sc, "menu")
     assert wait_agent(sc, "waiting")["reason"] == "Pick a theme"
     code, body = sc.post("/input", {"keys": ["1", "Enter"]})
@@ -96,8 +101,7 @@ def test_a_menu_is_waiting_with_its_title_and_idle_once_chosen(
 def test_a_pane_painted_continuously_is_working_not_a_dialog(
     make_sidecar: Callable[..., Sidecar], short_tmp: Path, paint: str
 ) -> None:
-    sc = dialog_sidecar(make_sidecar, short_tmp)
-    wait_agent(sc, "idle")
+    sc = ready(make_sidecar, short_tmp)
     type_line(sc, paint)
     wait_agent(sc, "working")
     never(
@@ -113,8 +117,7 @@ def test_a_cli_with_a_prompt_pattern_is_idle_only_at_that_prompt(
 ) -> None:
     """`prompt_pattern` tells the generic reading the CLI's input prompt: any other quiet
     screen, even one that asks nothing, is a dialog."""
-    sc = dialog_sidecar(make_sidecar, short_tmp, prompt_pattern=r"^ready>")
-    wait_agent(sc, "idle")
+    sc = ready(make_sidecar, short_tmp, prompt_pattern=r"^ready>")
     type_line(sc, "ask")
     assert wait_agent(sc, "waiting")["reason"] == "Delete the build directory?"
     code, body = sc.post("/input", {"keys": ["n", "Enter"]})

@@ -63,6 +63,15 @@ JSON.stringify(Object.fromEntries(
 """
 
 
+def fresh_artifact(name: str) -> Path:
+    """Where a screenshot is kept (SIDECAR_ARTIFACTS, else artifacts/), any old one removed."""
+    artifacts = Path(os.environ.get("SIDECAR_ARTIFACTS", REPO / "artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shot = artifacts / name
+    shot.unlink(missing_ok=True)
+    return shot
+
+
 async def test_dashboard_shows_status_progress_blockers_outbox_and_the_live_terminal(
     chromium: str, dashboard_sidecar: Sidecar, tmp_path: Path
 ) -> None:
@@ -70,10 +79,7 @@ async def test_dashboard_shows_status_progress_blockers_outbox_and_the_live_term
     terminal's own screen (its xterm.js buffer) showing the pane's known text; then the PNG is
     kept as artifacts/dashboard.png and checked to be the dark page with light text."""
     sc = dashboard_sidecar
-    artifacts = Path(os.environ.get("SIDECAR_ARTIFACTS", REPO / "artifacts"))
-    artifacts.mkdir(parents=True, exist_ok=True)
-    shot = artifacts / "dashboard.png"
-    shot.unlink(missing_ok=True)
+    shot = fresh_artifact("dashboard.png")
     browser = await Browser.start(chromium, tmp_path / "profile", (1200, 900))
     try:
         await browser.open(f"{sc.url}/?token={TOKEN}")
@@ -139,10 +145,7 @@ async def test_a_waiting_agents_reason_is_on_its_badge_and_the_task_status_is_la
     )
     reason = sc.status()["agent"]["reason"]
     assert reason and "rm -rf build" in reason
-    artifacts = Path(os.environ.get("SIDECAR_ARTIFACTS", REPO / "artifacts"))
-    artifacts.mkdir(parents=True, exist_ok=True)
-    shot = artifacts / "dashboard-waiting.png"
-    shot.unlink(missing_ok=True)
+    shot = fresh_artifact("dashboard-waiting.png")
     browser = await Browser.start(chromium, tmp_path / "profile", (1200, 700))
     try:
         await browser.open(f"{sc.url}/?token={TOKEN}")
