@@ -49,6 +49,8 @@ class AgentMachine:
         self._screen: Reading | None = None
         self._drawn = False
         self.on_report: Callable[[], None] | None = None  # a source spoke: look again
+        # The state changed (new, previous): a held permission request may be over.
+        self.on_state: Callable[[AgentStateName, AgentStateName], None] | None = None
         self._state: AgentStateName = "exited"  # the effective state
         self._reason: str | None = None
         self._since = time.time()
@@ -139,6 +141,8 @@ class AgentMachine:
         self._status = self._make_status()
         log.info("agent %s -> %s%s", previous, state, f" ({reason})" if reason else "")
         self.bus.publish(AgentStateEvent(state=state, previous=previous, reason=reason))
+        if state != previous and self.on_state is not None:
+            self.on_state(state, previous)
         # Wake everyone waiting for a change, then arm a fresh event for the next one.
         self._changed.set()
         self._changed = asyncio.Event()

@@ -1,5 +1,5 @@
 """HTTP routes of agent awareness: `POST /input` (type into the CLI) and
-`POST /hooks/claude-code/{event}` (Claude Code's hooks report to the sidecar).
+`POST /hooks/{cli}/{event}` (the hooks of a CLI the sidecar started report to it).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from msgspec import UnsetType
 
 from sidecar import httpio
 from sidecar.awareness import Awareness
-from sidecar.claude_code import EVENTS, HOOK_PATH, SECRET_HEADER
+from sidecar.hook_cli import HOOK_PATH, SECRET_HEADER
+from sidecar.hook_source import HOOK_CLIS
 from sidecar.openapi import Media, Operation
 from sidecar.shapes import InputAccepted, InputRequest
 
@@ -21,10 +22,13 @@ log = logging.getLogger(__name__)
 
 # The hook route is public to the API's token check (the CLI never holds the API token) but needs
 # the per-launch hook secret, checked in constant time before the body is read: a forged call
-# costs one header comparison. Its answer is always empty (204): Claude Code takes an empty 2xx
-# as "no decision", so nothing the sidecar answers can approve or deny a tool.
+# costs one header comparison. Its answer is empty (204: "no decision") except for a permission
+# request, which is held until it is answered and then gets the answer in the CLI's format.
 AWARENESS = web.AppKey("awareness", Awareness)
-MAX_HOOK_BODY = 256 * 1024  # a bigger hook payload (a PostToolUse with a large result) is skipped
+# A bigger hook payload (a PostToolUse with a large result) is read no further: its event still
+# counts, with an empty payload. A permission request's tool input is listed whole up to this.
+MAX_HOOK_BODY = 2 * 1024 * 1024
+EVENTS = sorted({event for cli in HOOK_CLIS.values() for event in cli.events})
 
 
 class HookRefused(Exception):
@@ -46,11 +50,12 @@ async def _input(request: web.Request) -> web.Response:
 
 async def _hook(request: web.Request) -> web.Response:
     awareness = request.app[AWARENESS]
-    if not awareness.hook_secret_matches(request.headers.get(SECRET_HEADER)):
+    cli = request.match_info["cli"]
+    if not awareness.hook_secret_matches(cli, request.headers.get(SECRET_HEADER)):
         msg = "hook secret missing or not the running CLI's"
         raise HookRefused(msg)
     event = request.match_info["event"]
-    if event not in EVENTS:
+    if event not in HOOK_CLIS[cli].events:
         msg = f"unknown hook event {event!r}"
         raise httpio.BadRequest(msg)
     payload: dict[str, Any] = {}
@@ -65,8 +70,10 @@ async def _hook(request: web.Request) -> web.Response:
             msg = "hook body is not a JSON object"
             raise httpio.BadRequest(msg)
         payload = decoded
-    awareness.hook(event, payload)
-    return web.Response(status=204)
+    reply = await awareness.hook(event, payload)
+    if reply is None:
+        return web.Response(status=204)
+    return web.json_response(reply)
 
 
 def agent_operations(app: web.Application, awareness: Awareness) -> list[Operation]:
@@ -92,25 +99,35 @@ def agent_operations(app: web.Application, awareness: Awareness) -> list[Operati
         ),
         Operation(
             "POST",
-            f"{HOOK_PATH}/{{event}}",
+            f"{HOOK_PATH}/{{cli}}/{{event}}",
             _hook,
-            "postClaudeCodeHook",
+            "postHook",
             "status",
-            "Claude Code's hooks report an event (for the CLI the sidecar started)",
-            {204: Media("taken; the answer is empty, so it never changes the CLI's decisions")},
-            description="Called by the hooks the sidecar installs with `--settings`; needs the "
-            f"per-launch secret in `{SECRET_HEADER}` (no API token). The body is the hook's "
-            "JSON input. 400: an unknown event or a body that is not a JSON object; 403: no "
-            "or a stale secret.",
+            "A CLI's hooks report an event (for the CLI the sidecar started)",
+            {
+                200: Media("a permission request's answer, in the CLI's own format"),
+                204: Media("taken; no decision"),
+            },
+            description="Called by the hooks the sidecar installs for the CLI it starts; needs "
+            f"the per-launch secret in `{SECRET_HEADER}` (no API token). The body is the "
+            "hook's JSON input. A permission request is held until it is answered (see "
+            "`/approvals`). 400: an unknown event or a body that is not a JSON object; 403: "
+            "no or a stale secret, or another CLI's.",
             body=None,
             errors=(400,),
             public=True,
             parameters=(
                 {
+                    "name": "cli",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "string", "enum": sorted(HOOK_CLIS)},
+                },
+                {
                     "name": "event",
                     "in": "path",
                     "required": True,
-                    "schema": {"type": "string", "enum": list(EVENTS)},
+                    "schema": {"type": "string", "enum": EVENTS},
                 },
                 {
                     "name": SECRET_HEADER,

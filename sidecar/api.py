@@ -14,8 +14,9 @@ from importlib import resources
 from aiohttp import ClientConnectionResetError, typedefs, web
 from msgspec import UnsetType
 
-from sidecar import httpio, mailbox
+from sidecar import approvals, httpio, mailbox
 from sidecar.agent_api import HookRefused, agent_operations
+from sidecar.api_approvals import approval_conflict, approval_operations
 from sidecar.api_events import events_operation
 from sidecar.api_messages import MAILBOXES, message_operations
 from sidecar.api_screen import NoScreen, screen_operation
@@ -47,6 +48,26 @@ WORKSPACE_STATE_ERRORS = frozenset(
 )
 
 
+# Errors whose message is the answer. An unsafe path: the workspace is set up so that writing
+# would leave it, a state problem (409), not the client's fault and not transient either.
+CLIENT_ERRORS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
+    ((BadRequest, UnknownCLI, InputError), 400),
+    (HookRefused, 403),
+    (approvals.NotFound, 404),
+    (
+        (
+            ResleeveBusy,
+            NotRunning,
+            StateMismatch,
+            DeliveryError,
+            NoScreen,
+            mailbox.UnsafePathError,
+        ),
+        409,
+    ),
+)
+
+
 def error_answer(request: web.Request, exc: Exception) -> web.Response:
     """The answer to what a handler (or the framework, or a layer below) raised: errors become
     statuses here, and only here; every one answers `{"error": ...}`. What is not an error to
@@ -61,16 +82,11 @@ def error_answer(request: web.Request, exc: Exception) -> web.Response:
         if exc.status == 413:
             message = f"request body too large (limit {MAX_BODY_BYTES} bytes)"
         return error(exc.status, message, **headers)
-    if isinstance(exc, BadRequest | UnknownCLI | InputError):
-        return error(400, str(exc))
-    if isinstance(exc, HookRefused):
-        return error(403, str(exc))
-    if isinstance(exc, ResleeveBusy | NotRunning | StateMismatch | DeliveryError | NoScreen):
-        return error(409, str(exc))
-    if isinstance(exc, mailbox.UnsafePathError):
-        # The workspace is set up so that writing would leave it: a state problem, not the
-        # client's fault and not transient either.
-        return error(409, str(exc))
+    for kinds, status in CLIENT_ERRORS:
+        if isinstance(exc, kinds):
+            return error(status, str(exc))
+    if isinstance(exc, approvals.AlreadyAnswered):
+        return httpio.answer(approval_conflict(exc), 409)
     if isinstance(exc, ControlError):  # tmux cannot be asked now (restarting, a heal)
         return error(503, f"screen unavailable: {exc}", **{"Retry-After": "1"})
     if isinstance(exc, mailbox.MailboxFullError):
@@ -212,6 +228,7 @@ def create_app(sup: Supervisor) -> web.Application:
         *message_operations(app, cfg.workspace, sup.owner),
         *terminal_operations(app, sup),
         *agent_operations(app, sup.awareness),
+        *approval_operations(sup.awareness.approvals),
     ]
     boxes = app[MAILBOXES]
     requests = RequestCounter()

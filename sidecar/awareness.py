@@ -19,6 +19,7 @@ from sidecar.activity import PaneActivity
 from sidecar.activity_source import ActivitySource
 from sidecar.agent import AgentMachine
 from sidecar.agent_files import AgentFiles
+from sidecar.approvals import Answer, Approval, Approvals
 from sidecar.clis import CLIDef
 from sidecar.config import Config
 from sidecar.events import EventBus
@@ -29,14 +30,16 @@ from sidecar.notify import InboxNotices
 from sidecar.pane_input import PaneInput
 from sidecar.screen import Screen, ScreenLook
 from sidecar.screen_source import ScreenSource
-from sidecar.shapes import InputAccepted, InputRequest
+from sidecar.shapes import ApprovalRequested, ApprovalResolved, InputAccepted, InputRequest
 from sidecar.states import ProcState
 from sidecar.tmux import Tmux
 
 
 class Awareness:
     def __init__(self, config: Config, bus: EventBus, tmux: Tmux, owner: Owner | None) -> None:
+        self.bus = bus
         self.machine = AgentMachine(bus)
+        self.approvals = Approvals(config.approval_timeout, self._approval_changed)
         self.files = AgentFiles(config.paths.agent_state)
         self.machine.session_id = self.files.load().session_id
         self.activity = PaneActivity(tmux, self._output, self._attached)
@@ -55,7 +58,10 @@ class Awareness:
             lock=lock,
             bus=bus,
         )
-        self.hooks = HookSource(config, self.machine, self.files, self.notices.check)
+        self.hooks = HookSource(
+            config, self.machine, self.files, self.approvals, self.notices.check
+        )
+        self.machine.on_state = self.hooks.state_changed
         self.quiet = ActivitySource(
             self.machine, self.activity.quiet_for, config.activity_quiet, self.notices.check
         )
@@ -66,6 +72,7 @@ class Awareness:
     def _use(self, cli: CLIDef) -> None:
         self._cli = cli
         self.seen.use(cli)
+        self.hooks.use(cli)
         self.notices.prompt = cli.prompt
         self.machine.launched(cli.state)
 
@@ -73,15 +80,12 @@ class Awareness:
 
     def launch_argv(
         self, cli: CLIDef, argv: tuple[str, ...], env: Mapping[str, str], *, has_history: bool
-    ) -> tuple[str, ...]:
-        """The argv to start `cli` with (`argv`: the registry's; `env`: the CLI's environment):
-        Claude Code's gets our hook settings and its pinned session."""
+    ) -> tuple[tuple[str, ...], Mapping[str, str]]:
+        """The argv and added environment to start `cli` with (`argv`: the registry's; `env`:
+        the CLI's environment): a CLI with hooks gets ours and its pinned session."""
         self.quiet.launched(active=cli.state == "activity")
         self._use(cli)
-        if cli.state != "hooks":
-            self.hooks.revoke()
-            return argv
-        return self.hooks.launch(cli, env, has_history=has_history)
+        return self.hooks.launch(cli, argv, env, has_history=has_history)
 
     def process_changed(self, state: ProcState, cli: CLIDef | None) -> None:
         if self._cli is None and cli is not None and state is ProcState.RUNNING:
@@ -92,6 +96,8 @@ class Awareness:
             # Hooks of a CLI being stopped are refused from here on (a resleeve's old CLI).
             self.hooks.revoke()
         self.machine.process_changed(state)
+        if state is not ProcState.RUNNING:
+            self.approvals.withdraw_all(f"the CLI is {state.value}")
         if state is ProcState.RUNNING:
             self.activity.attach()
             self.quiet.running()
@@ -129,9 +135,30 @@ class Awareness:
         """GET /screen. Raises tmux_control.ControlError when tmux cannot be asked or refuses."""
         return await self.screen.look()
 
-    def hook_secret_matches(self, given: str | None) -> bool:
-        return self.hooks.secret_matches(given)
+    def hook_secret_matches(self, cli: str, given: str | None) -> bool:
+        return self.hooks.secret_matches(cli, given)
 
-    def hook(self, event: str, payload: dict[str, Any]) -> None:
-        """POST /hooks/claude-code/<event>, its secret checked."""
+    async def hook(self, event: str, payload: dict[str, Any]) -> dict[str, Any] | None:
+        """POST /hooks/<cli>/<event>, its secret checked: the hook's reply, if it has one."""
         self.hooks.hook(event, payload)
+        return await self.hooks.held(event, payload)
+
+    def answer(self, approval_id: str, answer: Answer) -> Answer:
+        """POST /approvals/<id>."""
+        return self.approvals.answer(approval_id, answer)
+
+    def _approval_changed(self, approval: Approval, answer: Answer | None) -> None:
+        if answer is None and approval.withdrawn is None:
+            self.bus.publish(
+                ApprovalRequested(id=approval.id, tool=approval.tool, summary=approval.summary)
+            )
+        elif answer is None:
+            self.bus.publish(
+                ApprovalResolved(
+                    id=approval.id, decision=None, by=None, reason=approval.withdrawn or ""
+                )
+            )
+        else:
+            self.bus.publish(
+                ApprovalResolved(id=approval.id, decision=answer.decision, by=answer.by)
+            )

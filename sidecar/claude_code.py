@@ -6,17 +6,18 @@ arguments that pin its conversation, and what each hook event means for the agen
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import shlex
 import sys
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sidecar.approvals import Answer
 from sidecar.contract import AgentStateName
-from sidecar.loopback import loopback_url
+from sidecar.hook_cli import SECRET_HEADER, HookEffect, HookLaunch, Launched, PermissionAsk
 from sidecar.screen import Screen
 from sidecar.screens import Reading, Seen, dialog, nonblank, text_of
 from sidecar.text import one_line
@@ -54,14 +55,13 @@ def has_history(config: Path, workspace: Path) -> bool:
 
 # ---- hooks -------------------------------------------------------------------------------------
 # Our `--settings` only add to the user's own settings files (Claude Code merges them), so their
-# hooks keep working. Each event is POSTed to `HOOK_PATH/<event>` on the sidecar's loopback port
-# with a secret header; the secret is made anew for every launch (a hook from a CLI a resleeve
-# stopped is refused) and kept in the state dir (`agent_files`), so a supervisor restart that
-# adopts the running CLI still accepts it. SessionStart alone runs no HTTP hooks, so a command
-# hook (`sidecar.hook_relay`) relays it. Timings measured on Claude Code: docs/benchmarks.md.
+# hooks keep working. Each event is POSTed to `/hooks/claude-code/<event>` on the sidecar's
+# loopback port with a secret header; the secret is made anew for every launch (a hook from a
+# CLI a resleeve stopped is refused) and kept in the state dir (`agent_files`), so a supervisor
+# restart that adopts the running CLI still accepts it. SessionStart alone runs no HTTP hooks, so
+# a command hook (`sidecar.hook_relay`) relays it. Timings measured on Claude Code:
+# docs/benchmarks.md.
 
-HOOK_PATH = "/hooks/claude-code"
-SECRET_HEADER = "X-Sidecar-Hook"  # noqa: S105 - the header's name, not a secret
 HTTP_EVENTS = (
     "UserPromptSubmit",
     "PreToolUse",
@@ -84,14 +84,15 @@ EVENTS = (*COMMAND_EVENTS, *HTTP_EVENTS)
 # what a wedged sidecar costs each hook; a dead one refuses the connection at once.
 HOOK_TIMEOUT = 2
 RELAY_TIMEOUT = 5
+# The PermissionRequest hook is held until the request is answered (`sidecar.approvals`); the
+# dialog is drawn while it is pending, and a person may answer it there first. Claude Code gives
+# up on the hook after this many seconds and leaves the dialog to the person; the sidecar
+# releases it a little earlier, after which an answer through the API is typed into the dialog.
+PERMISSION_TIMEOUT = 600
+MAX_HOLD = PERMISSION_TIMEOUT - 10
 # Tools that ask the person something rather than act: the agent is waiting while they run.
 DETAIL_KEYS = ("command", "file_path", "notebook_path", "path", "url", "pattern", "query")
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-
-
-def hook_base_url(host: str, port: int) -> str:
-    """Where the CLI POSTs its events, given the API's bind address."""
-    return f"{loopback_url(host, port)}{HOOK_PATH}/"
 
 
 def relay_command(settings_path: Path) -> str:
@@ -102,6 +103,7 @@ def relay_command(settings_path: Path) -> str:
 def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
     """The `--settings` document: an HTTP hook per event, the relay for SessionStart."""
     headers = {SECRET_HEADER: secret}
+    timeouts = {"PermissionRequest": PERMISSION_TIMEOUT}
     hooks: dict[str, Any] = {
         event: [
             {
@@ -111,7 +113,7 @@ def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
                         "type": "http",
                         "url": base_url + event,
                         "headers": headers,
-                        "timeout": HOOK_TIMEOUT,
+                        "timeout": timeouts.get(event, HOOK_TIMEOUT),
                     }
                 ],
             }
@@ -151,13 +153,6 @@ def session_args(
 
 
 # ---- what an event means ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class HookEffect:
-    state: AgentStateName | None  # None: the event says nothing about the state
-    reason: str | None = None
-    session_id: str | None = None
 
 
 def _detail(tool_input: Any) -> str:
@@ -215,6 +210,57 @@ def interpret(event: str, payload: dict[str, Any]) -> HookEffect:
     return HookEffect(None)  # SessionEnd: the process's exit is the supervisor's to report
 
 
+def permission(event: str, payload: dict[str, Any]) -> PermissionAsk | None:
+    """A PermissionRequest to hold until it is answered."""
+    if event != "PermissionRequest":
+        return None
+    tool = payload.get("tool_name")
+    return PermissionAsk(tool if isinstance(tool, str) else "tool", payload.get("tool_input"))
+
+
+def permission_answer(answer: Answer, payload: dict[str, Any]) -> dict[str, Any]:
+    """The held PermissionRequest hook's reply. `remember` takes Claude Code's own suggestions
+    ("don't ask again for ...") for this session only: nothing is written to the user's files."""
+    decision: dict[str, Any] = {"behavior": answer.decision}
+    if answer.decision == "deny" and answer.message:
+        decision["message"] = answer.message
+    suggestions = payload.get("permission_suggestions")
+    if answer.decision == "allow" and answer.remember and isinstance(suggestions, list):
+        decision["updatedPermissions"] = [
+            {**s, "destination": "session"} for s in suggestions if isinstance(s, dict)
+        ]
+    return {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": decision}}
+
+
+class ClaudeHooks:
+    """Claude Code as a `sidecar.hook_cli.HookCLI`."""
+
+    name = "claude-code"
+    events: tuple[str, ...] = EVENTS
+    max_hold = float(MAX_HOLD)
+
+    def launch(self, launch: HookLaunch) -> Launched:
+        config = config_dir(launch.env)
+        args, session = session_args(
+            launch.session_id, config, launch.workspace, has_history=launch.has_history
+        )
+        document = settings(launch.base_url, launch.secret, launch.settings_path)
+        return Launched(
+            (*launch.cli.command, "--settings", str(launch.settings_path), *args),
+            json.dumps(document, indent=1).encode(),
+            session,
+        )
+
+    def interpret(self, event: str, payload: dict[str, Any]) -> HookEffect:
+        return interpret(event, payload)
+
+    def permission(self, event: str, payload: dict[str, Any]) -> PermissionAsk | None:
+        return permission(event, payload)
+
+    def answer(self, answer: Answer, payload: dict[str, Any]) -> dict[str, Any]:
+        return permission_answer(answer, payload)
+
+
 # ---- what its screen shows (2.1.330, captured in tests/screens/claude-code/) ----------------
 
 # The input box: a full-width rule, the "❯" line(s) of the prompt, another rule; its footer says
@@ -226,8 +272,9 @@ _RULE = re.compile(r"^\s*─{20,}\s*$")
 _INPUT = re.compile(r"^\s*[❯>](\s|$)")
 _BUSY = re.compile(r"esc to interrupt", re.IGNORECASE)
 # The spinner's line while a turn runs: "✢ Kerfuffling… (0s · ↓ 20 tokens)". It is there before
-# the footer's "esc to interrupt" when an answered permission prompt gives way (measured).
-_SPINNER = re.compile(r"^\s*\S\s+\S[^…]*…\s+\(\d")
+# the footer's "esc to interrupt" when an answered permission prompt gives way (measured); while a
+# hook runs it reads "(running PermissionRequest hook · 0s · ...)".
+_SPINNER = re.compile(r"^\s*\S\s+\S[^…]*…\s+\((\d|running )")
 _ASKS = re.compile(r"^\s*Do you want to\b.*\?\s*$")
 _DASHED = re.compile(r"^\s*╌{10,}\s*$")
 

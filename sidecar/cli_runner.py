@@ -118,15 +118,15 @@ class CliRunner:
                 'POST /resleeve {"cli": NAME} starts one'
             )
             return (), {}, fatal
-        argv = self._argv_for(cli, resume=resume)
-        env = dict(cli.env)
+        argv, added = self._argv_for(cli, resume=resume)
+        env = {**cli.env, **added}
         path = {**self.env, **env}.get("PATH", os.defpath)
         if which(argv[0], path, self.owner) is None:
             fatal = f"{argv[0]!r} not found on PATH ({path}); the {cli.name} CLI is not installed"
             return argv, env, fatal
         return argv, env, None
 
-    def _argv_for(self, cli: CLIDef, *, resume: bool) -> tuple[str, ...]:
+    def _argv_for(self, cli: CLIDef, *, resume: bool) -> tuple[tuple[str, ...], Mapping[str, str]]:
         env = self.env
         with acting(self.owner):  # the history is the CLI user's, maybe private to it
             history = claude_code.has_history(claude_code.config_dir(env), self.config.workspace)

@@ -236,6 +236,8 @@ class Config:
     restart: RestartPolicy = RestartPolicy.NO
     stop_grace: float = STOP_GRACE
     inbox_notify: InboxNotify = InboxNotify.IDLE
+    # SIDECAR_APPROVAL_TIMEOUT: a permission request nobody answered is denied after it.
+    approval_timeout: float | None = None
     # `activity` source: pane output within this many seconds is `working`, quiet is `idle`.
     activity_quiet: float = ACTIVITY_QUIET
     # The environment the CLI inherits (PATH, HOME, API keys, ...), captured once here.
@@ -266,6 +268,11 @@ class Config:
         grace = stop_grace(env)
         inbox_notify = choice(env, "SIDECAR_INBOX_NOTIFY", InboxNotify.IDLE)
         quiet = seconds(env, "SIDECAR_ACTIVITY_QUIET", ACTIVITY_QUIET, 0.5)
+        approval_timeout = (
+            seconds(env, "SIDECAR_APPROVAL_TIMEOUT", 0.0, 1.0)
+            if text(env, "SIDECAR_APPROVAL_TIMEOUT") is not None
+            else None
+        )
         cli_config = text(env, "SIDECAR_CLI_CONFIG")
         api_port, ttyd_port = _ports(env)
         token, view_token = _tokens(env)
@@ -293,6 +300,7 @@ class Config:
             stop_grace=grace,
             inbox_notify=inbox_notify,
             activity_quiet=quiet,
+            approval_timeout=approval_timeout,
             # The CLI never inherits the API's tokens.
             child_env={k: v for k, v in env.items() if k not in hidden},
         )

@@ -1,12 +1,20 @@
-"""Claude Code's hooks as the agent's state source: each launch gets a new hook secret, the
-settings file that carries it and the session arguments that pin its conversation; the events
-its hooks report are checked against that secret and applied to the agent's state.
+"""A CLI's hooks as the agent's state source (`sidecar.hook_cli` says what each CLI must tell):
+each launch gets a new hook secret, a settings file of ours that carries it and the session
+arguments that pin its conversation; the events its hooks report are checked against that secret
+and applied to the agent's state, and a permission request is held until it is answered.
+
+A held request is answered by whoever comes first: the API (or the timeout policy), whose answer
+the hook returns to the CLI, or a person in the CLI's own dialog, which the CLI takes at once and
+which shows as the agent leaving `waiting` (at work: allowed; back at its prompt: denied). The
+CLI gives up on the hook after its own timeout: the hook is released just before, unanswered,
+and the request stays listed for a person at the terminal.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-import json
+import logging
 import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -15,9 +23,17 @@ from sidecar import claude_code
 from sidecar.acting import Owner, acting
 from sidecar.agent import AgentMachine
 from sidecar.agent_files import AgentFiles
+from sidecar.approvals import Approvals, Withdrawn
 from sidecar.clis import CLIDef
 from sidecar.config import Config
+from sidecar.contract import AgentStateName
 from sidecar.files import write_new
+from sidecar.hook_cli import HookCLI, HookLaunch, hook_base_url
+
+log = logging.getLogger(__name__)
+
+# The CLIs whose hooks the sidecar installs, by knowledge name (`CLIDef.screen`).
+HOOK_CLIS: dict[str, HookCLI] = {h.name: h for h in (claude_code.ClaudeHooks(),)}
 
 
 class HookSource:
@@ -26,51 +42,76 @@ class HookSource:
         config: Config,
         machine: AgentMachine,
         files: AgentFiles,
+        approvals: Approvals,
         on_idle: Callable[[], None],
     ) -> None:
         self.config = config
         self.machine = machine
         self.files = files
+        self.approvals = approvals
         self.on_idle = on_idle  # the agent went idle: an inbox notice may be due
+        self.cli: HookCLI | None = None  # the running CLI's, when it has hooks
         # Where the CLI's user reads it (the session dir with SIDECAR_USER), as that user's.
-        self.settings_path = config.paths.claude_settings
         self._settings_owner = (
             Owner(config.user.uid, config.user.gid, act_as=True) if config.user else None
         )
+        self._held: set[str] = set()  # approvals whose hook is held open now
 
-    def launch(self, cli: CLIDef, env: Mapping[str, str], *, has_history: bool) -> tuple[str, ...]:
-        """The argv to start Claude Code with (`env`: the CLI's environment): our hook settings
-        and its pinned session. A new hook secret for every launch."""
+    def use(self, cli: CLIDef) -> None:
+        """The CLI that runs now (launched or adopted)."""
+        self.cli = HOOK_CLIS.get(cli.screen) if cli.state == "hooks" else None
+
+    def launch(
+        self, cli: CLIDef, argv: tuple[str, ...], env: Mapping[str, str], *, has_history: bool
+    ) -> tuple[tuple[str, ...], Mapping[str, str]]:
+        """The argv and added environment to start `cli` with (`env`: the CLI's environment):
+        our hook settings and its pinned session. A new hook secret for every launch."""
+        self.use(cli)
+        hooks = self.cli
+        if hooks is None:
+            self.revoke()
+            return argv, {}
         record = self.files.record
         pinned = record.session_id if record.session_cli == cli.name else None
-        args, session = claude_code.session_args(
-            pinned, claude_code.config_dir(env), self.config.workspace, has_history=has_history
-        )
         secret = secrets.token_urlsafe(32)
-        self.files.update(session_id=session, session_cli=cli.name, hook_secret=secret)
-        self.machine.session_id = session
-        base = claude_code.hook_base_url(self.config.host, self.config.port)
-        document = claude_code.settings(base, secret, self.settings_path)
+        settings_path = self.config.paths.hook_settings(hooks.name)
+        launched = hooks.launch(
+            HookLaunch(
+                cli=cli,
+                argv=argv,
+                env=env,
+                base_url=hook_base_url(self.config.host, self.config.port, hooks.name),
+                secret=secret,
+                settings_path=settings_path,
+                session_id=pinned,
+                workspace=self.config.workspace,
+                has_history=has_history,
+            )
+        )
+        self.files.update(session_id=launched.session_id, session_cli=cli.name, hook_secret=secret)
+        self.machine.session_id = launched.session_id
         # The file holds the secret: 0600, made as the CLI's user (with SIDECAR_USER; the
         # sidecar keeps the secret in memory and in its own state dir, never reads it back).
         with acting(self._settings_owner):
-            write_new(self.settings_path, json.dumps(document, indent=1).encode(), 0o600)
-        return (*cli.command, "--settings", str(self.settings_path), *args)
+            write_new(settings_path, launched.settings, 0o600)
+        return launched.argv, launched.env
 
     def revoke(self) -> None:
         """Refuse hooks from here on (the CLI runs without hooks, or is being stopped)."""
         self.files.update(hook_secret=None)
 
-    def secret_matches(self, given: str | None) -> bool:
+    def secret_matches(self, cli_name: str, given: str | None) -> bool:
         """Constant-time check of a hook call's secret against the running CLI's."""
         expected = self.files.record.hook_secret
-        if given is None or expected is None:
+        if given is None or expected is None or self.cli is None or self.cli.name != cli_name:
             return False
         return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode())
 
     def hook(self, event: str, payload: dict[str, Any]) -> None:
-        """A hook event from the running Claude Code (its secret was checked)."""
-        effect = claude_code.interpret(event, payload)
+        """A hook event from the running CLI (its secret was checked)."""
+        if self.cli is None:
+            return
+        effect = self.cli.interpret(event, payload)
         if effect.session_id is not None and effect.session_id != self.machine.session_id:
             # --continue picked a conversation: pin it from now on.
             self.machine.session_id = effect.session_id
@@ -87,3 +128,40 @@ class HookSource:
         self.machine.report(effect.state, reason)
         if effect.state == "idle":
             self.on_idle()
+
+    async def held(self, event: str, payload: dict[str, Any]) -> dict[str, Any] | None:
+        """The reply to a hook the CLI waits on: a permission request's answer, once given
+        (None: no decision, the CLI asks its person)."""
+        hooks = self.cli
+        ask = hooks.permission(event, payload) if hooks is not None else None
+        if hooks is None or ask is None:
+            return None
+        approval = self.approvals.request(ask.tool, ask.input, source="hooks", key=ask.key)
+        self._held.add(approval.id)
+        try:
+            answer = await asyncio.wait_for(self.approvals.decision(approval.id), hooks.max_hold)
+        except TimeoutError:
+            log.warning(
+                "approval %s: released the hook unanswered before the CLI's own timeout; "
+                "it stays listed for the terminal",
+                approval.id,
+            )
+            return None
+        except Withdrawn:
+            return None
+        finally:
+            self._held.discard(approval.id)
+        return hooks.answer(answer, payload) if answer.by != "terminal" else None
+
+    def state_changed(self, state: AgentStateName, previous: AgentStateName) -> None:
+        """The agent left `waiting` with a held request unanswered: a person answered it in
+        the CLI (at work again: allowed; at its prompt: denied), or the CLI went away."""
+        if previous != "waiting" or state == "waiting":
+            return
+        for approval_id in list(self._held):
+            if state == "working":
+                self.approvals.answered_by_terminal(approval_id, "allow")
+            elif state == "idle":
+                self.approvals.answered_by_terminal(approval_id, "deny")
+            else:
+                self.approvals.withdraw(approval_id, f"the agent is {state}")

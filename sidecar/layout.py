@@ -67,7 +67,6 @@ class Layout:
         """The CLI's own variables, read by the pane's waiter (in no argv)."""
         return self.session_dir / "cli.env"
 
-    @property
-    def claude_settings(self) -> Path:
-        """Claude Code's hook settings (`--settings`), read as the CLI's user."""
-        return self.session_dir / "claude-hooks.json"
+    def hook_settings(self, cli: str) -> Path:
+        """The hook settings of a CLI (`sidecar.hook_cli`), read as the CLI's user."""
+        return self.session_dir / f"{cli}-hooks.json"

@@ -44,7 +44,9 @@ ERRORS = {
     401: "missing or wrong token",
     403: "the view token is read-only, or a browser request from another origin (or, without a "
     "token, from a page served by name rather than by address)",
-    409: "conflict: the state does not allow it now (see the message)",
+    404: "no such thing (for an approval: no request of that id is waiting)",
+    409: "conflict: the state does not allow it now (see the message; an approval answered "
+    "already also names `decision` and `by`)",
     413: "request body too large",
     503: "a part is not available now (the terminal's ttyd; tmux, for the screen); retry after "
     "`Retry-After` seconds",
@@ -188,7 +190,7 @@ def document(
         for code, text in ERRORS.items()
     }
     responses["Error"] = {
-        "description": "any other error (404, 405, 500)",
+        "description": "any other error (404, 405, 500)",  # 404 of a route that has no E404
         "content": {JSON: {"schema": _schema_of(shapes.Error)}},
     }
     components: dict[str, Any] = {"schemas": schemas, "responses": responses}

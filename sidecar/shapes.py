@@ -265,6 +265,83 @@ class InputAccepted(Answer):
     ] = None
 
 
+# ---- approvals ---------------------------------------------------------------------------------
+
+MAX_APPROVAL_MESSAGE = 2048
+Decision = Annotated[Literal["allow", "deny"], Meta(description="allow or deny the request")]
+DecidedBy = Annotated[
+    Literal["api", "terminal", "timeout"],
+    Meta(description="who answered: the API, a person in the terminal, or the timeout policy"),
+]
+
+
+class ApprovalItem(Struct):
+    """A permission request the agent waits on."""
+
+    id: Annotated[str, Meta(description="stable for the request's life")]
+    tool: str
+    summary: Annotated[
+        str,
+        Meta(
+            description="one printable line: the command, the path, the URL (control, bidi "
+            "and zero-width characters removed)"
+        ),
+    ]
+    input: Annotated[object, Meta(description="the tool's arguments as the CLI gave them")]
+    since: Timestamp
+    source: Annotated[
+        Literal["hooks", "screen", "events"],
+        Meta(description="how the sidecar learnt of it and answers it"),
+    ]
+
+
+class ApprovalsAnswer(Answer):
+    approvals: list[ApprovalItem]
+
+
+class ApprovalRequest(Request):
+    """An answer to one permission request."""
+
+    decision: Decision
+    message: (
+        Annotated[
+            str,
+            Meta(
+                max_length=MAX_APPROVAL_MESSAGE,
+                extra_json_schema={"pattern": NO_CONTROLS},
+                description="told to the agent on deny (at most 2 KiB; tab and newline are the "
+                "only control characters allowed)",
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
+    remember: (
+        Annotated[
+            bool,
+            Meta(
+                description="allow this kind of call for the rest of the session, where the "
+                "CLI offers it"
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
+
+
+class ApprovalConflict(Error):
+    """409 of `POST /approvals/{id}`: the request was answered already, or withdrawn."""
+
+    id: str
+    decision: Decision | None
+    by: DecidedBy | None
+    reason: str | UnsetType = UNSET
+
+
+class ApprovalDecided(Answer):
+    id: str
+    decision: Decision
+    by: DecidedBy
+
+
 # ---- screen ------------------------------------------------------------------------------------
 
 
@@ -374,6 +451,24 @@ class InboxNotified(Event, tag="inbox-notified"):
     text: Annotated[str, Meta(description="the line typed")]
 
 
+class ApprovalRequested(Event, tag="approval-requested"):
+    """The agent asks for permission (`GET /approvals` lists it until it is answered)."""
+
+    id: str
+    tool: str
+    summary: str
+
+
+class ApprovalResolved(Event, tag="approval-resolved"):
+    """A permission request was answered, or withdrawn unanswered (`decision` and `by` null,
+    `reason` says why: the turn was interrupted, the CLI exited, a resleeve)."""
+
+    id: str
+    decision: Decision | None
+    by: DecidedBy | None
+    reason: str | UnsetType = UNSET
+
+
 AnyEvent = (
     Heartbeat
     | SidecarRestart
@@ -383,5 +478,7 @@ AnyEvent = (
     | Resleeve
     | AgentStateEvent
     | InboxNotified
+    | ApprovalRequested
+    | ApprovalResolved
     | ErrorEvent
 )

@@ -32,7 +32,7 @@ def waiting_sidecar(
     )
     sc = make_sidecar(cli="standin", env_extra={"SIDECAR_CLI_CONFIG": str(config), **env})
     sc.start()
-    settings = json.loads((sc.state_dir / "claude-hooks.json").read_text())
+    settings = json.loads((sc.state_dir / "claude-code-hooks.json").read_text())
     hook = settings["hooks"]["PermissionRequest"][0]["hooks"][0]
     payload = {"tool_name": "Bash", "tool_input": {"command": command}}
     code, body = http("POST", hook["url"], payload, headers=hook["headers"])

@@ -72,7 +72,7 @@ def test_prompt_permission_answer_and_idle_with_the_real_claude_code(
     settings = json.loads((sc.tmp / "home" / ".claude" / "settings.json").read_text())
     assert list(settings["hooks"]) == ["UserPromptSubmit"]
     # The hook settings file is ours, in the state dir, readable by its owner only.
-    ours = sc.state_dir / "claude-hooks.json"
+    ours = sc.state_dir / "claude-code-hooks.json"
     assert ours.stat().st_mode & 0o777 == 0o600
     assert agent(sc)["session_id"] == session
 
@@ -122,7 +122,7 @@ def test_forged_malformed_and_stale_hook_calls_change_nothing(
     sc = claude_sidecar(make_sidecar, stub_factory(), SIDECAR_TOKEN=TOKEN).start()
     wait_agent(sc, "idle")
     events = EventLog(sc, TOKEN)
-    settings = json.loads((sc.state_dir / "claude-hooks.json").read_text())
+    settings = json.loads((sc.state_dir / "claude-code-hooks.json").read_text())
     hook = settings["hooks"]["PermissionRequest"][0]["hooks"][0]
     secret = hook["headers"]["X-Sidecar-Hook"]
     assert hook["url"].startswith("http://127.0.0.1:")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.claude_code import hook_base_url
 from sidecar.client import SidecarClient
+from sidecar.hook_cli import hook_base_url
 from sidecar.loopback import loopback_url
 
 
@@ -25,7 +25,7 @@ from sidecar.loopback import loopback_url
 )
 def test_loopback_url(host: str, url: str) -> None:
     assert loopback_url(host, 8080) == url
-    assert hook_base_url(host, 8080) == f"{url}/hooks/claude-code/"
+    assert hook_base_url(host, 8080, "claude-code") == f"{url}/hooks/claude-code/"
     env = {"SIDECAR_HOST": host, "SIDECAR_PORT": "8080"}
     assert SidecarClient.from_env(env).base_url == url
 

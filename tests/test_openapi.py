@@ -185,7 +185,13 @@ def test_answers_allow_additions_and_requests_do_not(spec: dict[str, Any]) -> No
     # Claude Code's hook input is its own (any JSON object); every body of ours is closed.
     assert {"type": "object"} in bodies
     requests = {b["$ref"].rsplit("/", 1)[1] for b in bodies if "$ref" in b}
-    assert requests == {"NewMessage", "AckRequest", "ResleeveRequest", "InputRequest"}
+    assert requests == {
+        "NewMessage",
+        "AckRequest",
+        "ResleeveRequest",
+        "InputRequest",
+        "ApprovalRequest",
+    }
     for name, item in spec["components"]["schemas"].items():
         if item.get("type") == "object":
             assert (item.get("additionalProperties", True) is False) is (name in requests), name

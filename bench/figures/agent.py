@@ -51,7 +51,7 @@ def run(ctx: Context) -> list[Figure]:
     sc = make_sidecar(tmp / "sc", cli="fake", SIDECAR_CLI_CONFIG=str(config))
     try:
         start_sidecar(sc)
-        settings = sc.state_dir / "claude-hooks.json"
+        settings = sc.state_dir / "claude-code-hooks.json"
         wait_until(settings.exists, 10, "the hook settings file")
         secret = json.loads(settings.read_text())["hooks"]["Stop"][0]["hooks"][0]["headers"][
             "X-Sidecar-Hook"
