@@ -95,6 +95,8 @@ def argvs_of(record: SupervisorState, registry: Mapping[str, CLIDef]) -> set[tup
     """The argvs the recorded CLI may have been started with."""
     cli = registry.get(record.cli)
     argvs = {cli.command, *([cli.resume] if cli.resume else [])} if cli else set()
+    if cli is not None and cli.state == "hooks" and record.argv[: len(cli.command)] == cli.command:
+        argvs.add(record.argv)  # our hook settings and session arguments follow its command
     if record.cli_state == ProcState.FATAL.value and record.reason is not None:
         argvs.add(fatal_pane_argv(record.reason))
     return argvs

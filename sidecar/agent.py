@@ -51,6 +51,7 @@ class AgentMachine:
         self.on_report: Callable[[], None] | None = None  # a source spoke: look again
         # The state changed (new, previous): a held permission request may be over.
         self.on_state: Callable[[AgentStateName, AgentStateName], None] | None = None
+        self.on_look: Callable[[], None] | None = None  # the state or the screen's reading changed
         self._state: AgentStateName = "exited"  # the effective state
         self._reason: str | None = None
         self._since = time.time()
@@ -97,6 +98,8 @@ class AgentMachine:
         if reading.needs_person:
             self._drawn = True
         self._apply()
+        if self.on_look is not None:
+            self.on_look()
 
     # ---- the machine ---------------------------------------------------------------------------
 
@@ -143,6 +146,8 @@ class AgentMachine:
         self.bus.publish(AgentStateEvent(state=state, previous=previous, reason=reason))
         if state != previous and self.on_state is not None:
             self.on_state(state, previous)
+        if self.on_look is not None:
+            self.on_look()
         # Wake everyone waiting for a change, then arm a fresh event for the next one.
         self._changed.set()
         self._changed = asyncio.Event()
@@ -152,6 +157,11 @@ class AgentMachine:
     @property
     def state(self) -> AgentStateName:
         return self._state
+
+    @property
+    def reading(self) -> Reading | None:
+        """What the screen showed at the last look since the source last spoke."""
+        return self._screen
 
     @property
     def screen_needs_person(self) -> bool:

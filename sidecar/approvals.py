@@ -28,7 +28,7 @@ By = Literal["api", "terminal", "timeout"]
 Source = Literal["hooks", "screen", "events"]
 REMEMBERED = 256  # resolved requests kept to tell a late answer who decided
 # Keys of a tool's input that say what it acts on, most telling first.
-SUMMARY_KEYS = ("command", "cmd", "file_path", "filePath", "notebook_path", "path", "url")
+SUMMARY_KEYS = ("command", "cmd", "file_path", "filePath", "notebook_path", "path", "url", "dialog")
 # Characters that can make a line lie about what it says: bidi embeddings, overrides and
 # isolates, marks, zero-width joiners and spaces, the BOM (all of category Cf), and controls.
 _INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp", "Co", "Cs", "Cn"})

@@ -29,6 +29,7 @@ from sidecar.mailbox import Mailbox
 from sidecar.notify import InboxNotices
 from sidecar.pane_input import PaneInput
 from sidecar.screen import Screen, ScreenLook
+from sidecar.screen_approvals import ScreenApprovals
 from sidecar.screen_source import ScreenSource
 from sidecar.shapes import ApprovalRequested, ApprovalResolved, InputAccepted, InputRequest
 from sidecar.states import ProcState
@@ -66,6 +67,9 @@ class Awareness:
             self.machine, self.activity.quiet_for, config.activity_quiet, self.notices.check
         )
         self.input = InputDelivery(self.machine, self.activity, pane, lock)
+        self.on_screen = ScreenApprovals(self.machine, self.approvals, self.input.deliver)
+        self.machine.on_look = self.on_screen.looked
+        self.hooks.released = self.on_screen.take
         self._cli: CLIDef | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -73,6 +77,7 @@ class Awareness:
         self._cli = cli
         self.seen.use(cli)
         self.hooks.use(cli)
+        self.on_screen.use(cli)
         self.notices.prompt = cli.prompt
         self.machine.launched(cli.state)
 
@@ -108,6 +113,7 @@ class Awareness:
     async def stop(self) -> None:
         self.quiet.stop()
         self.seen.stop()
+        await self.on_screen.stop()
         await self.activity.stop()
         if self._task is not None:
             self._task.cancel()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.approvals import Answer
-from sidecar.contract import AgentStateName
+from sidecar.contract import AgentStateName, InputKey
 from sidecar.hook_cli import SECRET_HEADER, HookEffect, HookLaunch, Launched, PermissionAsk
 from sidecar.screen import Screen
 from sidecar.screens import Reading, Seen, dialog, nonblank, text_of
@@ -230,6 +230,14 @@ def permission_answer(answer: Answer, payload: dict[str, Any]) -> dict[str, Any]
             {**s, "destination": "session"} for s in suggestions if isinstance(s, dict)
         ]
     return {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": decision}}
+
+
+def approval_keys(decision: str, remember: bool) -> tuple[InputKey, ...]:
+    """Keys that answer its permission dialog ("1. Yes" is selected; "2. Yes, and don't ask
+    again ..."; Escape is "No" and tells Claude to wait for the person's instructions)."""
+    if decision == "deny":
+        return ("Escape",)
+    return ("Down", "Enter") if remember else ("Enter",)
 
 
 class ClaudeHooks:

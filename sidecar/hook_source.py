@@ -56,6 +56,8 @@ class HookSource:
             Owner(config.user.uid, config.user.gid, act_as=True) if config.user else None
         )
         self._held: set[str] = set()  # approvals whose hook is held open now
+        # A request whose hook was released unanswered: answered on screen from then on.
+        self.released: Callable[[str], None] = lambda approval_id: None
 
     def use(self, cli: CLIDef) -> None:
         """The CLI that runs now (launched or adopted)."""
@@ -146,6 +148,7 @@ class HookSource:
                 "it stays listed for the terminal",
                 approval.id,
             )
+            self.released(approval.id)
             return None
         except Withdrawn:
             return None

@@ -14,6 +14,7 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import AbstractResource
 
 from sidecar import __version__, view
+from sidecar.approvals import Approvals
 from sidecar.contract import AGENT_STATES
 from sidecar.mailbox import Mailbox, NeedlecastError
 from sidecar.prometheus import CONTENT_TYPE, Exposition, process_metrics, process_start
@@ -62,6 +63,33 @@ def _depth(mailbox: Mailbox) -> int | None:
         return len(mailbox.read().messages)
     except (OSError, NeedlecastError):  # unreadable, or a symlink out of the workspace
         return None
+
+
+def approvals(out: Exposition, book: Approvals) -> None:
+    """The agent's permission requests: asked, answered (by decision and who), waiting, and
+    the seconds from a request to its answer."""
+    out.one("sidecar_approvals_requested_total", "counter", "Permission requests", book.requested)
+    out.family(
+        "sidecar_approvals_decided_total",
+        "counter",
+        "Permission requests answered, by decision and by whom (api, terminal, timeout)",
+        [
+            ((("decision", decision), ("by", by)), book.decided[decision, by])
+            for decision in ("allow", "deny")
+            for by in ("api", "terminal", "timeout")
+        ],
+    )
+    out.one(
+        "sidecar_approvals_pending", "gauge", "Permission requests waiting now", len(book.pending())
+    )
+    out.family(
+        "sidecar_approval_wait_seconds",
+        "summary",
+        "Seconds from a permission request to its answer",
+        [],
+    )
+    out.lines.append(f"sidecar_approval_wait_seconds_count {sum(book.decided.values())}")
+    out.lines.append(f"sidecar_approval_wait_seconds_sum {round(book.wait_seconds, 3)!r}")
 
 
 class Metrics:
@@ -174,6 +202,7 @@ class Metrics:
                     f"sidecar_{name}_messages", "gauge", f"Messages in .needlecast/{name}.md", depth
                 )
         out.one("sidecar_events_clients", "gauge", "Open /events streams", self.sup.bus.subscribers)
+        approvals(out, self.sup.awareness.approvals)
         out.family(
             "sidecar_http_requests_total",
             "counter",
