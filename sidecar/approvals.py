@@ -167,9 +167,14 @@ class Approvals:
     async def decision(self, approval_id: str) -> Answer:
         """Wait until it is answered. Raises Withdrawn if it goes away first."""
         approval = self._pending.get(approval_id)
-        if approval is None or approval.done is None:
+        if approval is not None and approval.done is not None:
+            return await asyncio.shield(approval.done)
+        if approval_id not in self._closed:
             raise NotFound(approval_id)
-        return await asyncio.shield(approval.done)
+        first, withdrawn = self._closed[approval_id]
+        if first is None:
+            raise Withdrawn(withdrawn or "withdrawn")
+        return first
 
     def answered_by_terminal(self, approval_id: str, decision: Decision) -> Answer | None:
         """A person answered in the CLI's own UI first. None: it was answered already."""
