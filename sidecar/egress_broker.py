@@ -49,7 +49,12 @@ _libc.syscall.restype = ctypes.c_long
 
 
 def _sockaddr_in(host: str, port: int) -> bytes:
-    return struct.pack("=H", socket.AF_INET) + struct.pack("!H", port) + socket.inet_aton(host) + bytes(8)
+    return (
+        struct.pack("=H", socket.AF_INET)
+        + struct.pack("!H", port)
+        + socket.inet_aton(host)
+        + bytes(8)
+    )
 
 
 def _sockaddr_un(path: bytes) -> bytes:
@@ -191,47 +196,58 @@ class Broker:
         finally:
             if dirfd is not None:
                 os.close(dirfd)
-        try:
-            st = os.fstat(target)
-            name = path.decode(errors="replace")
-            if not stat.S_ISSOCK(st.st_mode):
-                sf.respond(self.listener, n.id, errno.ECONNREFUSED)
-            elif st.st_uid != self.uid or (st.st_dev, st.st_ino) in self._denied_inodes():
-                # Another user's socket, or one of a process outside the guard (tmux, ttyd).
-                self._deny(n, errno.EACCES, name, 0, "unix")
-            else:
-                self._perform(n, _sockaddr_un(f"/proc/self/fd/{target}".encode()), keep=target)
-                return
-        finally:
+        st = os.fstat(target)
+        if not stat.S_ISSOCK(st.st_mode):
             os.close(target)
+            sf.respond(self.listener, n.id, errno.ECONNREFUSED)
+        elif st.st_uid != self.uid or (st.st_dev, st.st_ino) in self._denied_inodes():
+            # Another user's socket, or one of a process outside the guard (tmux, ttyd).
+            os.close(target)
+            self._deny(n, errno.EACCES, path.decode(errors="replace"), 0, "unix")
+        else:
+            self._perform(n, _sockaddr_un(f"/proc/self/fd/{target}".encode()), keep=target)
 
     def _perform(self, n: sf.Notification, addr: bytes, keep: int | None = None) -> None:
         """Connect the caller's own socket to `addr` (the broker's copy) and answer with what
-        connect returned. `keep`: an fd `addr` names, to stay open until the connect is made."""
-        pidfd = self._pidfd(n.pid)
-        if pidfd is None or not sf.still_valid(self.listener, n.id):
-            if pidfd is not None:
-                os.close(pidfd)
-            return
-        try:
-            sock = int(
-                _libc.syscall(ctypes.c_long(SYS_PIDFD_GETFD), ctypes.c_int(pidfd),
-                              ctypes.c_int(n.args[0] & 0xFFFFFFFF), ctypes.c_uint(0))  # fmt: skip
-            )
-            err = ctypes.get_errno()
-        finally:
-            os.close(pidfd)
-        if sock < 0:
-            sf.respond(self.listener, n.id, errno.EBADF if err == errno.EBADF else errno.EACCES)
+        connect returned. `keep`: an fd `addr` names; closed here once the connect is made."""
+        sock = self._their_socket(n)
+        if sock is None:
+            if keep is not None:
+                os.close(keep)
             return
         if os.get_blocking(sock):
-            keep = None if keep is None else os.dup(keep)
             threading.Thread(target=self._connect_blocking, args=(n.id, sock, addr, keep)).start()
             return
         try:
             sf.respond(self.listener, n.id, _connect(sock, addr))
         finally:
             os.close(sock)
+            if keep is not None:
+                os.close(keep)
+
+    def _their_socket(self, n: sf.Notification) -> int | None:
+        """The caller's fd args[0], taken into the broker; None (answered if still waiting)."""
+        pidfd = self._pidfd(n.pid)
+        if pidfd is None or not sf.still_valid(self.listener, n.id):
+            if pidfd is not None:
+                os.close(pidfd)
+            return None
+        try:
+            sock = int(
+                _libc.syscall(
+                    ctypes.c_long(SYS_PIDFD_GETFD),
+                    ctypes.c_int(pidfd),
+                    ctypes.c_int(n.args[0] & 0xFFFFFFFF),
+                    ctypes.c_uint(0),
+                )
+            )
+            err = ctypes.get_errno()
+        finally:
+            os.close(pidfd)
+        if sock < 0:
+            sf.respond(self.listener, n.id, errno.EBADF if err == errno.EBADF else errno.EACCES)
+            return None
+        return sock
 
     def _connect_blocking(self, nid: int, sock: int, addr: bytes, keep: int | None) -> None:
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
 import json
 import os
@@ -130,7 +131,8 @@ def run(
     pid = os.fork()
     if pid == 0:
         ours.close()
-        _child(theirs, parent, {port for _, port in allowed}, version, argv, old_mask)
+        ports = {port for _, port in allowed}
+        _child(theirs, argv, parent=parent, ports=ports, version=version, old_mask=old_mask)
     theirs.close()
     child = os.pidfd_open(pid)
     msg, fds, _flags, _addr = socket.recv_fds(ours, 512, 1)
@@ -144,11 +146,12 @@ def run(
 
 def _child(
     sock: socket.socket,
+    argv: Sequence[str],
+    *,
     parent: int,
     ports: set[int],
     version: int,
-    argv: Sequence[str],
-    old_mask: set[signal.Signals],
+    old_mask: set[int],
 ) -> None:
     """In the forked child: close the network, hand over the listener, become the CLI."""
     try:
@@ -170,7 +173,7 @@ def _child(
         os._exit(MISSING)
     sock.close()
     try:
-        os.execvp(argv[0], list(argv))
+        os.execvp(argv[0], list(argv))  # noqa: S606 - the guarded command, as given
     except OSError as exc:
         print(f"egress_guard: {argv[0]}: {exc.strerror}", file=sys.stderr, flush=True)
         os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
@@ -273,7 +276,9 @@ def self_test(
     argv = guard_argv(["--check"], allowed, None)
     argv = tuple(a for a in argv if a != "--")  # --check runs its own probe instead of ARGV
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, env=env, check=False
+        )
     except subprocess.TimeoutExpired:
         return f"egress_guard: self-test did not finish in {timeout:g}s"
     if done.returncode == 0:
@@ -299,14 +304,15 @@ class ReportListener(asyncio.DatagramProtocol):
         owner: tuple[int, int] | None = None,
     ) -> asyncio.DatagramTransport:
         """Bind `path` (a stale one is replaced); `owner`: the CLI's user, who must send."""
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
         loop = asyncio.get_running_loop()
         transport, _ = await loop.create_datagram_endpoint(
             lambda: cls(on_denied), local_addr=str(path), family=socket.AF_UNIX
         )
         if owner is not None:
             os.chown(path, *owner)
-        path.chmod(0o600)
+        os.chmod(path, 0o600)
         return transport
 
     def datagram_received(self, data: bytes, addr: object) -> None:

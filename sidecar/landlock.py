@@ -46,8 +46,12 @@ def _call(nr: int, *args: object) -> int:
 def abi() -> int:
     """The kernel's Landlock ABI version; 0 when Landlock is missing or disabled."""
     try:
-        return _call(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
-                     ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))  # fmt: skip
+        return _call(
+            SYS_LANDLOCK_CREATE_RULESET,
+            None,
+            ctypes.c_size_t(0),
+            ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION),
+        )
     except LandlockError:
         return 0
 
@@ -68,8 +72,13 @@ def restrict_connect(ports: Iterable[int], version: int) -> None:
             rule = ctypes.create_string_buffer(
                 struct.pack("=QQ", LANDLOCK_ACCESS_NET_CONNECT_TCP, port), 16
             )
-            _call(SYS_LANDLOCK_ADD_RULE, ctypes.c_int(fd),
-                  ctypes.c_int(LANDLOCK_RULE_NET_PORT), rule, ctypes.c_uint32(0))  # fmt: skip
+            _call(
+                SYS_LANDLOCK_ADD_RULE,
+                ctypes.c_int(fd),
+                ctypes.c_int(LANDLOCK_RULE_NET_PORT),
+                rule,
+                ctypes.c_uint32(0),
+            )
         _call(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0))
     finally:
         os.close(fd)
