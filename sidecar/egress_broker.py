@@ -21,8 +21,8 @@ import os
 import socket
 import stat
 import struct
-import threading
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sidecar import seccomp_filter as sf
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 SYS_PIDFD_GETFD = 438
 PIDFD_THREAD = os.O_EXCL  # a pidfd for one thread (Linux 6.9): its own fd table if unshared
 AF_PACKET = 17
+BLOCKING_CONNECTS = 256  # at once; more wait their turn
 
 # Sockets that lead to a process outside the guard able to start others or to reach the
 # network, wherever such a socket is usually found; the caller adds its own (tmux, ttyd).
@@ -88,6 +89,9 @@ class Broker:
         self._report = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._report.setblocking(False)
         self.uid = os.geteuid()
+        # Blocking connects wait here, each on a thread (reused: a new one per connect would
+        # cost more than the connect); a stalled one holds only its own thread.
+        self._pool = ThreadPoolExecutor(max_workers=BLOCKING_CONNECTS, thread_name_prefix="connect")
 
     def handle(self, n: sf.Notification) -> None:
         """Answer one notification (every path answers it, or finds its caller gone)."""
@@ -216,7 +220,7 @@ class Broker:
                 os.close(keep)
             return
         if os.get_blocking(sock):
-            threading.Thread(target=self._connect_blocking, args=(n.id, sock, addr, keep)).start()
+            self._pool.submit(self._connect_blocking, n.id, sock, addr, keep)
             return
         try:
             sf.respond(self.listener, n.id, _connect(sock, addr))
