@@ -28,6 +28,7 @@ from bench import core
 from bench.context import Context
 from bench.figures import (
     agent,
+    approvals,
     crash,
     http,
     idle,
@@ -54,6 +55,7 @@ GROUPS: dict[str, ModuleType] = {
     "terminal": terminal,
     "agent": agent,
     "screen": screen,
+    "approvals": approvals,
     "launcher": launcher,
     "scale": scale,
     "soak": soak,
@@ -68,6 +70,7 @@ ORDER = [
     "terminal",
     "agent",
     "screen",
+    "approvals",
     "launcher",
     "scale",
     "soak",
