@@ -69,7 +69,7 @@ def _agent_in(sleeve: Sleeve, state: str, timeout: float) -> dict[str, Any]:
     return dict(wait_for(check, timeout, what=f"agent {state}"))
 
 
-def test_prompt_permission_and_answer_through_the_api_in_the_container(
+def test_prompt_permission_and_approval_through_the_api_in_the_container(
     claude_sleeve: tuple[Launcher, Sleeve], bash_stub: AnthropicStub
 ) -> None:
     lch, sleeve = claude_sleeve
@@ -91,12 +91,17 @@ def test_prompt_permission_and_answer_through_the_api_in_the_container(
     # `sidecar wait` inside the container returns at once for a state the agent is in.
     done = lch.exec(sleeve, "sidecar", "wait", "--state", "waiting", "--timeout", "10")
     assert done.stdout.strip() == "waiting"
-    code, body = sleeve.post("/input", {"keys": ["Enter"]}, timeout=15)
-    assert code == 202 and body["changed"] is True, body
+    # Answered by id through the API: the held PermissionRequest hook takes it.
+    listed = wait_for(lambda: sleeve.get("/approvals")[1]["approvals"], 10, what="the request")
+    assert listed[0]["tool"] == "Bash" and listed[0]["summary"] == COMMAND, listed
+    code, body = sleeve.post(f"/approvals/{listed[0]['id']}", {"decision": "allow"})
+    assert code == 200 and body["by"] == "api", body
     waited = lch.exec(sleeve, "sidecar", "wait", "--state", "idle", "--timeout", "60")
     assert waited.returncode == 0, waited.stderr
     assert (lch.project / "e2e-agent.txt").read_text() == "E2E-AGENT-RAN\n"
     assert any("E2E-AGENT-RAN" in r for r in bash_stub.tool_results())
+    resolved = [e for e in list(seen) if e.get("type") == "approval-resolved"]
+    assert [(e["decision"], e["by"]) for e in resolved] == [("allow", "api")], resolved
     states = [e["state"] for e in list(seen) if e.get("type") == "agent-state"]
     order = iter(states)
     assert all(any(s == w for s in order) for w in ["working", "waiting", "working", "idle"]), (
