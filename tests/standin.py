@@ -5,12 +5,35 @@ Claude Code would send, with the secret the sidecar handed it in its hook settin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from tests.harness import Sidecar, http, write_cli_config
+from tests.harness import Reply, Sidecar, http, write_cli_config
+
+
+class HeldHook:
+    """A PermissionRequest hook call as Claude Code makes it, with the secret from the sidecar's
+    hook settings file, made from a thread: the sidecar holds it until the request is answered,
+    and `reply` is then what Claude Code would be told."""
+
+    def __init__(self, sc: Sidecar, payload: dict[str, Any]) -> None:
+        settings = json.loads((sc.state_dir / "claude-code-hooks.json").read_text())
+        hook = settings["hooks"]["PermissionRequest"][0]["hooks"][0]
+        self.reply: Reply | None = None
+
+        def call() -> None:
+            with contextlib.suppress(OSError):  # the sidecar stopped while it held the call
+                self.reply = http(
+                    "POST", hook["url"], payload, headers=hook["headers"], timeout=600
+                )
+
+        self.thread = threading.Thread(target=call, daemon=True)
+        self.thread.start()
 
 
 def waiting_sidecar(
@@ -32,10 +55,6 @@ def waiting_sidecar(
     )
     sc = make_sidecar(cli="standin", env_extra={"SIDECAR_CLI_CONFIG": str(config), **env})
     sc.start()
-    settings = json.loads((sc.state_dir / "claude-code-hooks.json").read_text())
-    hook = settings["hooks"]["PermissionRequest"][0]["hooks"][0]
-    payload = {"tool_name": "Bash", "tool_input": {"command": command}}
-    code, body = http("POST", hook["url"], payload, headers=hook["headers"])
-    assert code in (200, 204), (code, body)
+    HeldHook(sc, {"tool_name": "Bash", "tool_input": {"command": command}})  # held: no reply yet
     sc.wait_status(lambda s: s["agent"]["state"] == "waiting", "agent waiting")
     return sc
