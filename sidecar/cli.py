@@ -1,6 +1,6 @@
-"""`sidecar status|screen|outbox|inbox|send|resleeve|events|attach|input|keys|wait`: debugging from
-`docker exec`, through the local API (address and token from the same environment the sidecar
-reads); human output by default, `--json` for machines.
+"""`sidecar status|screen|outbox|inbox|send|resleeve|events|attach|input|keys|wait|approvals|
+approve|deny`: debugging from `docker exec`, through the local API (address and token from the
+same environment the sidecar reads); human output by default, `--json` for machines.
 """
 
 from __future__ import annotations
@@ -69,6 +69,27 @@ def _print_messages(body: dict[str, Any]) -> None:
             print(f"    {line}")
     for warning in body.get("warnings") or []:
         print(f"warning: {warning}", file=sys.stderr)
+
+
+def _print_approvals(body: dict[str, Any]) -> None:
+    approvals = body.get("approvals") or []
+    if not approvals:
+        print("(no permission requests)")
+        return
+    rows = [(str(a.get("id")), str(a.get("tool")), str(a.get("since"))) for a in approvals]
+    id_width = max(len("id"), *(len(r[0]) for r in rows))
+    tool_width = max(len("tool"), *(len(r[1]) for r in rows))
+    since_width = max(len("since"), *(len(r[2]) for r in rows))
+    line = f"{{:{id_width}}}  {{:{tool_width}}}  {{:{since_width}}}  {{}}"
+    print(line.format("id", "tool", "since", "summary"))
+    # The summary last: a long command wraps without pushing the other columns about.
+    for (approval_id, tool, since), a in zip(rows, approvals, strict=True):
+        print(line.format(approval_id, tool, since, a.get("summary") or ""))
+
+
+def _print_decided(result: dict[str, Any]) -> None:
+    done = {"allow": "allowed", "deny": "denied"}.get(str(result.get("decision")), "answered")
+    print(f"{done} {result.get('id')}")
 
 
 def _attach(env: dict[str, str]) -> int:
@@ -142,6 +163,18 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--state", action="append", required=True, choices=AGENT_STATES)
     sp.add_argument("--timeout", type=float, help="seconds (default: no limit)")
     sp.add_argument("--json", action="store_true")
+    sp = sub.add_parser("approvals", help="list the permission requests the agent waits on")
+    sp.add_argument("--json", action="store_true", help="print JSON")
+    sp = sub.add_parser("approve", help="allow one permission request, by its id")
+    sp.add_argument("id", help="the request's id (`sidecar approvals`)")
+    sp.add_argument(
+        "--remember", action="store_true", help="allow this kind of call for the session"
+    )
+    sp.add_argument("--json", action="store_true")
+    sp = sub.add_parser("deny", help="deny one permission request, by its id")
+    sp.add_argument("id", help="the request's id (`sidecar approvals`)")
+    sp.add_argument("--message", help="told to the agent (why, or what to do instead)")
+    sp.add_argument("--json", action="store_true")
     sub.add_parser("attach", help="attach this terminal to the tmux session")
     sub.add_parser("run", help="run the supervisor (the container entrypoint)")
     return p
@@ -199,6 +232,12 @@ REQUESTS: dict[str, tuple[Call, Callable[[dict[str, Any]], None]]] = {
         lambda client, args: client.resleeve(args.cli),
         lambda result: print(f"resleeving to {result.get('cli')}"),
     ),
+    "approvals": (lambda client, _: client.approvals(), _print_approvals),
+    "approve": (
+        lambda client, args: client.approve(args.id, remember=args.remember),
+        _print_decided,
+    ),
+    "deny": (lambda client, args: client.deny(args.id, message=args.message), _print_decided),
 }
 
 

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -18,11 +19,13 @@ from sidecar.loopback import loopback_url
 
 
 class ClientError(Exception):
-    """The API answered with an error or could not be reached; `status` is 0 for the latter."""
+    """The API answered with an error or could not be reached; `status` is 0 for the latter.
+    `body`: the error's JSON answer, when it had one (a 409 of an approval names `by`)."""
 
-    def __init__(self, message: str, status: int = 0) -> None:
+    def __init__(self, message: str, status: int = 0, body: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.body = body
 
 
 def _token(env: Mapping[str, str]) -> str | None:
@@ -78,10 +81,11 @@ class SidecarClient:
                 return json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as exc:
             try:
-                message = json.loads(exc.read()).get("error", exc.reason)
+                body = json.loads(exc.read())
+                message = body.get("error", exc.reason)
             except (ValueError, AttributeError):
-                message = exc.reason
-            raise ClientError(f"{method} {path}: {exc.code} {message}", exc.code) from None
+                body, message = None, exc.reason
+            raise ClientError(f"{method} {path}: {exc.code} {message}", exc.code, body) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ClientError(f"cannot reach the sidecar at {self.base_url}: {reason}") from None
@@ -138,6 +142,31 @@ class SidecarClient:
         if if_state:
             body["if_state"] = if_state
         return dict(self.call("POST", "/input", body))
+
+    def approvals(self) -> dict[str, Any]:
+        """The permission requests the agent waits on: `approvals`, each with `id`, `tool`,
+        `summary`, `input`, `since`, `source`."""
+        return dict(self.call("GET", "/approvals"))
+
+    def approve(self, approval_id: str, *, remember: bool = False) -> dict[str, Any]:
+        """Allow one request (`remember`: this kind of call for the rest of the session, where
+        the CLI offers it). A ClientError of status 409 says who answered it first."""
+        body: dict[str, Any] = {"decision": "allow"}
+        if remember:
+            body["remember"] = True
+        return self._decide(approval_id, body)
+
+    def deny(self, approval_id: str, *, message: str | None = None) -> dict[str, Any]:
+        """Deny one request; `message` is told to the agent."""
+        body: dict[str, Any] = {"decision": "deny"}
+        if message is not None:
+            body["message"] = message
+        return self._decide(approval_id, body)
+
+    def _decide(self, approval_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        # Quoted whole: an id is one path segment, whatever it holds.
+        path = "/approvals/" + urllib.parse.quote(approval_id, safe="")
+        return dict(self.call("POST", path, body))
 
     def wait_state(self, states: list[str], timeout: float | None = None) -> str | None:
         """Wait until the agent is in one of `states`; its state, or None on timeout. Follows

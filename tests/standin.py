@@ -1,12 +1,11 @@
 """A sidecar whose agent waits on a permission prompt, without the real Claude Code: a stand-in
 `claude` (state source `hooks`) that draws a permission prompt, and the PermissionRequest hook
-Claude Code would send, with the secret the sidecar handed it in its hook settings file. The
-sidecar holds that hook until the request is answered, so it is sent from a thread, as the CLI
-would wait on it; its reply is kept.
+Claude Code would send, with the secret the sidecar handed it in its hook settings file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -18,22 +17,23 @@ from tests.harness import Reply, Sidecar, http, write_cli_config
 
 
 class HeldHook:
-    """The PermissionRequest hook call, waiting for the sidecar's reply in a thread."""
+    """A PermissionRequest hook call as Claude Code makes it, with the secret from the sidecar's
+    hook settings file, made from a thread: the sidecar holds it until the request is answered,
+    and `reply` is then what Claude Code would be told."""
 
-    def __init__(self, url: str, payload: dict[str, Any], headers: dict[str, str]) -> None:
+    def __init__(self, sc: Sidecar, payload: dict[str, Any]) -> None:
+        settings = json.loads((sc.state_dir / "claude-code-hooks.json").read_text())
+        hook = settings["hooks"]["PermissionRequest"][0]["hooks"][0]
         self.reply: Reply | None = None
-        self.error: Exception | None = None
-        args = ("POST", url, payload)
-        self.thread = threading.Thread(
-            target=self._call, args=(args, headers), daemon=True, name="held-hook"
-        )
-        self.thread.start()
 
-    def _call(self, args: tuple[str, str, dict[str, Any]], headers: dict[str, str]) -> None:
-        try:
-            self.reply = http(*args, headers=headers, timeout=600)
-        except Exception as exc:  # kept for the test to look at
-            self.error = exc
+        def call() -> None:
+            with contextlib.suppress(OSError):  # the sidecar stopped while it held the call
+                self.reply = http(
+                    "POST", hook["url"], payload, headers=hook["headers"], timeout=600
+                )
+
+        self.thread = threading.Thread(target=call, daemon=True)
+        self.thread.start()
 
 
 def waiting_sidecar(
@@ -55,9 +55,7 @@ def waiting_sidecar(
     )
     sc = make_sidecar(cli="standin", env_extra={"SIDECAR_CLI_CONFIG": str(config), **env})
     sc.start()
-    settings = json.loads((sc.state_dir / "claude-code-hooks.json").read_text())
-    hook = settings["hooks"]["PermissionRequest"][0]["hooks"][0]
-    payload = {"tool_name": "Bash", "tool_input": {"command": command}}
-    sc.held_hook = HeldHook(hook["url"], payload, hook["headers"])
+    # Held: no reply yet. Kept on the sidecar for tests that look at the reply.
+    sc.held_hook = HeldHook(sc, {"tool_name": "Bash", "tool_input": {"command": command}})
     sc.wait_status(lambda s: s["agent"]["state"] == "waiting", "agent waiting")
     return sc

@@ -1,10 +1,12 @@
-"""What each running sleeve's agent is doing, for `sleeve ps`: the `agent` part of its `/status`,
-asked with the sleeve's own token, every sleeve at once under one short deadline, so a sleeve
-that does not answer shows `?` (and why) and never holds `ps` up or fails it. urllib only.
+"""What each running sleeve's agent is doing, for `sleeve ps`: the `agent` part of its `/status`
+and, while it waits, the permission requests its `/approvals` lists, asked with the sleeve's own
+token, every sleeve at once under one short deadline, so a sleeve that does not answer shows `?`
+(and why) and never holds `ps` up or fails it. urllib only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -20,12 +22,24 @@ DEADLINE = 1.5  # seconds for all sleeves together: a sleeve answers /status in 
 MAX_BODY = 1 << 20  # bytes of a /status answer read (it is a few hundred)
 MAX_STATE = 16  # characters of a state name shown (the contract's longest is 8)
 MAX_REASON = 300  # characters of a reason kept before the table cuts it to the terminal
+MAX_FIELD = 64  # characters of a request's id, tool or time kept (the sidecar's ids are 12)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A permission request the agent waits on (`sleeve approve RUN ID` answers it)."""
+
+    id: str
+    tool: str
+    summary: str
+    since: str
 
 
 @dataclass(frozen=True)
 class Agent:
     state: str  # the contract's state name, or UNKNOWN
     reason: str | None  # what it waits for; for UNKNOWN, why it is not known
+    approvals: tuple[Pending, ...] = ()
 
 
 def printable(text: str, limit: int) -> str:
@@ -45,15 +59,38 @@ def _parse(body: object) -> Agent:
     return Agent(printable(state, MAX_STATE), shown or None)
 
 
-def ask(port: int, token: str | None, timeout: float) -> Agent:
-    """One sleeve's agent, from http://127.0.0.1:PORT/status (never raises)."""
+def _text(item: dict[str, object], key: str, limit: int) -> str:
+    value = item.get(key)
+    return printable(value, limit) if isinstance(value, str) else ""
+
+
+def _pending(body: object) -> tuple[Pending, ...]:
+    listed = body.get("approvals") if isinstance(body, dict) else None
+    return tuple(
+        Pending(
+            _text(item, "id", MAX_FIELD),
+            _text(item, "tool", MAX_FIELD),
+            _text(item, "summary", MAX_REASON),
+            _text(item, "since", MAX_FIELD),
+        )
+        for item in (listed if isinstance(listed, list) else [])
+        if isinstance(item, dict) and isinstance(item.get("id"), str) and item["id"]
+    )
+
+
+def _get(port: int, token: str | None, path: str, timeout: float) -> object:
     headers = {"Accept": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/status", headers=headers)
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - fixed http://127.0.0.1 URL
+        return json.loads(resp.read(MAX_BODY))
+
+
+def ask(port: int, token: str | None, timeout: float) -> Agent:
+    """One sleeve's agent, from http://127.0.0.1:PORT/status (never raises)."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310 - fixed http://127.0.0.1 URL
-            body = json.loads(resp.read(MAX_BODY))
+        body = _get(port, token, "/status", timeout)
     except urllib.error.HTTPError as exc:
         why = " (no token recorded for it)" if exc.code == 401 and not token else ""
         return Agent(UNKNOWN, f"/status answered {exc.code}{why}")
@@ -62,6 +99,18 @@ def ask(port: int, token: str | None, timeout: float) -> Agent:
     except (OSError, ValueError) as exc:  # timed out or cut off while answering; not JSON
         return Agent(UNKNOWN, f"no answer: {printable(str(exc) or type(exc).__name__, 80)}")
     return _parse(body)
+
+
+def with_approvals(agent: Agent, port: int, token: str | None, timeout: float) -> Agent:
+    """`agent` with the requests its sleeve's /approvals lists, when it waits (never raises:
+    a sleeve that does not tell, an older one without /approvals among them, keeps its state)."""
+    if agent.state != "waiting":
+        return agent
+    try:
+        listed = _pending(_get(port, token, "/approvals", timeout))
+    except (OSError, ValueError):  # HTTP errors and timeouts are OSErrors; not JSON
+        return agent
+    return dataclasses.replace(agent, approvals=listed)
 
 
 def agents(runs: Sequence[Run], deadline: float = DEADLINE) -> dict[str, Agent]:
@@ -73,7 +122,11 @@ def agents(runs: Sequence[Run], deadline: float = DEADLINE) -> dict[str, Agent]:
 
     def one(run: Run) -> None:
         assert run.port is not None
-        found[run.id] = ask(run.port, run.token, deadline)
+        end = time.monotonic() + deadline
+        found[run.id] = agent = ask(run.port, run.token, deadline)
+        left = end - time.monotonic()
+        if left > 0:
+            found[run.id] = with_approvals(agent, run.port, run.token, left)
 
     threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in asked]
     for thread in threads:

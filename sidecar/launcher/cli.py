@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from sidecar.launcher import runtimes
+from sidecar.launcher.approve import cmd_approve, cmd_deny
 from sidecar.launcher.commands import (
     Settings,
     cmd_build,
@@ -34,6 +35,8 @@ run statuses in `sleeve ps`: starting, running, completed (exit 0), failed (code
 failed (vanished) (gone without an exit code), stopped (ended by `sleeve stop`).
 agent and reason in `sleeve ps`: each running sleeve's agent state and what it waits for, from
 its /status (asked with its token, all at once, 1.5 s at most); `?` when it does not answer.
+A waiting agent's permission requests follow its row (`approval ID  TOOL: what it would do`);
+`sleeve approve NAME ID` / `sleeve deny NAME ID` answer one through that sleeve's API.
 """
 
 
@@ -133,6 +136,21 @@ def _add_listings(subs: _Subcommands) -> None:
     p.add_argument("--dry-run", action="store_true", help="only print what would go")
 
 
+def _add_answers(subs: _Subcommands) -> None:
+    sleeve = "the sleeve: its run id as `sleeve ps` shows it, or its slot number in --project"
+    request = "the request's id (`sleeve ps` lists them)"
+    p = subs.add("approve", cmd_approve, "allow one permission request of a running sleeve")
+    p.add_argument("name", metavar="NAME", help=sleeve)
+    p.add_argument("id", metavar="ID", help=request)
+    p.add_argument(
+        "--remember", action="store_true", help="allow this kind of call for the session"
+    )
+    p = subs.add("deny", cmd_deny, "deny one permission request of a running sleeve")
+    p.add_argument("name", metavar="NAME", help=sleeve)
+    p.add_argument("id", metavar="ID", help=request)
+    p.add_argument("--message", metavar="TEXT", help="told to the agent")
+
+
 def _add_build(subs: _Subcommands) -> None:
     p = subs.add("build", cmd_build, "build image/Dockerfile unless its inputs are unchanged")
     p.add_argument("--image", default="sleeve:latest", help="tag (default %(default)s)")
@@ -156,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(subs)
     _add_manifest(subs)
     _add_listings(subs)
+    _add_answers(subs)
     _add_build(subs)
     return parser
 

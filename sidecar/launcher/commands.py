@@ -286,6 +286,11 @@ def cmd_ps(args: argparse.Namespace, settings: Settings) -> int:
             # Cut to what is left of the line, but never to nothing: a narrow terminal wraps.
             reason = agents.printable(reason, max(columns - len(line), 16))
         print((line + reason).rstrip())
+        for pending in agent.approvals if agent else ():
+            note = f"  approval {pending.id}  {pending.tool}: {pending.summary}"
+            print(note if columns is None or len(note) <= columns else note[: columns - 1] + "…")
+    if any(a.approvals for a in found.values()):
+        print("answer: `sleeve approve NAME ID [--remember]`, `sleeve deny NAME ID` (NAME: run)")
     return 0
 
 
@@ -295,6 +300,7 @@ def _ps_record(run: Run, agent: agents.Agent | None) -> dict[str, object]:
         **dataclasses.asdict(run),
         "agent": agent.state if agent else None,
         "agent_reason": agent.reason if agent else None,
+        "approvals": [dataclasses.asdict(p) for p in agent.approvals] if agent else None,
     }
 
 
