@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
 
 SETUP = "scripts/setup --test installs it"
+# Codex, Gemini CLI and opencode as image/clis/ pins them (scripts/setup --test links them here)
+CLI_BIN = Path(__file__).resolve().parent.parent / ".cache" / "clis" / "bin"
 
 
 def in_ci() -> bool:
@@ -44,4 +47,14 @@ def require_chromium() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
         missing(f"chromium is not installed ({SETUP}: apt-get install chromium)")
+    return path
+
+
+def cli_bin(name: str) -> Path:
+    """The pinned AI CLI command `name` (`codex`, `gemini`, `opencode`) in `CLI_BIN`, or skip/fail
+    the test as `missing` does. Put its folder first on the CLI's PATH: `gemini` runs on the
+    `node` beside it."""
+    path = CLI_BIN / name
+    if not path.exists():  # follows the link: a dangling one is missing too
+        missing(f"{name} is not installed at {path} ({SETUP} from image/clis/)")
     return path

@@ -157,6 +157,12 @@ def _add_build(subs: _Subcommands) -> None:
     p.add_argument("--context", metavar="DIR", help="build context (default: the repo root)")
     p.add_argument("--file", metavar="DOCKERFILE", help="default: CONTEXT/image/Dockerfile")
     p.add_argument("--build-arg", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--clis",
+        metavar="NAMES",
+        help="the AI CLIs in the image, comma-separated (the CLIS build arg; default "
+        "claude-code): claude-code and the folders of CONTEXT/image/clis/",
+    )
     p.add_argument("--force", action="store_true", help="build even if up to date")
 
 

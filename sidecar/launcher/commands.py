@@ -377,6 +377,11 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
         msg = f"no Dockerfile at {dockerfile} (use --context or --file)"
         raise LauncherError(msg)
     build_args = dict(_key_value(a) for a in args.build_arg)
+    if args.clis is not None:
+        if "CLIS" in build_args:
+            msg = "--clis and --build-arg CLIS=... both name the image's CLIs: give one"
+            raise LauncherError(msg)
+        build_args["CLIS"] = _clis_arg(args.clis, context)
     checksum = engine.inputs_checksum(context, dockerfile, build_args)
     engine.require_engine()
     existing = engine.image_checksum(args.image)
@@ -390,6 +395,19 @@ def cmd_build(args: argparse.Namespace, settings: Settings) -> int:
     ]
     logger.info("building %s: %s", args.image, shlex.join(shown))
     return subprocess.run(argv, check=False).returncode
+
+
+def _clis_arg(names: str, context: Path) -> str:
+    """`--clis a,b` as the Dockerfile's CLIS value, each name checked before any build starts:
+    Claude Code is built in, every other CLI is a folder of image/clis/ holding its lock."""
+    wanted = list(dict.fromkeys(names.replace(",", " ").split()))
+    locked = (context / "image" / "clis").glob("*/package-lock.json")
+    known = ["claude-code", *sorted(p.parent.name for p in locked)]
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        msg = f"--clis: no CLI {', '.join(unknown)} to install (known: {', '.join(known)})"
+        raise LauncherError(msg)
+    return " ".join(wanted)
 
 
 def _key_value(text: str) -> tuple[str, str]:

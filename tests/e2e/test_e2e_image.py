@@ -86,6 +86,44 @@ def test_image_has_entrypoint_healthcheck_and_pinned_parts(
     assert "tmux 3.3a" in out and "git version" in out and "Python 3.11" in out
 
 
+def test_an_image_with_codex_runs_it_and_has_no_claude_code_or_node(
+    engine: dockerenv.Engine, image: str, tmp_path: Path, timings: dict[str, float]
+) -> None:
+    """`sleeve build --clis codex`: Codex at its pinned version from image/clis/codex's lock, run
+    as the image's user; the CLIs not asked for are not there. Built after the default image,
+    so only the CLI stages and the last layers run."""
+    tag = "sleeve-e2e-codex:latest"
+    other = os.environ.get("SLEEVE_E2E_CONTEXT")
+    argv = [str(SLEEVE), "build", "--image", tag, "--clis", "codex"]
+    argv += ["--context", other] if other else []
+    env = sleeve_env(engine, tmp_path / "home")
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
+    timings["image_build_codex"] = round(time.monotonic() - t0, 2)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    try:
+        size = engine.docker("image", "inspect", "--format", "{{.Size}}", tag).stdout
+        timings["image_codex_size_mb"] = round(int(size) / 1e6, 1)
+        assert dockerenv.image_labels(engine, tag)["io.sleeve.clis"] == "codex"
+        out = engine.docker(
+            "run", "--rm", "--network", "none", "--entrypoint", "sh", tag, "-c",
+            "codex --version; id -un; for c in claude node gemini opencode; do"
+            " command -v $c || echo no-$c; done",
+        ).stdout.split()  # fmt: skip
+        assert out == ["codex-cli", "0.169.0", "sleeve", "no-claude", "no-node", "no-gemini",
+                       "no-opencode"]  # fmt: skip
+    finally:
+        engine.docker("rmi", "-f", tag, check=False)
+
+
+def test_a_build_naming_an_unknown_cli_fails_naming_the_known_ones(
+    engine: dockerenv.Engine, base_image: str, tmp_path: Path
+) -> None:
+    ctx = _context_copy(tmp_path)
+    out = _failed_build(engine, tmp_path, ctx, "CLIS=claude-code claude")
+    assert "CLIS: no CLI 'claude' (known: claude-code codex gemini-cli opencode)" in out
+
+
 def test_second_sleeve_build_is_skipped_by_the_checksum_label(
     engine: dockerenv.Engine, image: str, tmp_path: Path, timings: dict[str, float]
 ) -> None:

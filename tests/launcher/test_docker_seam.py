@@ -215,3 +215,22 @@ def test_build_logs_build_arg_names_never_their_values(
     assert SECRET not in res.err + res.out
     (build,) = [c["argv"] for c in docker.calls() if c["argv"][0] == "build"]
     assert f"TOKEN={SECRET}" in build  # docker itself still gets the value
+
+
+def test_build_clis_is_the_clis_build_arg_checked_against_image_clis(
+    tmp_path: Path, docker: FakeDocker, sleeve_proc: Callable[..., Result]
+) -> None:
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nARG CLIS\n")
+    (tmp_path / "image" / "clis" / "codex").mkdir(parents=True)
+    (tmp_path / "image" / "clis" / "codex" / "package-lock.json").write_text("{}")
+    args = ("build", "--context", tmp_path, "--file", tmp_path / "Dockerfile", "--clis")
+    bad = sleeve_proc(*args, "codex,gemini-cli", extra_env=docker.env)
+    assert bad.code == 1
+    assert "no CLI gemini-cli" in bad.err and "known: claude-code, codex" in bad.err
+    assert docker.calls() == [], "refused before any docker call"
+    res = sleeve_proc(*args, "claude-code, codex,codex", extra_env=docker.env)
+    assert res.code == 0, res.err
+    (build,) = [c["argv"] for c in docker.calls() if c["argv"][0] == "build"]
+    assert "CLIS=claude-code codex" in build
+    both = sleeve_proc(*args, "codex", "--build-arg", "CLIS=codex", extra_env=docker.env)
+    assert both.code == 1 and "give one" in both.err
