@@ -73,11 +73,12 @@ class Awareness:
         self._cli: CLIDef | None = None
         self._task: asyncio.Task[None] | None = None
 
-    def _use(self, cli: CLIDef) -> None:
+    def _use(self, cli: CLIDef, *, adopted: bool = False) -> None:
         self._cli = cli
         self.seen.use(cli)
         self.hooks.use(cli)
-        self.on_screen.use(cli)
+        channel = self.hooks.cli is not None and self.hooks.cli.decides
+        self.on_screen.use(cli, channel=channel, adopted=adopted)
         self.notices.prompt = cli.prompt
         self.machine.launched(cli.state)
 
@@ -96,7 +97,7 @@ class Awareness:
         if self._cli is None and cli is not None and state is ProcState.RUNNING:
             # A CLI this supervisor did not launch (adopted after a restart): same source.
             self.quiet.adopted(active=cli.state == "activity")
-            self._use(cli)
+            self._use(cli, adopted=True)
         if state is ProcState.STOPPING and self.files.record.hook_secret is not None:
             # Hooks of a CLI being stopped are refused from here on (a resleeve's old CLI).
             self.hooks.revoke()

@@ -246,6 +246,7 @@ class ClaudeHooks:
     name = "claude-code"
     events: tuple[str, ...] = EVENTS
     max_hold = float(MAX_HOLD)
+    decides = True
 
     def launch(self, launch: HookLaunch) -> Launched:
         config = config_dir(launch.env)

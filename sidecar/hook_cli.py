@@ -68,6 +68,7 @@ class HookCLI(Protocol):
     name: str  # the knowledge name (`CLIDef.screen`): its hooks' URL segment
     events: tuple[str, ...]
     max_hold: float  # seconds a held hook may wait: under the CLI's own timeout for it
+    decides: bool  # its permission hook takes a decision (else its dialog is answered by keys)
 
     def launch(self, launch: HookLaunch) -> Launched: ...
 

@@ -40,11 +40,17 @@ class ScreenApprovals:
         self.deliver = deliver
         self.keys: Keys | None = None
         self.current: str | None = None  # the approval the dialog on screen answers
+        self._covered = False  # the dialog on screen has (had) a request listed for it
+        self._listing = "always"  # list dialogs from the screen: always, once, never
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def use(self, cli: CLIDef) -> None:
+    def use(self, cli: CLIDef, *, channel: bool, adopted: bool) -> None:
+        """`cli` runs now. `channel`: it has a decision channel of its own, whose requests
+        arrive before their dialog is drawn, so a dialog is listed from the screen only when
+        it was there before this supervisor (adopted after a crash: the held hook died)."""
         self.keys = KEYS.get(cli.screen)
-        self.current = None
+        self.current, self._covered = None, False
+        self._listing = "once" if channel and adopted else "never" if channel else "always"
 
     def looked(self) -> None:
         """The agent's state or the screen's reading changed."""
@@ -54,7 +60,20 @@ class ScreenApprovals:
             and reading is not None
             and reading.seen is Seen.PERMISSION
         )
-        if showing and reading and self.current is None and not self.approvals.pending():
+        if not showing:
+            self._covered = False
+            if self._listing == "once" and reading is not None:
+                self._listing = "never"  # the dialog left over from before is gone
+        elif self.approvals.pending():
+            self._covered = True  # a request is listed: this dialog is its
+        if (
+            showing
+            and reading
+            and self.current is None
+            and not self._covered
+            and self._listing != "never"
+        ):
+            self._covered = True
             if self.keys is None:
                 return  # a dialog the sidecar cannot answer: `waiting`, nothing listed
             tool, _, what = (reading.reason or "permission").partition(": ")
