@@ -228,6 +228,10 @@ class EgressProxy:
         host, port = self._server.sockets[0].getsockname()[:2]
         return host, port
 
+    @property
+    def listening(self) -> bool:
+        return self._server is not None and self._server.is_serving()
+
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         """Listen on `host`:`port` (0: a port the kernel picks). OSError when it cannot."""
         self._loop = asyncio.get_running_loop()

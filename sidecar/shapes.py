@@ -92,6 +92,23 @@ class AgentInfo(Answer):
     session_id: Annotated[str | None, Meta(description="the CLI's conversation id, when known")]
 
 
+EgressHow = Annotated[
+    Literal["proxy", "direct", "udp", "ipv6", "raw"],
+    Meta(
+        description="`proxy`: refused by the egress proxy; `direct`: a TCP connection around "
+        "it; `udp` (DNS included), `ipv6`, `raw`: sockets the enforcement refused"
+    ),
+]
+
+
+class EgressInfo(Answer):
+    """The CLI's network: open, or the egress allowlist (`SIDECAR_EGRESS_ALLOW`)."""
+
+    mode: Literal["open", "allowlist"]
+    allow: Annotated[list[str], Meta(description="the allowed host patterns, as normalised")]
+    denied: Annotated[int, Meta(ge=0, description="refused attempts since the supervisor started")]
+
+
 class Progress(Answer):
     """The `- [ ]` / `- [x]` items under `## Progress` in CURRENT.md."""
 
@@ -128,6 +145,7 @@ class StatusAnswer(Answer):
         int, Meta(ge=0, description="supervisor crashes init recovered from (see README)")
     ]
     agent: AgentInfo
+    egress: EgressInfo
 
 
 # ---- messages ----------------------------------------------------------------------------------
@@ -374,6 +392,15 @@ class InboxNotified(Event, tag="inbox-notified"):
     text: Annotated[str, Meta(description="the line typed")]
 
 
+class EgressDenied(Event, tag="egress-denied"):
+    """The CLI tried to reach a host off the egress allowlist (one event per host and `how` a
+    minute; every attempt is counted in /status and /metrics)."""
+
+    host: Annotated[str, Meta(description="the host name asked for, or the address")]
+    port: Annotated[int, Meta(ge=0, le=65535)]
+    how: EgressHow
+
+
 AnyEvent = (
     Heartbeat
     | SidecarRestart
@@ -383,5 +410,6 @@ AnyEvent = (
     | Resleeve
     | AgentStateEvent
     | InboxNotified
+    | EgressDenied
     | ErrorEvent
 )
