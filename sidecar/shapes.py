@@ -145,7 +145,8 @@ class StatusAnswer(Answer):
         int, Meta(ge=0, description="supervisor crashes init recovered from (see README)")
     ]
     agent: AgentInfo
-    egress: EgressInfo
+    # Always sent; a default, so that the schema does not require it of answers made before it.
+    egress: EgressInfo = field(default_factory=lambda: EgressInfo(mode="open", allow=[], denied=0))
 
 
 # ---- messages ----------------------------------------------------------------------------------
