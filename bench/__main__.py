@@ -29,6 +29,7 @@ from bench.context import Context
 from bench.figures import (
     agent,
     crash,
+    egress,
     http,
     idle,
     launcher,
@@ -50,6 +51,7 @@ GROUPS: dict[str, ModuleType] = {
     "resleeve": resleeve,
     "crash": crash,
     "http": http,
+    "egress": egress,
     "outbox": outbox,
     "terminal": terminal,
     "agent": agent,
@@ -64,6 +66,7 @@ ORDER = [
     "crash",
     "http",
     "idle",
+    "egress",
     "outbox",
     "terminal",
     "agent",

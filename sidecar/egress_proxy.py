@@ -49,6 +49,9 @@ class _Side(asyncio.Protocol):
         self.eof = False
         self.last = time.monotonic()
         self.budget: int | None = None  # bytes still to pass on (a plain request's body)
+        # What a far end sent before it was joined to its client (a server that speaks first,
+        # between the connect and the join): passed on at the join.
+        self.early = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -66,6 +69,8 @@ class _Side(asyncio.Protocol):
         if data and peer is not None and peer.transport is not None:
             peer.last = self.last
             peer.transport.write(data)
+        elif data:
+            self.early += data
 
     def eof_received(self) -> bool:
         self.eof = True
@@ -313,6 +318,8 @@ class EgressProxy:
             client.budget = req.body
         early, client.buf = client.buf, b""
         client.pass_on(early)
+        early, upstream.early = upstream.early, b""
+        upstream.pass_on(early)
         client.transport.resume_reading()
 
     # ---- idle connections ----------------------------------------------------------------

@@ -234,6 +234,27 @@ async def test_a_thousand_tunnels_at_once_are_bounded_and_nothing_hangs() -> Non
     await server.close()
 
 
+async def test_a_far_end_that_speaks_first_is_heard() -> None:
+    """A server that sends before the client says anything (SSH, SMTP banners): its first
+    bytes arrive in the moment between the connect and the tunnel's joining, and are kept."""
+
+    async def banner(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"SSH-2.0-hello\r\n")
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    server = await Server().start(banner)
+    async with proxy_for(f"127.0.0.1:{server.port}") as (proxy, _):
+        reader, writer, head = await ask(
+            proxy, f"CONNECT 127.0.0.1:{server.port} HTTP/1.1\r\n\r\n".encode()
+        )
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert await asyncio.wait_for(reader.readline(), 5) == b"SSH-2.0-hello\r\n"
+        writer.close()
+    await server.close()
+
+
 def blackhole() -> tuple[socket.socket, list[socket.socket]]:
     """A listening socket that never accepts, its backlog filled: the kernel drops further SYNs,
     so a connect to it neither succeeds nor fails (a far end that never answers)."""
