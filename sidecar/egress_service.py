@@ -49,13 +49,16 @@ class _Limiter:
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self.last: dict[object, float] = {}
+        self.pruned = -QUIET
 
     def due(self, key: object) -> bool:
         now = self.clock()
         if now - self.last.get(key, -QUIET) < QUIET:
             return False
         if len(self.last) >= MAX_REMEMBERED:
-            self.last = {k: t for k, t in self.last.items() if now - t < QUIET}
+            if now - self.pruned >= 1.0:  # at most once a second: a flood must not cost O(n²)
+                self.pruned = now
+                self.last = {k: t for k, t in self.last.items() if now - t < QUIET}
             if len(self.last) >= MAX_REMEMBERED:
                 return False  # a flood of distinct names: counted, not each one told
         self.last[key] = now
