@@ -63,6 +63,11 @@ class _Side(asyncio.Protocol):
 
     def pass_on(self, data: bytes) -> None:
         if self.budget is not None:
+            if data and not self.budget:
+                # A second request on a kept-alive connection: the far end was asked for one
+                # only. Closing makes the client send it again on a new connection, decided anew.
+                self.close()
+                return
             data = data[: self.budget]  # what follows the body is never sent on
             self.budget -= len(data)
         peer = self.peer

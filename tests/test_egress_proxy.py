@@ -131,6 +131,33 @@ async def test_plain_http_to_an_allowed_host_is_forwarded_in_origin_form(web: Se
     assert denied == []
 
 
+async def test_a_second_request_on_the_connection_is_not_carried() -> None:
+    """The far end is asked for one request; a client that reuses the connection for another
+    (maybe for another host) is closed, never passed on to the first one's far end, even when
+    that far end keeps the connection open."""
+    heard: list[bytes] = []
+
+    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                heard.append(data)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        writer.close()
+
+    server = await Server().start(keep_alive)
+    async with proxy_for(f"127.0.0.1:{server.port}") as (proxy, _):
+        reader, writer, head = await ask(
+            proxy, f"GET http://127.0.0.1:{server.port}/one HTTP/1.1\r\n\r\n".encode()
+        )
+        assert head.startswith(b"HTTP/1.1 200 ")
+        assert await reader.readexactly(2) == b"ok"
+        writer.write(b"GET http://evil.example/two HTTP/1.1\r\n\r\n")
+        assert await asyncio.wait_for(reader.read(-1), 5) == b""
+        writer.close()
+    await server.close()
+    assert b"".join(heard).count(b"GET ") == 1
+
+
 async def test_a_host_off_the_list_is_403_with_one_line(web: Server) -> None:
     async with proxy_for("127.0.0.1:1") as (proxy, denied):
         answer = await exchange(
