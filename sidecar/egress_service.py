@@ -8,9 +8,15 @@ and the direct ones the enforcement sees, so that counting and rate limits live 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 
 from sidecar.egress import Allowlist
@@ -26,6 +32,7 @@ HOWS: tuple[How, ...] = ("proxy", "direct", "udp", "ipv6", "raw")
 QUIET = 60.0  # one event per (host, how), one log line per host, in this many seconds
 MAX_REMEMBERED = 4096  # distinct hosts kept for the rate limits (an attacker picks names)
 PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
+MAX_REPORT = 4096  # one refusal's datagram from the enforcement: {"host", "port", "how"}
 
 
 def proxy_env(proxy: tuple[str, int], api: tuple[str, int]) -> dict[str, str]:
@@ -86,6 +93,7 @@ class Egress:
         self._events = _Limiter(clock)
         self._logs = _Limiter(clock)
         self.proxy: EgressProxy | None = None
+        self._reports: socket.socket | None = None
         if allow is not None:
             api_host = loopback_url(*api).removeprefix("http://").rpartition(":")[0]
             self.proxy = EgressProxy(
@@ -119,8 +127,41 @@ class Egress:
             log.info("egress proxy on 127.0.0.1:%d for %s", self.proxy.address[1], self.texts)
 
     async def close(self) -> None:
+        if self._reports is not None:
+            asyncio.get_running_loop().remove_reader(self._reports.fileno())
+            self._reports.close()
+            self._reports = None
         if self.proxy is not None:
             await self.proxy.close()
+
+    def listen_reports(self, path: Path, mode: int = 0o600) -> None:
+        """Take the enforcement's reports of refused attempts: a unix datagram socket at
+        `path` (made anew, `mode`), one JSON object `{"host", "port", "how"}` per datagram,
+        each passed to `denied`. Malformed datagrams are dropped: the sender is the CLI's
+        side, and a report costs it nothing but this count."""
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        sock.bind(os.fspath(path))
+        os.chmod(path, mode)
+        self._reports = sock
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._read_reports)
+
+    def _read_reports(self) -> None:
+        assert self._reports is not None
+        for _ in range(64):  # a burst is read in turns: the loop has other work
+            try:
+                data = self._reports.recv(MAX_REPORT)
+            except (BlockingIOError, InterruptedError):
+                return
+            try:
+                report = json.loads(data)
+                host, port, how = report["host"], report["port"], report["how"]
+            except (ValueError, TypeError, KeyError):
+                continue
+            if isinstance(host, str) and isinstance(port, int) and isinstance(how, str):
+                self.denied(host[:253], port, how)
 
     @property
     def texts(self) -> list[str]:

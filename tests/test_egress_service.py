@@ -4,8 +4,10 @@ passed in: a minute is not waited for), and `Config` reading the two variables o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import socket
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,27 @@ def test_a_flood_of_names_keeps_the_limiter_bounded() -> None:
         egress.denied(f"h{i}.example", 443, "proxy")
     assert egress.denied_total == MAX_REMEMBERED * 2
     assert len(egress._events.last) <= MAX_REMEMBERED
+
+
+async def test_reports_of_the_enforcement_are_denials(tmp_path: Path) -> None:
+    """The enforcement's broker tells of each refusal in one datagram; a real unix socket."""
+    egress = Egress(parse_list("V", ["a.example"]), EventBus(), ("127.0.0.1", 1))
+    path = tmp_path / "egress.sock"
+    egress.listen_reports(path)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(b'{"host": "1.2.3.4", "port": 443, "how": "direct"}\n', str(path))
+            s.sendto(b"not json", str(path))
+            s.sendto(b'{"host": 1, "port": "x", "how": []}', str(path))
+            s.sendto(b'{"host": "::1", "port": 53, "how": "udp"}', str(path))
+        deadline = asyncio.get_running_loop().time() + 5
+        while egress.denied_total < 2:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        assert egress.denied_by_how["direct"] == 1 and egress.denied_by_how["udp"] == 1
+        assert egress.denied_total == 2
+    finally:
+        await egress.close()
 
 
 def test_config_reads_the_variable_or_the_file_once(tmp_path: Path) -> None:
