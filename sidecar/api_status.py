@@ -86,6 +86,7 @@ def status_answer(v: SupervisorView, current: CurrentState, config: Config) -> S
         warnings=warnings,
         sidecar_restarts=v.restarts,
         agent=agent_info(v),
+        egress=v.egress,
     )
 
 

@@ -73,6 +73,7 @@ class CliRunner:
         self._save = save
         self.name = config.cli
         self.env = env  # the CLI's environment (its user's HOME with SIDECAR_USER)
+        self.egress_env: Mapping[str, str] = {}  # the egress proxy's variables: they win
         self.owner = owner  # how the sidecar acts in the workspace (sidecar.acting)
         self.server = TmuxServer(tmux)
         self.process = ProcessState(self._changed)
@@ -119,7 +120,7 @@ class CliRunner:
             )
             return (), {}, fatal
         argv, added = self._argv_for(cli, resume=resume)
-        env = {**cli.env, **added}
+        env = {**cli.env, **added, **self.egress_env}
         path = {**self.env, **env}.get("PATH", os.defpath)
         if which(argv[0], path, self.owner) is None:
             fatal = f"{argv[0]!r} not found on PATH ({path}); the {cli.name} CLI is not installed"

@@ -26,6 +26,7 @@ from sidecar.contract import (
     DEFAULT_WORKSPACE,
     STOP_GRACE,
 )
+from sidecar.egress import Allowlist, AllowlistError, parse_list, split_file, split_value
 from sidecar.layout import Layout
 from sidecar.users import User, UserError, parse_user
 
@@ -208,6 +209,48 @@ def _user_home(env: Mapping[str, str]) -> Path | None:
     return home
 
 
+EGRESS_VAR = "SIDECAR_EGRESS_ALLOW"
+EGRESS_FILE_VAR = "SIDECAR_EGRESS_ALLOW_FILE"
+MAX_EGRESS_FILE = 1024 * 1024
+
+
+def _egress_file(raw: str) -> str:
+    try:
+        with open(raw, "rb") as fh:
+            data = fh.read(MAX_EGRESS_FILE + 1)
+    except OSError as exc:
+        msg = f"{EGRESS_FILE_VAR}: cannot read {raw}: {exc.strerror}"
+        raise ConfigError(msg) from None
+    if len(data) > MAX_EGRESS_FILE:
+        msg = f"{EGRESS_FILE_VAR}: {raw} is larger than {MAX_EGRESS_FILE} bytes"
+        raise ConfigError(msg)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        msg = f"{EGRESS_FILE_VAR}: {raw} is not UTF-8 text"
+        raise ConfigError(msg) from None
+
+
+def egress_allowlist(env: Mapping[str, str]) -> Allowlist | None:
+    """SIDECAR_EGRESS_ALLOW or _FILE; None (an open network) when neither is set. A variable
+    set to nothing is an error, not an open network: the list is a safety feature."""
+    if EGRESS_VAR in env and EGRESS_FILE_VAR in env:
+        msg = f"{EGRESS_VAR} and {EGRESS_FILE_VAR} are both set; set one of them"
+        raise ConfigError(msg)
+    try:
+        if EGRESS_VAR in env:
+            return parse_list(EGRESS_VAR, split_value(env[EGRESS_VAR]))
+        if EGRESS_FILE_VAR in env:
+            path = text(env, EGRESS_FILE_VAR)
+            if path is None:
+                msg = f"{EGRESS_FILE_VAR} is empty; name the file holding the allowlist"
+                raise ConfigError(msg)
+            return parse_list(EGRESS_FILE_VAR, split_file(_egress_file(path)))
+    except AllowlistError as exc:
+        raise ConfigError(str(exc)) from None
+    return None
+
+
 def _path(env: Mapping[str, str], name: str, default: str) -> Path:
     return Path(text(env, name) or default).absolute()
 
@@ -240,6 +283,8 @@ class Config:
     approval_timeout: float | None = None
     # `activity` source: pane output within this many seconds is `working`, quiet is `idle`.
     activity_quiet: float = ACTIVITY_QUIET
+    # SIDECAR_EGRESS_ALLOW(_FILE): the hosts the CLI may reach; None: the network is open.
+    egress: Allowlist | None = None
     # The environment the CLI inherits (PATH, HOME, API keys, ...), captured once here.
     child_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -279,6 +324,7 @@ class Config:
         allowed_origins = _origins(env)
         user = _user(text(env, "SIDECAR_USER"), os.geteuid() if euid is None else euid)
         user_home = _user_home(env)
+        allowlist = egress_allowlist(env)
         hidden = {*tokens.TOKEN_VARS, tokens.HANDOVER_VAR}
         return cls(
             sleeve_name=name,
@@ -301,6 +347,7 @@ class Config:
             inbox_notify=inbox_notify,
             activity_quiet=quiet,
             approval_timeout=approval_timeout,
+            egress=allowlist,
             # The CLI never inherits the API's tokens.
             child_env={k: v for k, v in env.items() if k not in hidden},
         )

@@ -1,6 +1,7 @@
 """`GET /metrics`: the sidecar's own families (the CLI, ttyd, the agent, resleeves, exits,
-message depth, `/events` clients, HTTP requests by route and status class) from one snapshot of
-the supervisor, written with `sidecar.prometheus`. Only `RequestCounter.count` runs per request.
+message depth, `/events` clients, HTTP requests by route and status class, egress) from one
+snapshot of the supervisor, written with `sidecar.prometheus`. Only `RequestCounter.count` runs
+per request.
 """
 
 from __future__ import annotations
@@ -211,6 +212,18 @@ class Metrics:
                 ((("route", route), ("method", method), ("code", code)), n)
                 for (route, method, code), n in sorted(self.requests.by_label().items())
             ],
+        )
+        out.family(
+            "sidecar_egress_allowed_total",
+            "counter",
+            "Connections the egress proxy let through, by the allowlist pattern that allowed them",
+            [((("pattern", pattern),), n) for pattern, n in v.egress_allowed],
+        )
+        out.family(
+            "sidecar_egress_denied_total",
+            "counter",
+            "Attempts of the CLI to reach a host off the egress allowlist, by how (no host label)",
+            [((("how", how),), n) for how, n in v.egress_denied] if v.egress.mode != "open" else [],
         )
         process_metrics(out, self.started)
         return out

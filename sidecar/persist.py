@@ -66,6 +66,7 @@ class SupervisorState(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     stopping: bool = False  # a shutdown is under way
     ttyd: ProcRef | None = None
     warnings: tuple[str, ...] = ()
+    egress_port: int | None = None  # the egress proxy's: the CLI's environment names it
 
 
 def digest(argv: Sequence[str]) -> str:

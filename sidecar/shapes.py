@@ -92,6 +92,23 @@ class AgentInfo(Answer):
     session_id: Annotated[str | None, Meta(description="the CLI's conversation id, when known")]
 
 
+EgressHow = Annotated[
+    Literal["proxy", "direct", "udp", "ipv6", "raw"],
+    Meta(
+        description="`proxy`: refused by the egress proxy; `direct`: a TCP connection around "
+        "it; `udp` (DNS included), `ipv6`, `raw`: sockets the enforcement refused"
+    ),
+]
+
+
+class EgressInfo(Answer):
+    """The CLI's network: open, or the egress allowlist (`SIDECAR_EGRESS_ALLOW`)."""
+
+    mode: Literal["open", "allowlist"]
+    allow: Annotated[list[str], Meta(description="the allowed host patterns, as normalised")]
+    denied: Annotated[int, Meta(ge=0, description="refused attempts since the supervisor started")]
+
+
 class Progress(Answer):
     """The `- [ ]` / `- [x]` items under `## Progress` in CURRENT.md."""
 
@@ -128,6 +145,8 @@ class StatusAnswer(Answer):
         int, Meta(ge=0, description="supervisor crashes init recovered from (see README)")
     ]
     agent: AgentInfo
+    # Always sent; a default, so that the schema does not require it of answers made before it.
+    egress: EgressInfo = field(default_factory=lambda: EgressInfo(mode="open", allow=[], denied=0))
 
 
 # ---- messages ----------------------------------------------------------------------------------
@@ -469,6 +488,15 @@ class ApprovalResolved(Event, tag="approval-resolved"):
     reason: str | UnsetType = UNSET
 
 
+class EgressDenied(Event, tag="egress-denied"):
+    """The CLI tried to reach a host off the egress allowlist (one event per host and `how` a
+    minute; every attempt is counted in /status and /metrics)."""
+
+    host: Annotated[str, Meta(description="the host name asked for, or the address")]
+    port: Annotated[int, Meta(ge=0, le=65535)]
+    how: EgressHow
+
+
 AnyEvent = (
     Heartbeat
     | SidecarRestart
@@ -480,5 +508,6 @@ AnyEvent = (
     | InboxNotified
     | ApprovalRequested
     | ApprovalResolved
+    | EgressDenied
     | ErrorEvent
 )

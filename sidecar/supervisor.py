@@ -25,6 +25,7 @@ from sidecar.cli_runner import CliRunner
 from sidecar.clis import CLIDef
 from sidecar.config import Config
 from sidecar.contract import utc_now
+from sidecar.egress_service import Egress
 from sidecar.events import EventBus
 from sidecar.persist import ProcRef, SupervisorState
 from sidecar.proc import send_signal, start_time
@@ -92,6 +93,8 @@ class Supervisor:
         self.tmux = Tmux(config.paths, run_as=config.user, env=user_env)
         # What the agent is doing (sidecar.agent): told of every change of the CLI's state.
         self.awareness = Awareness(config, bus, self.tmux, self.owner)
+        # The CLI's egress allowlist: the proxy, and every refused attempt's one door.
+        self.egress = Egress(config.egress, bus, (config.host, config.port))
         self.resleeving = False
         self._resleeve_move: tuple[str, str] | None = None  # (from, to) while one is under way
         self._stopping = False
@@ -175,6 +178,7 @@ class Supervisor:
             stopping=self._stopping,
             ttyd=self.ttyd.process,
             warnings=tuple(self.warnings),
+            egress_port=self.egress.port,
         )
         data = persist.encode(record)
         if data == self._saved:
@@ -211,6 +215,9 @@ class Supervisor:
                 adopt.found_text(live),
             )
             return True
+        # Before the CLI: its environment names the proxy, on the port an adopted CLI knows.
+        await self.egress.start(ours.egress_port if ours is not None else None)
+        self.runner.egress_env = self.egress.env()
         await self._prepare_workspace(ours)
         self.current.get()
         if self.restarts and (left := self.awareness.activity.stop_orphans(os.getppid())):
@@ -380,6 +387,7 @@ class Supervisor:
         async with run.lock:
             await run.stop()
         await self.awareness.stop()
+        await self.egress.close()
         await self.ttyd.stop()
         server = run.server.ref
         await asyncio.to_thread(self.tmux.kill_server)

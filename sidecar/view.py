@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from sidecar.agent import AgentStatus, seconds_in_states
 from sidecar.contract import AgentStateName
+from sidecar.shapes import EgressInfo
 from sidecar.states import ProcState, ProcStatus
 
 if TYPE_CHECKING:  # typing only: the snapshot sits below the supervisor, which may take it
@@ -42,6 +43,9 @@ class SupervisorView(NamedTuple):
     tmux_heals: int  # tmux servers recreated after dying
     resleeves: int  # finished resleeves
     resleeve_seconds: float  # their summed duration
+    egress: EgressInfo
+    egress_allowed: tuple[tuple[str, int], ...]  # connections allowed, by listed pattern
+    egress_denied: tuple[tuple[str, int], ...]  # attempts refused, by how (never by host)
 
     def agent_seconds(self) -> dict[str, float]:
         """Seconds the agent spent in each state, up to the snapshot."""
@@ -92,4 +96,7 @@ def of(sup: Supervisor) -> SupervisorView:
         stats.tmux_heals,
         stats.resleeves,
         stats.resleeve_seconds,
+        sup.egress.info(),
+        tuple(sup.egress.allowed_by.items()),
+        tuple(sup.egress.denied_by_how.items()),
     )

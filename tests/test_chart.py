@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.launcher.egress_lists import default_patterns
 from tests.harness import Sidecar, http
 from tests.kubetools import (
     CHART,
@@ -51,6 +52,21 @@ EVERYTHING: dict[str, Any] = {
         "cliConfig": "/etc/sleeve/clis.yaml",
     },
     "extraEnv": {"SIDECAR_FUTURE": "1", "NO_COLOR": True},
+    "egress": {
+        "allow": ["api.example.com", "*.corp.example:8443", "127.0.0.1:9000"],
+        "networkPolicy": {
+            "ports": [443],
+            "to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}],
+            "dnsTo": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                    },
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                }
+            ],
+        },
+    },
     "terminationGracePeriodSeconds": 45,
     "tokens": {"existingSecret": "agent-a-own-tokens"},
     "apiKeys": {"secretName": "team-keys", "optional": False},
@@ -105,7 +121,15 @@ def test_rendered_chart_is_valid_for_the_oldest_and_newest_kubernetes(
 ) -> None:
     objs = helm_template(values)
     kinds = sorted(o["kind"] for o in objs)
-    expected = ["Secret", "Service", "StatefulSet"] if not values else ["Service", "StatefulSet"]
+    expected = (
+        ["NetworkPolicy", "Secret", "Service", "StatefulSet"]
+        if not values
+        else [
+            "NetworkPolicy",
+            "Service",
+            "StatefulSet",
+        ]
+    )
     assert kinds == expected
     validate_strict(objs)
 
@@ -270,3 +294,64 @@ def test_probes_pass_for_a_degraded_cli_and_fail_only_when_the_sidecar_is_gone(
     started = time.monotonic()
     assert not kubelet_probe(sc.url + "/health", probes["livenessProbe"]["timeoutSeconds"])
     assert time.monotonic() - started < 5
+
+
+# ---- egress ----------------------------------------------------------------------------------
+
+
+def container_env(objs: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in pod_spec(objs)["containers"][0]["env"]}
+
+
+def test_egress_defaults_to_the_launchers_list_behind_a_network_policy() -> None:
+    objs = helm_template({})
+    assert container_env(objs)["SIDECAR_EGRESS_ALLOW"] == ",".join(default_patterns("claude-code"))
+    spec = by_kind(objs)["NetworkPolicy"]["spec"]
+    assert spec["podSelector"] == {"matchLabels": pod_labels(objs)}
+    assert spec["policyTypes"] == ["Egress"]
+    assert spec["egress"] == [
+        {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+        {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 80}]},
+    ]
+
+
+def pod_labels(objs: list[dict[str, Any]]) -> dict[str, str]:
+    labels = by_kind(objs)["StatefulSet"]["spec"]["selector"]["matchLabels"]
+    return dict(labels)
+
+
+def test_egress_narrowed_open_and_empty() -> None:
+    objs = helm_template(EVERYTHING)
+    assert container_env(objs)["SIDECAR_EGRESS_ALLOW"] == (
+        "api.example.com,*.corp.example:8443,127.0.0.1:9000"
+    )
+    dns, tcp = by_kind(objs)["NetworkPolicy"]["spec"]["egress"]
+    assert dns["to"] == EVERYTHING["egress"]["networkPolicy"]["dnsTo"]
+    assert tcp == {
+        "ports": [{"protocol": "TCP", "port": 443}],
+        "to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}],
+    }
+    opened = helm_template({"egress": {"open": True}})
+    assert "NetworkPolicy" not in by_kind(opened)
+    assert "SIDECAR_EGRESS_ALLOW" not in container_env(opened)
+    nothing = helm_template({"egress": {"allow": []}})
+    assert container_env(nothing)["SIDECAR_EGRESS_ALLOW"] == "none"
+    no_policy = helm_template({"egress": {"networkPolicy": {"enabled": False}}})
+    assert "NetworkPolicy" not in by_kind(no_policy)
+    assert "SIDECAR_EGRESS_ALLOW" in container_env(no_policy)
+
+
+@pytest.mark.parametrize(
+    "egress",
+    [
+        {"allow": ["https://api.example.com"]},
+        {"allow": ["api.example.com/v1"]},
+        {"networkPolicy": {"ports": [0]}},
+        {"networkPolicy": {"ports": []}},
+        {"open": "yes"},
+    ],
+)
+def test_bad_egress_values_fail_lint(egress: dict[str, Any]) -> None:
+    done = helm_with({"egress": egress}, "lint", "--strict", str(CHART), ok=False)
+    assert done.returncode != 0
+    assert "/egress/" in done.stdout + done.stderr

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sidecar.launcher import (
     agents,
+    egress_lists,
     engine,
     instances,
     kube,
@@ -160,6 +161,7 @@ def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: Slot) -> RunPlan:
+    cli = "shell" if args.shell else args.cli
     return RunPlan(
         name=project.container_name(slot.id),
         project_key=project.key,
@@ -169,12 +171,13 @@ def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: 
         workspace=instances.project_path(args.project),
         slot_dir=slot.path,
         instance_dir=instances.instance_dir(settings.home, project.root),
-        cli="shell" if args.shell else args.cli,
+        cli=cli,
         goal=args.goal,
         port=launch.check_port(args.port) if args.port else launch.free_port(),
         image=args.image,
         network_host=args.network == "host",
         passthrough=passthrough_env(settings.env),
+        egress=egress_lists.choose(args.egress, cli),
     )
 
 
@@ -208,6 +211,10 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         run.port = plan.port
         run.token = sleeve_tokens["SIDECAR_TOKEN"]  # for the owner: `sleeve ps --json`
         command = runtime.command(run, plan, home, settings.env)
+        if plan.egress is None:
+            print(
+                "sleeve: --egress open: the agent's network is open (no allowlist)", file=sys.stderr
+            )
         if args.dry_run:
             for step in command.steps:
                 print(shlex.join(step))  # the very lists the real run executes
@@ -238,7 +245,7 @@ def cmd_manifest(args: argparse.Namespace, settings: Settings) -> int:
         namespace = manifest.check_namespace(args.namespace)
         plan = _plan(args, settings, project, slot)
         kube.stop_grace(plan.passthrough)
-    except kube.ManifestError as exc:
+    except (kube.ManifestError, egress_lists.EgressChoiceError) as exc:
         print(f"sleeve: {exc}", file=sys.stderr)
         return 2
     name = name or manifest.default_name(project.root.name, slot.id)

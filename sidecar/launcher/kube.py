@@ -290,10 +290,32 @@ def token_secret(target: Target, tokens: Tokens) -> Obj:
     }
 
 
+def network_policy(target: Target) -> Obj:
+    """The outer layer of the egress allowlist: the pod reaches DNS and TCP 443 and 80, nothing
+    else (by port, not by name: the names are the sidecar's proxy's to check). The chart's
+    `egress.networkPolicy` values narrow the peers; this is their default."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(target, target.name),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(target.name)},
+            "policyTypes": ["Egress"],
+            "egress": [
+                {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+                {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 80}]},
+            ],
+        },
+    }
+
+
 def objects(plan: RunPlan, target: Target) -> list[Obj]:
-    """Secret (unless an existing one is named), Service, StatefulSet: the order to apply."""
+    """The NetworkPolicy unless the network is open (first, as Helm applies it: the pod never
+    runs without it), Secret (unless an existing one is named), Service, StatefulSet: the order
+    to apply."""
+    policy = [] if plan.egress is None else [network_policy(target)]
     made = [] if target.tokens is None else [token_secret(target, target.tokens)]
-    return [*made, service(target), statefulset(plan, target)]
+    return [*policy, *made, service(target), statefulset(plan, target)]
 
 
 # Plain scalars that some YAML reader takes for something else than a string: Go's YAML 1.1

@@ -41,7 +41,11 @@ PASSTHROUGH_PREFIXES = ("SLEEVE_", "SIDECAR_")
 TOKEN_SETTINGS = frozenset(name for var in TOKEN_VARS for name in (var, f"{var}_FILE"))
 # Host-side launcher settings that mean nothing inside a sleeve, and what the launcher decides
 # itself (the tokens; the CLI's user is the invoking one).
-HOST_ONLY = frozenset({"SLEEVE_HOME", *TOKEN_SETTINGS, "SIDECAR_USER", "SIDECAR_USER_HOME"})
+# The egress allowlist is `--egress`'s to set (a host variable would come beside it: exit 2).
+EGRESS_SETTINGS = frozenset({"SIDECAR_EGRESS_ALLOW", "SIDECAR_EGRESS_ALLOW_FILE"})
+HOST_ONLY = frozenset(
+    {"SLEEVE_HOME", *TOKEN_SETTINGS, *EGRESS_SETTINGS, "SIDECAR_USER", "SIDECAR_USER_HOME"}
+)
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,8 @@ class RunPlan:
     limits: Limits = Limits()
     # The sleeve's API tokens (SIDECAR_TOKEN, SIDECAR_VIEW_TOKEN): handed in as files.
     tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # The egress allowlist's patterns (`--egress`); None: the network is open.
+    egress: tuple[str, ...] | None = None
 
 
 def home_mounts(plan: RunPlan) -> list[Mount]:
@@ -133,6 +139,8 @@ def fixed_env(plan: RunPlan, *, port: int, host: str) -> dict[str, str]:
         env[f"{var}_FILE"] = f"{TOKEN_DIR}/{TOKEN_FILES[var]}"
     if plan.goal is not None:
         env["SLEEVE_GOAL"] = plan.goal
+    if plan.egress is not None:
+        env["SIDECAR_EGRESS_ALLOW"] = ",".join(plan.egress) or "none"
     return env
 
 

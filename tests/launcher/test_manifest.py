@@ -109,6 +109,9 @@ def chart_values(
     }
     if "goal" in flags:
         values["sleeve"]["goal"] = flags["goal"]
+    env = {e["name"]: e.get("value") for e in pod_spec(objs)["containers"][0]["env"]}
+    if "SIDECAR_EGRESS_ALLOW" in env:  # the default list of the manifest's CLI
+        values["egress"] = {"allow": env["SIDECAR_EGRESS_ALLOW"].split(",")}
     if "token_secret" in flags:
         values["tokens"] = {"existingSecret": flags["token_secret"]}
     for var, value in host.items():
@@ -220,6 +223,7 @@ def test_kubectl_reads_the_manifest(
     done = run([tool("kubectl"), "kustomize", str(tmp_path)])
     names = sorted((o["kind"], o["metadata"]["name"]) for o in documents(done.stdout))
     assert names == [
+        ("NetworkPolicy", "agent-k"),
         ("Secret", "agent-k-tokens"),
         ("Service", "agent-k"),
         ("StatefulSet", "agent-k"),

@@ -65,6 +65,9 @@ sets win: extraEnv, then the settings, then what the pod's layout fixes.
 {{- with .Values.sidecar.inboxNotify }}{{ $_ := set $env "SIDECAR_INBOX_NOTIFY" . }}{{ end }}
 {{- with .Values.sidecar.allowedOrigins }}{{ $_ := set $env "SIDECAR_ALLOWED_ORIGINS" . }}{{ end }}
 {{- with .Values.sidecar.cliConfig }}{{ $_ := set $env "SIDECAR_CLI_CONFIG" . }}{{ end }}
+{{- if not .Values.egress.open }}
+{{- $_ := set $env "SIDECAR_EGRESS_ALLOW" (default "none" (join "," .Values.egress.allow)) }}
+{{- end }}
 {{- $_ := set $env "SLEEVE_NAME" (default (include "sleeve.fullname" .) .Values.sleeve.name) }}
 {{- $_ := set $env "SLEEVE_CLI" .Values.sleeve.cli }}
 {{- $_ := set $env "SIDECAR_STOP_GRACE" (toString .Values.sidecar.stopGrace) }}

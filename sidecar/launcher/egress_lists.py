@@ -1,0 +1,69 @@
+"""The egress allowlist a sleeve gets from `sleeve run/manifest --egress default|open|FILE`:
+the shipped default (one data file, `egress-default.txt`, with a part per CLI), the user's own
+file, or none at all. Patterns are checked here with the sidecar's own parser, so that a bad
+one fails on the host, not as a sleeve that exits 2."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+
+from sidecar.egress import AllowlistError, parse_list, split_file
+from sidecar.launcher.fsutil import LauncherError
+
+DEFAULT = "default"
+OPEN = "open"
+DATA_FILE = "egress-default.txt"
+_SECTION = re.compile(r"^#\s*\[([A-Za-z0-9_.-]+)\]\s*$")
+MAX_FILE = 1024 * 1024
+
+
+class EgressChoiceError(LauncherError):
+    """--egress names a file that cannot be read or holds a bad pattern."""
+
+
+def default_text() -> str:
+    return resources.files("sidecar.launcher").joinpath(DATA_FILE).read_text(encoding="utf-8")
+
+
+def default_patterns(cli: str, text: str | None = None) -> tuple[str, ...]:
+    """The default list for `cli`: the part for every CLI, then `cli`'s own part."""
+    parts: dict[str, list[str]] = {"": []}
+    current = ""
+    for line in (default_text() if text is None else text).splitlines():
+        section = _SECTION.match(line.strip())
+        if section:
+            current = section.group(1)
+            parts.setdefault(current, [])
+        else:
+            parts[current] += split_file(line)
+    chosen = [*parts[""], *parts.get(cli, [])]
+    return tuple(parse_list(f"{DATA_FILE} [{cli}]", chosen).texts)
+
+
+def choose(spec: str, cli: str) -> tuple[str, ...] | None:
+    """The patterns of `--egress spec` (None: the network is open). An empty tuple is a list
+    that allows nothing (a file holding only `none`)."""
+    if spec == OPEN:
+        return None
+    if spec == DEFAULT:
+        return default_patterns(cli)
+    path = Path(spec)
+    try:
+        data = path.read_bytes()[: MAX_FILE + 1]
+    except OSError as exc:
+        msg = f"--egress {spec}: cannot read it ({exc.strerror}); give default, open or a file"
+        raise EgressChoiceError(msg) from None
+    if len(data) > MAX_FILE:
+        msg = f"--egress {spec}: larger than {MAX_FILE} bytes"
+        raise EgressChoiceError(msg)
+    try:
+        return tuple(parse_list(f"--egress {spec}", split_file(data.decode("utf-8"))).texts)
+    except (AllowlistError, UnicodeDecodeError) as exc:
+        raise EgressChoiceError(str(exc)) from None
+
+
+def env_value(patterns: tuple[str, ...]) -> str:
+    """SIDECAR_EGRESS_ALLOW for `patterns` (`none` for a list that allows nothing)."""
+    return ",".join(patterns) or "none"
