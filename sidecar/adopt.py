@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from sidecar.clis import CLIDef
+from sidecar.egress_guard import unwrap
 from sidecar.persist import ProcRef, SupervisorState, cmdline_digest
 from sidecar.proc import ppid, send_signal
 from sidecar.states import ProcState
@@ -95,7 +96,10 @@ def argvs_of(record: SupervisorState, registry: Mapping[str, CLIDef]) -> set[tup
     """The argvs the recorded CLI may have been started with."""
     cli = registry.get(record.cli)
     argvs = {cli.command, *([cli.resume] if cli.resume else [])} if cli else set()
-    if cli is not None and cli.state == "hooks" and record.argv[: len(cli.command)] == cli.command:
+    ran = unwrap(record.argv)  # the CLI's own argv, inside the egress guard
+    if ran in argvs or (
+        cli is not None and cli.state == "hooks" and ran[: len(cli.command)] == cli.command
+    ):
         argvs.add(record.argv)  # our hook settings and session arguments follow its command
     if record.cli_state == ProcState.FATAL.value and record.reason is not None:
         argvs.add(fatal_pane_argv(record.reason))

@@ -74,6 +74,8 @@ class CliRunner:
         self.name = config.cli
         self.env = env  # the CLI's environment (its user's HOME with SIDECAR_USER)
         self.egress_env: Mapping[str, str] = {}  # the egress proxy's variables: they win
+        # Wraps the CLI's argv in the egress enforcement (the argv itself: an open network).
+        self.egress_guard: Callable[[tuple[str, ...]], tuple[str, ...]] = lambda argv: argv
         self.owner = owner  # how the sidecar acts in the workspace (sidecar.acting)
         self.server = TmuxServer(tmux)
         self.process = ProcessState(self._changed)
@@ -125,7 +127,7 @@ class CliRunner:
         if which(argv[0], path, self.owner) is None:
             fatal = f"{argv[0]!r} not found on PATH ({path}); the {cli.name} CLI is not installed"
             return argv, env, fatal
-        return argv, env, None
+        return self.egress_guard(argv), env, None
 
     def _argv_for(self, cli: CLIDef, *, resume: bool) -> tuple[tuple[str, ...], Mapping[str, str]]:
         env = self.env

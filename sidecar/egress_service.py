@@ -9,17 +9,14 @@ and the direct ones the enforcement sees, so that counting and rate limits live 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-import os
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 from sidecar.egress import Allowlist
+from sidecar.egress_guard import ReportListener, guard_argv
 from sidecar.egress_proxy import EgressProxy, Limits
 from sidecar.events import EventBus
 from sidecar.loopback import loopback_url
@@ -27,12 +24,11 @@ from sidecar.shapes import EgressDenied, EgressInfo
 
 log = logging.getLogger(__name__)
 
-How = Literal["proxy", "direct", "udp", "ipv6", "raw"]
-HOWS: tuple[How, ...] = ("proxy", "direct", "udp", "ipv6", "raw")
+How = Literal["proxy", "direct", "udp", "ipv6", "raw", "unix"]
+HOWS: tuple[How, ...] = ("proxy", "direct", "udp", "ipv6", "raw", "unix")
 QUIET = 60.0  # one event per (host, how), one log line per host, in this many seconds
 MAX_REMEMBERED = 4096  # distinct hosts kept for the rate limits (an attacker picks names)
 PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
-MAX_REPORT = 4096  # one refusal's datagram from the enforcement: {"host", "port", "how"}
 
 
 def proxy_env(proxy: tuple[str, int], api: tuple[str, int]) -> dict[str, str]:
@@ -93,16 +89,22 @@ class Egress:
         self._events = _Limiter(clock)
         self._logs = _Limiter(clock)
         self.proxy: EgressProxy | None = None
-        self._reports: socket.socket | None = None
+        self._reports: asyncio.DatagramTransport | None = None
+        self.report_path: Path | None = None
         if allow is not None:
-            api_host = loopback_url(*api).removeprefix("http://").rpartition(":")[0]
             self.proxy = EgressProxy(
                 allow,
-                also=((api_host.strip("[]"), api[1]),),
+                also=(self.api_address,),
                 on_denied=self.denied,
                 on_allowed=self.allowed,
                 limits=limits,
             )
+
+    @property
+    def api_address(self) -> tuple[str, int]:
+        """Where a local process reaches the sidecar's API (hooks)."""
+        host = loopback_url(*self.api).removeprefix("http://").rpartition(":")[0]
+        return host.strip("[]"), self.api[1]
 
     @property
     def mode(self) -> Literal["open", "allowlist"]:
@@ -128,40 +130,25 @@ class Egress:
 
     async def close(self) -> None:
         if self._reports is not None:
-            asyncio.get_running_loop().remove_reader(self._reports.fileno())
             self._reports.close()
             self._reports = None
         if self.proxy is not None:
             await self.proxy.close()
 
-    def listen_reports(self, path: Path, mode: int = 0o600) -> None:
-        """Take the enforcement's reports of refused attempts: a unix datagram socket at
-        `path` (made anew, `mode`), one JSON object `{"host", "port", "how"}` per datagram,
-        each passed to `denied`. Malformed datagrams are dropped: the sender is the CLI's
-        side, and a report costs it nothing but this count."""
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.setblocking(False)
-        sock.bind(os.fspath(path))
-        os.chmod(path, mode)
-        self._reports = sock
-        asyncio.get_running_loop().add_reader(sock.fileno(), self._read_reports)
+    async def listen_reports(self, path: Path, owner: tuple[int, int] | None = None) -> None:
+        """Take the enforcement's reports of refused attempts (`egress_guard.ReportListener`
+        on a unix datagram socket at `path`; `owner`: the CLI's user, who sends them)."""
+        self._reports = await ReportListener.open(path, self.denied, owner=owner)
+        self.report_path = path
 
-    def _read_reports(self) -> None:
-        assert self._reports is not None
-        for _ in range(64):  # a burst is read in turns: the loop has other work
-            try:
-                data = self._reports.recv(MAX_REPORT)
-            except (BlockingIOError, InterruptedError):
-                return
-            try:
-                report = json.loads(data)
-                host, port, how = report["host"], report["port"], report["how"]
-            except (ValueError, TypeError, KeyError):
-                continue
-            if isinstance(host, str) and isinstance(port, int) and isinstance(how, str):
-                self.denied(host[:253], port, how)
+    def guard(self, argv: tuple[str, ...], deny_unix: tuple[Path, ...]) -> tuple[str, ...]:
+        """The argv that runs `argv` with its network closed but for the proxy and the API
+        (`argv` itself with an open network). `deny_unix`: sockets leading to processes
+        outside the guard (the sidecar's tmux and ttyd)."""
+        if self.proxy is None or not self.started:
+            return argv
+        allowed = [self.proxy.address, self.api_address]
+        return guard_argv(argv, allowed, self.report_path, deny_unix=deny_unix)
 
     @property
     def texts(self) -> list[str]:

@@ -58,6 +58,12 @@ class Layout:
         return self.session_dir / "ttyd.sock"
 
     @property
+    def egress_reports(self) -> Path:
+        """Where the egress guard beside the CLI tells of refused attempts (a datagram
+        socket the sidecar binds; the guard runs as the CLI's user)."""
+        return self.session_dir / "egress.sock"
+
+    @property
     def cli_status(self) -> Path:
         """The exit status the pane's waiter writes when the CLI ends."""
         return self.session_dir / "cli.status"

@@ -37,7 +37,21 @@ def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
             config.cli_config, login_shell=shell if os.path.isabs(shell) else "/bin/bash"
         )
     statedir.prepare(config)
+    if config.egress is not None:
+        _check_egress()
     return config, dict(registry)
+
+
+def _check_egress() -> None:
+    """SIDECAR_EGRESS_ALLOW: never start with the list set and the network open. A guarded
+    child tries what the CLI will be refused (`egress_guard.self_test`)."""
+    from sidecar import egress_guard
+    from sidecar.config import ConfigError
+
+    problem = egress_guard.self_test([("127.0.0.1", 1)])  # refused by nothing but no listener
+    if problem is not None:
+        msg = f"SIDECAR_EGRESS_ALLOW is set but the CLI's network cannot be closed here: {problem}"
+        raise ConfigError(msg)
 
 
 def _take_user_group(config: Config) -> None:

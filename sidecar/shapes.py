@@ -93,10 +93,11 @@ class AgentInfo(Answer):
 
 
 EgressHow = Annotated[
-    Literal["proxy", "direct", "udp", "ipv6", "raw"],
+    Literal["proxy", "direct", "udp", "ipv6", "raw", "unix"],
     Meta(
         description="`proxy`: refused by the egress proxy; `direct`: a TCP connection around "
-        "it; `udp` (DNS included), `ipv6`, `raw`: sockets the enforcement refused"
+        "it; `udp` (DNS included), `ipv6`, `raw`: sockets the enforcement refused; `unix`: a "
+        "unix socket leading out of the guard (the sidecar's tmux, a daemon's socket)"
     ),
 ]
 

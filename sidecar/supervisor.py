@@ -10,6 +10,7 @@ of state is saved when it happens, never on a timer.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -217,6 +218,13 @@ class Supervisor:
             return True
         # Before the CLI: its environment names the proxy, on the port an adopted CLI knows.
         await self.egress.start(ours.egress_port if ours is not None else None)
+        if self.egress.started:
+            paths = self.config.paths
+            owner = (self.config.user.uid, self.config.user.gid) if self.config.user else None
+            await self.egress.listen_reports(paths.egress_reports, owner)
+            self.runner.egress_guard = functools.partial(
+                self.egress.guard, deny_unix=(paths.tmux_socket, paths.ttyd_socket)
+            )
         self.runner.egress_env = self.egress.env()
         await self._prepare_workspace(ours)
         self.current.get()

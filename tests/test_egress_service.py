@@ -62,7 +62,14 @@ def test_denied_counts_every_attempt_and_tells_once_a_minute(
         ("egress-denied", "evil.example", 443, "proxy"),
     ]
     assert egress.denied_total == 9
-    assert egress.denied_by_how == {"proxy": 6, "direct": 2, "udp": 1, "ipv6": 0, "raw": 0}
+    assert egress.denied_by_how == {
+        "proxy": 6,
+        "direct": 2,
+        "udp": 1,
+        "ipv6": 0,
+        "raw": 0,
+        "unix": 0,
+    }
     assert egress.info().denied == 9
     logged = [r.getMessage() for r in caplog.records]
     assert sum("evil.example" in m for m in logged) == 2  # one per host a minute
@@ -81,7 +88,7 @@ async def test_reports_of_the_enforcement_are_denials(tmp_path: Path) -> None:
     """The enforcement's broker tells of each refusal in one datagram; a real unix socket."""
     egress = Egress(parse_list("V", ["a.example"]), EventBus(), ("127.0.0.1", 1))
     path = tmp_path / "egress.sock"
-    egress.listen_reports(path)
+    await egress.listen_reports(path)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
             s.sendto(b'{"host": "1.2.3.4", "port": 443, "how": "direct"}\n', str(path))
