@@ -110,6 +110,8 @@ def test_the_cli_reaches_listed_hosts_through_the_proxy_and_refusals_are_told(
             assert env["NO_PROXY"] == env["no_proxy"] == f"127.0.0.1:{sc.port}"
             assert env["NODE_USE_ENV_PROXY"] == "1"
             assert got["results"][0] == [200, "hello"]
+            # Around the proxy, nothing: the listed host's own address included.
+            assert got["direct"] == {"tcp": "EACCES", "udp": "EACCES", "ipv6": "EAFNOSUPPORT"}
             status, reason = got["results"][1]
             assert status == 403
             assert reason == f"{far} is not on the egress allowlist (SIDECAR_EGRESS_ALLOW)\n"
@@ -118,7 +120,7 @@ def test_the_cli_reaches_listed_hosts_through_the_proxy_and_refusals_are_told(
             assert s["egress"] == {
                 "mode": "allowlist",
                 "allow": [f"127.0.0.1:{port}", "*.example.com"],
-                "denied": 1,
+                "denied": 4,  # the proxy refused one; the guard, TCP, UDP and IPv6
             }
             with urllib.request.urlopen(sc.url + "/events", timeout=10) as events:
                 assert json.loads(events.readline())["type"] == "heartbeat"

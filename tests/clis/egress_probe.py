@@ -1,15 +1,19 @@
 """A CLI that uses the network the way most tools do: through the proxy its environment names.
 
 `egress_probe.py REPORT URL...`: writes REPORT (JSON) with its proxy variables and, for each
-URL, what urllib (which honours HTTP_PROXY and NO_PROXY) got back; then waits for a signal.
-Standard library only.
+URL, what urllib (which honours HTTP_PROXY and NO_PROXY) got back, and what a program ignoring
+the variables gets: a direct TCP connection to the first URL's address, UDP (a DNS query) and
+IPv6; then waits for a signal. Standard library only.
 """
 
+import errno
 import json
 import os
 import signal
+import socket
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 
 report_path, *urls = sys.argv[1:]
@@ -24,8 +28,26 @@ for url in urls:
         results.append([exc.code, exc.read().decode()])
     except OSError as exc:
         results.append([0, str(exc)])
+
+
+def attempt(action):
+    try:
+        action()
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc))
+    return "ok"
+
+
+first = urllib.parse.urlsplit(urls[0])
+direct = {
+    "tcp": attempt(lambda: socket.create_connection((first.hostname, first.port), 5).close()),
+    "udp": attempt(
+        lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"\0", ("127.0.0.1", 53))
+    ),
+    "ipv6": attempt(lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close()),
+}
 tmp = report_path + ".tmp"
 with open(tmp, "w") as fh:
-    json.dump({"env": env, "results": results}, fh)
+    json.dump({"env": env, "results": results, "direct": direct}, fh)
 os.replace(tmp, report_path)
 signal.pause()
