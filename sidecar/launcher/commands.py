@@ -177,7 +177,7 @@ def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: 
         image=args.image,
         network_host=args.network == "host",
         passthrough=passthrough_env(settings.env),
-        egress=egress_lists.choose(args.egress, cli),
+        egress=egress_lists.choose(args.egress, cli, passthrough_env(settings.env)),
     )
 
 

@@ -6,6 +6,8 @@ one fails on the host, not as a sleeve that exits 2."""
 from __future__ import annotations
 
 import re
+import urllib.parse
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
@@ -42,13 +44,30 @@ def default_patterns(cli: str, text: str | None = None) -> tuple[str, ...]:
     return tuple(parse_list(f"{DATA_FILE} [{cli}]", chosen).texts)
 
 
-def choose(spec: str, cli: str) -> tuple[str, ...] | None:
+def base_url_patterns(env: Mapping[str, str]) -> list[str]:
+    """The hosts the CLI is pointed at by `*_BASE_URL` variables it is given (a model API of the
+    user's choosing is its model API): `host[:port]`, the port only when the URL names one."""
+    found = []
+    for name, value in sorted(env.items()):
+        if not name.endswith("_BASE_URL"):
+            continue
+        url = urllib.parse.urlsplit(value)
+        if url.scheme in ("http", "https") and url.hostname:
+            host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
+            found.append(f"{host}:{url.port}" if url.port else host)
+    return found
+
+
+def choose(spec: str, cli: str, env: Mapping[str, str] | None = None) -> tuple[str, ...] | None:
     """The patterns of `--egress spec` (None: the network is open). An empty tuple is a list
-    that allows nothing (a file holding only `none`)."""
+    that allows nothing (a file holding only `none`). The default adds the hosts of the
+    `*_BASE_URL` variables in `env`, the CLI's environment."""
     if spec == OPEN:
         return None
     if spec == DEFAULT:
-        return default_patterns(cli)
+        extra = base_url_patterns(env or {})
+        listed = default_patterns(cli)
+        return (*listed, *(p for p in extra if p not in listed))
     path = Path(spec)
     try:
         data = path.read_bytes()[: MAX_FILE + 1]
