@@ -248,10 +248,36 @@ class Broker:
             err = ctypes.get_errno()
         finally:
             os.close(pidfd)
+        if sock < 0 and err in (errno.EPERM, errno.ENOSYS):
+            return self._new_socket(n)  # pidfd_getfd refused here (Docker's default seccomp)
         if sock < 0:
             sf.respond(self.listener, n.id, errno.EBADF if err == errno.EBADF else errno.EACCES)
             return None
         return sock
+
+    def _new_socket(self, n: sf.Notification) -> int | None:
+        """Where the broker may not take the caller's socket: a new one of the broker's, put
+        in its place (SECCOMP_IOCTL_NOTIF_ADDFD) with the same blocking and close-on-exec
+        flags, to be connected by the broker. Options set on the old one before connect are
+        lost (none of the CLIs' clients needs one to connect). None: answered."""
+        target = n.args[0] & 0xFFFFFFFF
+        try:
+            flags = _fd_flags(n.pid, target)
+            family = socket.AF_UNIX if _is_unix(n.pid, target) else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            sf.respond(self.listener, n.id, errno.EBADF)
+            return None
+        fd = sock.detach()
+        try:
+            os.set_blocking(fd, not flags & os.O_NONBLOCK)
+            sf.add_fd(self.listener, n.id, fd, target, flags & os.O_CLOEXEC)
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                sf.respond(self.listener, n.id, errno.EACCES)
+            return None
+        return fd  # the broker's copy: the caller holds the same socket at `target`
 
     def _connect_blocking(self, nid: int, sock: int, addr: bytes, keep: int | None) -> None:
         try:
@@ -284,3 +310,19 @@ def _tgid(tid: int) -> int:
             return int(line.split()[1])
     msg = f"no Tgid for {tid}"
     raise ValueError(msg)
+
+
+def _fd_flags(pid: int, fd: int) -> int:
+    """The file status flags of `pid`'s `fd` (octal `flags:` in /proc/PID/fdinfo)."""
+    for line in Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines():
+        if line.startswith("flags:"):
+            return int(line.split()[1], 8)
+    return 0
+
+
+def _is_unix(pid: int, fd: int) -> bool:
+    """Whether `pid`'s `fd` is a unix socket (its inode listed in /proc/PID/net/unix)."""
+    link = os.readlink(f"/proc/{pid}/fd/{fd}")  # socket:[INODE]
+    inode = link.removeprefix("socket:[").removesuffix("]")
+    with open(f"/proc/{pid}/net/unix") as table:  # Num RefCount Protocol Flags Type St Inode
+        return any(line.split()[6:7] == [inode] for line in table)

@@ -38,6 +38,8 @@ SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_IOCTL_NOTIF_RECV = 0xC0502100
 SECCOMP_IOCTL_NOTIF_SEND = 0xC0182101
 SECCOMP_IOCTL_NOTIF_ID_VALID = 0x40082102
+SECCOMP_IOCTL_NOTIF_ADDFD = 0x40182103
+SECCOMP_ADDFD_FLAG_SETFD = 1
 PR_SET_NO_NEW_PRIVS = 38
 
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
@@ -238,3 +240,10 @@ def respond(listener: int, nid: int, err: int = 0) -> None:
     except OSError as exc:
         if exc.errno != errno.ENOENT:  # the caller was killed or interrupted meanwhile
             raise
+
+
+def add_fd(listener: int, nid: int, fd: int, target: int, flags: int) -> None:
+    """Put the broker's `fd` into the caller at fd number `target` (as dup2 would), with
+    `flags` (O_CLOEXEC or 0), while it waits in syscall `nid`."""
+    addfd = struct.pack("=QIIII", nid, SECCOMP_ADDFD_FLAG_SETFD, fd, target, flags)
+    fcntl.ioctl(listener, SECCOMP_IOCTL_NOTIF_ADDFD, addfd)

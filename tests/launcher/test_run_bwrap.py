@@ -148,3 +148,45 @@ def test_a_sleeve_that_dies_at_start_up_is_reported_with_its_log_and_its_exit_co
     (run,) = json.loads(sleeve_proc("ps", "--json").out)
     assert (run["status"], run["exit_code"]) == ("failed (code 2)", 2)
     assert "failed (code 2)" in sleeve_proc("ps").out
+
+
+def test_bwrap_run_with_an_allowlist_closes_the_clis_network(
+    project: Path, tmp_path: Path, sleeve_proc: Callable[..., Result]
+) -> None:
+    """In bubblewrap the CLI reaches a listed host through the proxy, and nothing around it:
+    the egress guard holds there too (the probe CLI and its report are in the workspace)."""
+    from tests.test_egress_sidecar import web_server
+
+    probe = Path(__file__).parent.parent / "clis" / "egress_probe.py"
+    (project / "probe.py").write_text(probe.read_text())
+    port = free_port()
+    with web_server() as web:
+        urls = [f"http://127.0.0.1:{web}/", "http://127.0.0.1:1/"]
+        command = ["python3", "/workspace/probe.py", "/workspace/report.json", *urls]
+        (project / "clis.yaml").write_text(json.dumps({"clis": {"probe": {"command": command}}}))
+        allow = tmp_path / "allow.txt"
+        allow.write_text(f"127.0.0.1:{web}\n")
+        args = ("run", "--project", str(project), "--runtime", "bwrap", "--cli", "probe")
+        res = sleeve_proc(
+            *args,
+            "--port",
+            str(port),
+            "--egress",
+            str(allow),
+            "--wait",
+            "40",
+            extra_env={"SIDECAR_CLI_CONFIG": "/workspace/clis.yaml"},
+        )
+        try:
+            assert res.code == 0, res.err
+            report = project / "report.json"
+            got = wait_for(
+                lambda: json.loads(report.read_text()) if report.exists() else None,
+                20,
+                what="the probe's report",
+            )
+            assert got["results"][0] == [200, "hello"]
+            assert got["results"][1][0] == 403
+            assert got["direct"] == {"tcp": "EACCES", "udp": "EACCES", "ipv6": "EAFNOSUPPORT"}
+        finally:
+            sleeve_proc("stop", "1", "--project", str(project))
