@@ -95,9 +95,9 @@ DETAIL_KEYS = ("command", "file_path", "notebook_path", "path", "url", "pattern"
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
-def relay_command(settings_path: Path) -> str:
-    """The SessionStart command hook: this interpreter runs `sidecar.hook_relay`."""
-    return shlex.join([sys.executable, "-I", "-m", "sidecar.hook_relay", str(settings_path)])
+def relay_command(settings_path: Path, event: str) -> str:
+    """A command hook that relays `event`: this interpreter runs `sidecar.hook_relay`."""
+    return shlex.join([sys.executable, "-I", "-m", "sidecar.hook_relay", str(settings_path), event])
 
 
 def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
@@ -120,7 +120,7 @@ def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
         ]
         for event in HTTP_EVENTS
     }
-    command = {"type": "command", "command": relay_command(settings_path)}
+    command = {"type": "command", "command": relay_command(settings_path, "SessionStart")}
     hooks["SessionStart"] = [{"hooks": [{**command, "timeout": RELAY_TIMEOUT}]}]
     return {"hooks": hooks}
 

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar import claude_code
+from sidecar import claude_code, codex
 from sidecar.acting import Owner, acting
 from sidecar.agent import AgentMachine
 from sidecar.agent_files import AgentFiles
@@ -33,7 +33,7 @@ from sidecar.hook_cli import HookCLI, HookLaunch, hook_base_url
 log = logging.getLogger(__name__)
 
 # The CLIs whose hooks the sidecar installs, by knowledge name (`CLIDef.screen`).
-HOOK_CLIS: dict[str, HookCLI] = {h.name: h for h in (claude_code.ClaudeHooks(),)}
+HOOK_CLIS: dict[str, HookCLI] = {h.name: h for h in (claude_code.ClaudeHooks(), codex.CodexHooks())}
 
 
 class HookSource:
