@@ -1,7 +1,7 @@
-"""`python -I -m sidecar.hook_relay SETTINGS_FILE EVENT`: a command hook that relays one event to
-the sidecar the way an HTTP hook would, and prints the sidecar's reply for the CLI to read: for
-CLIs whose hooks are commands (Codex) and for the events that run no HTTP hooks (Claude Code's
-SessionStart). Standard library only.
+"""`python -I .../sidecar/hook_relay.py SETTINGS_FILE EVENT`: a command hook that relays one
+event to the sidecar the way an HTTP hook would, and prints the sidecar's reply for the CLI to
+read: for CLIs whose hooks are commands (Codex) and for the events that run no HTTP hooks
+(Claude Code's SessionStart). Standard library only, run by its file.
 """
 
 from __future__ import annotations
