@@ -65,6 +65,7 @@ class Awareness:
         self.quiet = ActivitySource(
             self.machine, self.activity.quiet_for, config.activity_quiet, self.notices.check
         )
+        self.hooks.on_silent = self._hooks_silent
         self.input = InputDelivery(self.machine, self.activity, pane, lock)
         self._cli: CLIDef | None = None
         self._task: asyncio.Task[None] | None = None
@@ -117,6 +118,12 @@ class Awareness:
     def tick(self) -> None:
         """Once a second (the supervisor's tick): a notice, if one is due."""
         self.notices.check()
+
+    def _hooks_silent(self) -> None:
+        """The running CLI's hooks never reported: its pane's activity beside its screen."""
+        self.machine.source_changed("activity")
+        self.quiet.adopted(active=True)
+        self.quiet.running()
 
     def _output(self, now: float) -> None:
         self.quiet.output()

@@ -202,3 +202,27 @@ def test_fresh_codex_with_nothing_configured_reads_as_waiting(
     )
     assert agent(sc)["state"] == "waiting"
     assert "idle" not in events.states(), events.states()
+
+
+def test_codex_whose_hooks_never_report_falls_back_to_screen_and_activity(
+    make_sidecar: Callable[..., Sidecar], tool_stub: str
+) -> None:
+    """Hooks turned off in the user's config (`[features] hooks = false`): Codex runs none of
+    ours. The sidecar notices (a turn at work, no hook), says so in /status and reads the agent
+    from the screen and the pane: its approval dialog is `waiting`, naming the command, and
+    keys answer it."""
+    sc = codex_sidecar(make_sidecar, tool_stub, extra="[features]\nhooks = false\n").start()
+    wait_agent(sc, "idle", 60)
+    assert sc.post("/input", {"text": "please run the command"})[0] == 202
+    waiting = wait_agent(sc, "waiting", 60)
+    assert RAN in waiting["reason"], waiting
+    found = sc.wait_status(
+        lambda s: any("no hook arrived" in w for w in s["warnings"]), "the warning", 30
+    )
+    assert found["agent"]["source"] == "activity"
+    assert found["agent"]["state"] == "waiting"
+    assert sc.get("/approvals")[1]["approvals"] == []
+    code, body = sc.post("/input", {"keys": ["Enter"], "if_state": ["waiting"]})
+    assert code == 202, body
+    wait_for(lambda: (sc.workspace / "ran.txt").exists(), 30, what="the command ran")
+    wait_agent(sc, "idle", 60)
