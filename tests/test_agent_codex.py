@@ -121,7 +121,8 @@ def test_prompt_approval_deny_and_resume_with_the_real_codex(
 ) -> None:
     """idle -> prompt via /input -> working -> waiting (the command) -> allowed via /approvals
     -> the command ran -> idle, in that order on /events; then a deny with a message (told to
-    the model, the command not run); hook calls with a wrong secret change nothing; the user's
+    the model, the command not run) and an inbox notice typed once the prompt is back, not
+    over the approval; hook calls with a wrong secret change nothing; the user's
     own hook ran beside ours and their config was not written; a resleeve and a restart resume
     the same conversation (`codex resume <id>`)."""
     sc = codex_sidecar(make_sidecar, tool_stub, SIDECAR_TOKEN=TOKEN).start()
@@ -155,14 +156,21 @@ def test_prompt_approval_deny_and_resume_with_the_real_codex(
 
     (sc.workspace / "ran.txt").unlink()
     approval = prompt_until_waiting(sc, "run it once more")
+    # An inbox message while Codex waits: its notice is typed only once the prompt is back.
+    code, body = sc.post("/inbox", {"from": "envoy", "type": "task", "content": "INBOX-NOTE"})
+    assert code == 201, body
+    assert events.of("inbox-notified") == []
     code, body = sc.post(
         f"/approvals/{approval['id']}", {"decision": "deny", "message": "NOT-NOW-PLEASE"}
     )
     assert code == 200, body
-    wait_agent(sc, "idle", 60)
+    mark = len(events.states())
+    events.wait(lambda e: e.get("type") == "inbox-notified", "the inbox notice", 60)
+    # The notice started a turn at the prompt (the stub asks for its command again).
+    events.wait_states([*events.states()[:mark], "idle", "working", "waiting"], 60)
     assert not (sc.workspace / "ran.txt").exists()
     wait_for(lambda: "NOT-NOW-PLEASE" in rollout(sc, session), 10, what="the deny's message")
-    assert (sc.tmp / "user-hook.txt").read_text().count("user-hook") == 2
+    assert (sc.tmp / "user-hook.txt").read_text().count("user-hook") == 3
     # Codex writes its own notes there; none of ours (hooks, their trust) went in.
     config_after = (sc.tmp / "home" / ".codex" / "config.toml").read_text()
     assert config_after.startswith(config_before)
