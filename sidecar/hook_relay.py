@@ -6,15 +6,18 @@ read: for CLIs whose hooks are commands (Codex) and for the events that run no H
 
 from __future__ import annotations
 
+import http.client
 import json
 import sys
-import urllib.request
 from typing import Any
+from urllib.parse import urlsplit
 
 # The URL and secret come from the settings file the sidecar wrote for this CLI (readable by the
 # CLI's user only, in the HTTP hooks' format: an event's `url`, `headers` and `timeout`), never
 # from an argv. It always exits 0, prints only a 200 reply's body and gives up after the event's
 # own timeout (TIMEOUT when it names none): a slow or dead sidecar never holds up the CLI.
+# http.client rather than urllib.request: the CLI waits for each hook, and the relay's start
+# (the interpreter and its imports) is most of what a hook costs it.
 TIMEOUT = 1.0
 MAX_INPUT = 1024 * 1024
 
@@ -50,12 +53,19 @@ def main(argv: list[str]) -> int:
         if found is None:
             return 0
         url, headers, timeout = found
-        request = urllib.request.Request(url, data=payload, method="POST", headers=headers)  # noqa: S310 - our own loopback URL
-        request.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
-            reply = response.read() if response.status == 200 else b""
-        sys.stdout.buffer.write(reply)
-        sys.stdout.flush()
+        where = urlsplit(url)
+        connection = http.client.HTTPConnection(where.netloc, timeout=timeout)
+        connection.request(
+            "POST",
+            where.path,
+            body=payload,
+            headers={**headers, "Content-Type": "application/json"},
+        )
+        response = connection.getresponse()
+        reply = response.read()
+        if response.status == 200:
+            sys.stdout.buffer.write(reply)
+            sys.stdout.flush()
     except Exception:  # noqa: S110 - a failed relay must never disturb the CLI
         pass
     return 0
