@@ -66,6 +66,7 @@ class Awareness:
         self.quiet = ActivitySource(
             self.machine, self.activity.quiet_for, config.activity_quiet, self.notices.check
         )
+        self.hooks.on_silent = self._hooks_silent
         self.input = InputDelivery(self.machine, self.activity, pane, lock)
         self.on_screen = ScreenApprovals(self.machine, self.approvals, self.input.deliver)
         self.machine.on_look = self.on_screen.looked
@@ -124,6 +125,12 @@ class Awareness:
     def tick(self) -> None:
         """Once a second (the supervisor's tick): a notice, if one is due."""
         self.notices.check()
+
+    def _hooks_silent(self) -> None:
+        """The running CLI's hooks never reported: its pane's activity beside its screen."""
+        self.machine.source_changed("activity")
+        self.quiet.adopted(active=True)
+        self.quiet.running()
 
     def _output(self, now: float) -> None:
         self.quiet.output()

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sidecar import hook_relay
 from sidecar.approvals import Answer
 from sidecar.contract import AgentStateName, InputKey
 from sidecar.hook_cli import SECRET_HEADER, HookEffect, HookLaunch, Launched, PermissionAsk
@@ -95,9 +96,10 @@ DETAIL_KEYS = ("command", "file_path", "notebook_path", "path", "url", "pattern"
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
-def relay_command(settings_path: Path) -> str:
-    """The SessionStart command hook: this interpreter runs `sidecar.hook_relay`."""
-    return shlex.join([sys.executable, "-I", "-m", "sidecar.hook_relay", str(settings_path)])
+def relay_command(settings_path: Path, event: str) -> str:
+    """A command hook that relays `event`: this interpreter runs `sidecar.hook_relay` by its
+    file (standard library only, isolated: the very code of the running sidecar)."""
+    return shlex.join([sys.executable, "-I", hook_relay.__file__, str(settings_path), event])
 
 
 def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
@@ -120,7 +122,7 @@ def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
         ]
         for event in HTTP_EVENTS
     }
-    command = {"type": "command", "command": relay_command(settings_path)}
+    command = {"type": "command", "command": relay_command(settings_path, "SessionStart")}
     hooks["SessionStart"] = [{"hooks": [{**command, "timeout": RELAY_TIMEOUT}]}]
     return {"hooks": hooks}
 

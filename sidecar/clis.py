@@ -25,6 +25,8 @@ SCREENS = {
     "gemini": "gemini-cli",
     "opencode": "opencode",
 }
+# The programs whose hooks the sidecar installs, by knowledge name (`hook_source.HOOK_CLIS`).
+HOOKED = frozenset({"claude-code", "codex"})
 KEYS = ("command", "resume", "env", "prompt", "state", "prompt_pattern")
 
 
@@ -75,7 +77,15 @@ def _builtins(login_shell: str) -> dict[str, CLIDef]:
         CLIDef(
             "opencode", ("opencode",), ("opencode", "--continue"), prompt=True, screen="opencode"
         ),
-        CLIDef("codex", ("codex",), ("codex", "resume", "--last"), prompt=True, screen="codex"),
+        # codex's hooks and `resume <id>` come from sidecar.codex; `resume` is its fallback.
+        CLIDef(
+            "codex",
+            ("codex",),
+            ("codex", "resume", "--last"),
+            prompt=True,
+            state="hooks",
+            screen="codex",
+        ),
         CLIDef("shell", (login_shell, "-l")),
     ]
     return {d.name: d for d in defs}
@@ -129,9 +139,10 @@ def _parse_entry(name: Any, body: Any, source: str) -> CLIDef:
     if state not in STATE_SOURCES:
         msg = f"{source}: clis.{name}.state must be one of {', '.join(STATE_SOURCES)}"
         raise ConfigError(msg)
-    if state == "hooks" and Path(command[0]).name != "claude":
-        # The only hooks the sidecar can install are Claude Code's.
-        msg = f"{source}: clis.{name}.state: hooks needs Claude Code (command `claude`)"
+    if state == "hooks" and SCREENS.get(Path(command[0]).name) not in HOOKED:
+        # The sidecar installs only the hooks of the CLIs it knows.
+        known = ", ".join(f"`{p}`" for p, n in SCREENS.items() if n in HOOKED)
+        msg = f"{source}: clis.{name}.state: hooks needs a CLI whose hooks it knows ({known})"
         raise ConfigError(msg)
     pattern = _prompt_pattern(body.get("prompt_pattern"), where)
     # A `claude` (`codex`, ...) of the user's own is still that CLI on screen.

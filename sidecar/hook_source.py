@@ -3,6 +3,10 @@ each launch gets a new hook secret, a settings file of ours that carries it and 
 arguments that pin its conversation; the events its hooks report are checked against that secret
 and applied to the agent's state, and a permission request is held until it is answered.
 
+A CLI whose hooks never report (a version that rejects ours, hooks turned off in the user's
+config) is noticed: once a turn starts at its input prompt, its hooks get SILENCE seconds to say
+anything; then the agent's state comes from the screen and the pane's activity, with a warning.
+
 A held request is answered by whoever comes first: the API (or the timeout policy), whose answer
 the hook returns to the CLI, or a person in the CLI's own dialog, which the CLI takes at once and
 which shows as the agent leaving `waiting` (at work: allowed; back at its prompt: denied). The
@@ -19,7 +23,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar import claude_code
+from sidecar import claude_code, codex
 from sidecar.acting import Owner, acting
 from sidecar.agent import AgentMachine
 from sidecar.agent_files import AgentFiles
@@ -32,8 +36,10 @@ from sidecar.hook_cli import HookCLI, HookLaunch, hook_base_url
 
 log = logging.getLogger(__name__)
 
+SILENCE = 10.0  # seconds a turn may go without a hook before the hooks count as dead
+
 # The CLIs whose hooks the sidecar installs, by knowledge name (`CLIDef.screen`).
-HOOK_CLIS: dict[str, HookCLI] = {h.name: h for h in (claude_code.ClaudeHooks(),)}
+HOOK_CLIS: dict[str, HookCLI] = {h.name: h for h in (claude_code.ClaudeHooks(), codex.CodexHooks())}
 
 
 class HookSource:
@@ -58,10 +64,36 @@ class HookSource:
         self._held: set[str] = set()  # approvals whose hook is held open now
         # A request whose hook was released unanswered: answered on screen from then on.
         self.released: Callable[[str], None] = lambda approval_id: None
+        self.warnings: list[str] = []  # for /status: the running CLI's hooks never reported
+        self.on_silent: Callable[[], None] | None = None  # ...: another source takes over
+        # Launched with our hooks, none heard yet (an adopted CLI's were heard by the last one).
+        self._unheard = False
+        self._silence: asyncio.TimerHandle | None = None
 
     def use(self, cli: CLIDef) -> None:
         """The CLI that runs now (launched or adopted)."""
         self.cli = HOOK_CLIS.get(cli.screen) if cli.state == "hooks" else None
+        self._unheard, self.warnings = False, []
+        self._quiet_timer(None)
+
+    def _quiet_timer(self, delay: float | None) -> None:
+        if self._silence is not None:
+            self._silence.cancel()
+        self._silence = None
+        if delay is not None:
+            self._silence = asyncio.get_running_loop().call_later(delay, self._silent)
+
+    def _silent(self) -> None:
+        self._silence = None
+        if not self._unheard or self.cli is None:
+            return
+        self.warnings = [
+            f"{self.cli.name}: no hook arrived within {SILENCE:g} s of a turn starting (hooks "
+            "rejected or turned off?): its state comes from the screen and pane activity"
+        ]
+        log.warning("%s", self.warnings[0])
+        if self.on_silent is not None:
+            self.on_silent()
 
     def launch(
         self, cli: CLIDef, argv: tuple[str, ...], env: Mapping[str, str], *, has_history: bool
@@ -91,6 +123,7 @@ class HookSource:
             )
         )
         self.files.update(session_id=launched.session_id, session_cli=cli.name, hook_secret=secret)
+        self._unheard = True
         self.machine.session_id = launched.session_id
         # The file holds the secret: 0600, made as the CLI's user (with SIDECAR_USER; the
         # sidecar keeps the secret in memory and in its own state dir, never reads it back).
@@ -113,6 +146,9 @@ class HookSource:
         """A hook event from the running CLI (its secret was checked)."""
         if self.cli is None:
             return
+        if self._unheard:
+            self._unheard = False
+            self._quiet_timer(None)
         effect = self.cli.interpret(event, payload)
         if effect.session_id is not None and effect.session_id != self.machine.session_id:
             # --continue picked a conversation: pin it from now on.
@@ -158,7 +194,12 @@ class HookSource:
 
     def state_changed(self, state: AgentStateName, previous: AgentStateName) -> None:
         """The agent left `waiting` with a held request unanswered: a person answered it in
-        the CLI (at work again: allowed; at its prompt: denied), or the CLI went away."""
+        the CLI (at work again: allowed; at its prompt: denied), or the CLI went away. A turn
+        begun at the input prompt that no hook announced starts the wait for the hooks' first
+        word (a first-start dialog runs none)."""
+        turn = previous == "idle" and state in ("working", "waiting")
+        if turn and self._unheard and self._silence is None:
+            self._quiet_timer(SILENCE)
         if previous != "waiting" or state == "waiting":
             return
         for approval_id in list(self._held):
