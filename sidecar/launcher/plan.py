@@ -15,6 +15,9 @@ from pathlib import Path
 from sidecar.tokens import TOKEN_VARS
 
 SANDBOX_HOME = "/home/sleeve"
+# The other CLIs' own folders in the slot (config, sign-in, conversations), kept like `.claude`:
+# Codex's, Gemini CLI's, opencode's data (its config is under `.config`).
+CLI_HOMES = (".codex", ".gemini", ".local/share/opencode")
 WORKSPACE = "/workspace"
 STATE_DIR = "/run/sidecar"
 CONTAINER_PORT = 8080  # the sidecar's default; docker publishes it on 127.0.0.1:<port>
@@ -111,6 +114,7 @@ def home_mounts(plan: RunPlan) -> list[Mount]:
         Mount(plan.slot_dir / ".claude.json", f"{SANDBOX_HOME}/.claude.json"),
         Mount(plan.slot_dir / ".config", f"{SANDBOX_HOME}/.config"),
         Mount(plan.slot_dir / ".cache", f"{SANDBOX_HOME}/.cache"),
+        *(Mount(plan.slot_dir / sub, f"{SANDBOX_HOME}/{sub}") for sub in CLI_HOMES),
     ]
 
 

@@ -23,6 +23,7 @@ from sidecar.launcher.fsutil import (
     private_dir,
     touch_private,
 )
+from sidecar.launcher.plan import CLI_HOMES
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +266,7 @@ class Project:
 
 def prepare_home_files(slot: Slot) -> None:
     """Make every bind source the CLI home needs exist (a missing one becomes a dir in Docker)."""
-    for sub in (".claude", ".config", ".cache", ".claude/projects"):
+    for sub in (".claude", ".config", ".cache", ".claude/projects", *CLI_HOMES):
         private_dir(slot.path / sub)
     # `{}` rather than empty: the CLI parses the file and an empty one is invalid JSON.
     touch_private(slot.path / ".claude.json", "{}")

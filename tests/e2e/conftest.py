@@ -234,13 +234,13 @@ class Launcher:
         return self.engine.docker("exec", sleeve.container, *argv, check=check)
 
 
-def new_launcher(engine: dockerenv.Engine, stub: AnthropicStub, base: Path) -> Launcher:
+def new_launcher(engine: dockerenv.Engine, stub: AnthropicStub | None, base: Path) -> Launcher:
     """A fresh git project under `base` with its own SLEEVE_HOME, pointed at the API stub."""
     project = base / "project"
     project.mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(project)], check=True)
     home = base / "sleeve-home"
-    env = {**sleeve_env(engine, home, stub.url), "SIDECAR_TOKEN": E2E_TOKEN}
+    env = {**sleeve_env(engine, home, stub.url if stub else ""), "SIDECAR_TOKEN": E2E_TOKEN}
     return Launcher(engine, home, project, env)
 
 

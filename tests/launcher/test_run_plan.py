@@ -73,6 +73,10 @@ def test_docker_mounts_follow_the_plan_in_order(
         "/home/sleeve/.claude.json",
         "/home/sleeve/.config",
         "/home/sleeve/.cache",
+        # The other CLIs' own folders, kept in the slot like `.claude`.
+        "/home/sleeve/.codex",
+        "/home/sleeve/.gemini",
+        "/home/sleeve/.local/share/opencode",
     ]
     assert mounts[0][0] == str(project.resolve())
     assert mounts[1][0] == str(slot / ".claude") and mounts[4][0] == str(slot / ".claude.json")
