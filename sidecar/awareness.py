@@ -1,6 +1,7 @@
 """Agent awareness, wired together: the state machine (`agent`) fed by the running CLI's source
-(`hook_source` or `activity_source`), `POST /input` (`input_delivery`) and the inbox notices
-(`notify`) typing under one lock, and what must survive a supervisor restart (`agent_files`).
+(`hook_source`, `opencode_events` or `activity_source`), `POST /input` (`input_delivery`) and the
+inbox notices (`notify`) typing under one lock, and what must survive a supervisor restart
+(`agent_files`).
 
 The supervisor calls `launch_argv`, `process_changed`, `start`, `tick` and `stop`; the API
 calls `deliver`, `hook_secret_matches`, `hook` and `look` (the screen, through the activity
@@ -27,6 +28,7 @@ from sidecar.hook_source import HookSource
 from sidecar.input_delivery import InputDelivery
 from sidecar.mailbox import Mailbox
 from sidecar.notify import InboxNotices
+from sidecar.opencode_events import EventSource
 from sidecar.pane_input import PaneInput
 from sidecar.screen import Screen, ScreenLook
 from sidecar.screen_source import ScreenSource
@@ -65,6 +67,9 @@ class Awareness:
         self.quiet = ActivitySource(
             self.machine, self.activity.quiet_for, config.activity_quiet, self.notices.check
         )
+        self.events = EventSource(
+            self.machine, self.files, self.approvals, self.notices.check, self._events_lost
+        )
         self.input = InputDelivery(self.machine, self.activity, pane, lock)
         self._cli: CLIDef | None = None
         self._task: asyncio.Task[None] | None = None
@@ -73,6 +78,7 @@ class Awareness:
         self._cli = cli
         self.seen.use(cli)
         self.hooks.use(cli)
+        self.events.use(cli)
         self.notices.prompt = cli.prompt
         self.machine.launched(cli.state)
 
@@ -85,7 +91,10 @@ class Awareness:
         the CLI's environment): a CLI with hooks gets ours and its pinned session."""
         self.quiet.launched(active=cli.state == "activity")
         self._use(cli)
-        return self.hooks.launch(cli, argv, env, has_history=has_history)
+        argv, added = self.hooks.launch(cli, argv, env, has_history=has_history)
+        if cli.state == "events":
+            return self.events.launch(cli, argv)
+        return argv, added
 
     def process_changed(self, state: ProcState, cli: CLIDef | None) -> None:
         if self._cli is None and cli is not None and state is ProcState.RUNNING:
@@ -96,6 +105,7 @@ class Awareness:
             # Hooks of a CLI being stopped are refused from here on (a resleeve's old CLI).
             self.hooks.revoke()
         self.machine.process_changed(state)
+        self.events.process_changed(state)
         if state is not ProcState.RUNNING:
             self.approvals.withdraw_all(f"the CLI is {state.value}")
         if state is ProcState.RUNNING:
@@ -107,6 +117,7 @@ class Awareness:
 
     async def stop(self) -> None:
         self.quiet.stop()
+        await self.events.stop()
         self.seen.stop()
         await self.activity.stop()
         if self._task is not None:
@@ -117,6 +128,17 @@ class Awareness:
     def tick(self) -> None:
         """Once a second (the supervisor's tick): a notice, if one is due."""
         self.notices.check()
+
+    @property
+    def warnings(self) -> list[str]:
+        """Why the agent's state is not known the way its CLI's entry says (for /status)."""
+        return [self.events.warning] if self.events.warning else []
+
+    def _events_lost(self) -> None:
+        """The CLI's event stream is gone: pane activity and the screen tell its state."""
+        self.quiet.adopted(active=True)
+        self.machine.launched("activity")
+        self.quiet.running()
 
     def _output(self, now: float) -> None:
         self.quiet.output()
