@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 COME_UP = 20.0  # seconds the CLI's server has to answer after a start (or after it went away)
+CATCH_UP = 5.0  # seconds for the state before the stream (a stream made again, an adopted CLI)
+# While it starts, its server may take a request and never answer it (measured on 1.18.33): a
+# stream that has not said `server.connected` within this is made again.
+FIRST_WORD = 1.0
 RETRY = 0.1  # seconds between tries to reach it meanwhile
 MAX_LINE = 4 * 1024 * 1024  # an event bigger than this (a huge tool output) ends the connection
 
@@ -74,6 +78,7 @@ class EventSource:
         self.warning: str | None = None  # why the state is not from the CLI's events
         self.turns = opencode.Turns()
         self._task: asyncio.Task[None] | None = None
+        self._launched = False  # the CLI that runs was launched by us, not adopted
         self._replies: set[asyncio.Task[None]] = set()
 
     def use(self, cli: CLIDef) -> None:
@@ -95,6 +100,7 @@ class EventSource:
             events_password=password,
         )
         self.machine.session_id = pinned
+        self._launched = True
         argv = opencode.launch_argv(argv, host=HOST, port=port, session_id=pinned)
         return argv, {opencode.PASSWORD_ENV: password}
 
@@ -130,53 +136,77 @@ class EventSource:
         if record.events_url is None or record.events_password is None:
             self._lost("no address of its server is known (started by an older sidecar)")
             return
-        auth = aiohttp.BasicAuth(opencode.USER, record.events_password)
+        auth = {"Authorization": aiohttp.encode_basic_auth(opencode.USER, record.events_password)}
         timeout = aiohttp.ClientTimeout(total=None, connect=2, sock_read=None)
         async with aiohttp.ClientSession(
-            record.events_url, auth=auth, timeout=timeout, read_bufsize=MAX_LINE
+            record.events_url, headers=auth, timeout=timeout, read_bufsize=MAX_LINE
         ) as http:
             deadline = time.monotonic() + COME_UP
             why = "it did not answer"
+            # A CLI just launched has done nothing yet; one adopted, or a stream that broke,
+            # may have: its state is asked for first.
+            missed, self._launched = not self._launched, False
             while time.monotonic() < deadline:
                 try:
-                    async with http.get("/event") as response:
-                        if response.status != 200:
+                    async with asyncio.timeout(FIRST_WORD):
+                        response = await http.get("/event")
+                        events = sse_events(response)
+                        first = await anext(events, None) if response.status == 200 else None
+                    async with response:
+                        if first is None:
                             why = f"its server answered {response.status}"
                         else:
-                            await self._follow(http, response)
-                            why = "its event stream ended"
+                            await self._follow(http, events, missed=missed)
+                            why, missed = "its event stream ended", True
                             deadline = time.monotonic() + COME_UP
                 except (aiohttp.ClientError, ValueError, TimeoutError) as exc:
                     why = f"its server is unreachable ({exc.__class__.__name__})"
                 await asyncio.sleep(RETRY)
             self._lost(f"{why} within {COME_UP:g} s")
 
-    async def _follow(self, http: aiohttp.ClientSession, response: aiohttp.ClientResponse) -> None:
-        """Catch up with what the stream's start missed, then apply every event."""
-        async with http.get("/session/status") as status, http.get("/permission") as pending:
-            busy = await status.json() if status.status == 200 else {}
-            asks = await pending.json() if pending.status == 200 else []
-        effect = self.turns.sync(busy if isinstance(busy, dict) else {}, asks or [])
-        for item in asks if isinstance(asks, list) else []:
-            self._asked(http, item)
-        if effect.state != "idle" or self.machine.status().state != "starting":
-            # At a start the screen tells when the prompt is drawn (its server comes first).
+    async def _follow(
+        self, http: aiohttp.ClientSession, events: AsyncIterator[dict[str, Any]], *, missed: bool
+    ) -> None:
+        """Catch up with what went before the stream (`missed`), then apply every event."""
+        log.info("opencode events: reading %s", self.files.record.events_url)
+        if missed:
+            await self._catch_up(http)
+        async for event in events:
+            self._event(http, event)
+
+    async def _catch_up(self, http: aiohttp.ClientSession) -> None:
+        """The sessions at work and the permission requests open now. opencode leaves a
+        request made while it starts unanswered: bounded, and skipped when it is."""
+        try:
+            async with asyncio.timeout(CATCH_UP):
+                async with http.get("/session/status") as status:
+                    busy = await status.json() if status.status == 200 else {}
+                async with http.get("/permission") as pending:
+                    asks = await pending.json() if pending.status == 200 else []
+        except (aiohttp.ClientError, ValueError, TimeoutError) as exc:
+            log.warning("opencode events: no catching up (%s)", exc.__class__.__name__)
+            return
+        asks = asks if isinstance(asks, list) else []
+        effect = self.turns.sync(busy if isinstance(busy, dict) else {}, asks)
+        for item in asks:
+            if isinstance(item, dict):
+                self._asked(http, item)
+        self._report(effect)
+
+    def _event(self, http: aiohttp.ClientSession, event: dict[str, Any]) -> None:
+        props = event.get("properties")
+        if not isinstance(props, dict):
+            return
+        kind = event.get("type")
+        if kind == "permission.asked":
+            self._asked(http, props)
+        elif kind == "permission.replied" and (found := opencode.replied(props)):
+            approval = self.approvals.by_key(found[0])
+            if approval is not None:  # not ours: a person answered in the TUI first
+                self.approvals.answered_by_terminal(approval.id, found[1])
+        effect = self.turns.apply(event)
+        if effect.state is not None:
             self._report(effect)
-        log.info("opencode events: connected to %s", self.files.record.events_url)
-        async for event in sse_events(response):
-            props = event.get("properties")
-            if not isinstance(props, dict):
-                continue
-            kind = event.get("type")
-            if kind == "permission.asked":
-                self._asked(http, props)
-            elif kind == "permission.replied" and (found := opencode.replied(props)):
-                approval = self.approvals.by_key(found[0])
-                if approval is not None:  # not ours: a person answered in the TUI first
-                    self.approvals.answered_by_terminal(approval.id, found[1])
-            effect = self.turns.apply(event)
-            if effect.state is not None:
-                self._report(effect)
 
     def _report(self, effect: opencode.Effect) -> None:
         if effect.session_id is not None:
