@@ -14,7 +14,8 @@ from typing import Any, Literal
 from sidecar.approvals import Answer, Decision
 from sidecar.contract import AgentStateName
 from sidecar.screen import Screen
-from sidecar.screens import Reading, Seen, dialog, nonblank, text_of
+from sidecar.screens import Reading, Seen, dialog, nonblank
+from sidecar.text import one_line
 
 # ---- how it is started --------------------------------------------------------------------
 # The TUI serves its HTTP API on a port only when `--port` or `--hostname` is on its argv (else
@@ -256,5 +257,6 @@ def _permission_reason(title: str, below: list[str]) -> str:
 
 def _first_cell(line: str) -> str:
     """The first of the columns a line is laid out in (parted by two or more spaces), without
-    the bar or frame around it: the sidebar's text shares rows with the transcript."""
-    return text_of(re.split(r"\s{2,}", line.strip(" ┃│"), maxsplit=1)[0])
+    the bar or frame around it: the sidebar's text shares rows with the transcript. A `|`
+    inside it stays: it is a command's pipe, not a frame (`screens.text_of` drops it)."""
+    return one_line(re.split(r"\s{2,}", line.strip(" ┃│"), maxsplit=1)[0])
