@@ -228,6 +228,15 @@ def read_screen(screen: Screen) -> Reading:
     return dialog(nonblank(lines)[-12:])
 
 
+def approval_keys(decision: Decision, remember: bool) -> tuple[str, ...]:
+    """The keys (`/input`'s names) that answer its permission prompt on screen, for when its
+    server is not reachable: "Allow once" is selected first; "Allow always" asks to confirm
+    ("Confirm" selected first); "Reject" is the third choice (all three seen on 1.18.33)."""
+    if decision == "deny":
+        return ("Right", "Right", "Enter")
+    return ("Right", "Enter", "Enter") if remember else ("Enter",)
+
+
 def _box_bottom(lines: list[str]) -> int | None:
     found = [at for at, line in enumerate(lines) if _BOTTOM.match(line)]
     return found[-1] if found else None

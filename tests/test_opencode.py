@@ -117,6 +117,12 @@ def test_replies_and_their_bodies() -> None:
     assert opencode.reply_body(Answer("deny", "timeout")) == {"reply": "reject"}
 
 
+def test_keys_answering_its_prompt_on_screen() -> None:
+    assert opencode.approval_keys("allow", False) == ("Enter",)
+    assert opencode.approval_keys("allow", True) == ("Right", "Enter", "Enter")
+    assert opencode.approval_keys("deny", True) == ("Right", "Right", "Enter")
+
+
 def test_the_registry_starts_opencode_with_its_events_and_refuses_them_for_others(
     tmp_path: Path,
 ) -> None:
