@@ -21,6 +21,7 @@ import pytest
 from tests.agenttools import EventLog, wait_agent
 from tests.clis_bin import cli_path
 from tests.harness import REPO, Sidecar, free_ports, http, wait_for
+from tests.test_crash import kill_supervisor, restarted
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 TOKEN = "agent-admin-token-0123456789"
@@ -281,3 +282,27 @@ def test_no_event_stream_falls_back_to_screen_and_activity(
     assert code == 202, body
     waiting = wait_agent(sc, "waiting", 60)  # the permission prompt, read on screen
     assert MARKER in waiting["reason"], waiting
+
+
+def test_a_restarted_supervisor_adopts_opencode_waiting_and_its_request(
+    make_sidecar: Callable[..., Sidecar], chat_stub: Callable[[str], int]
+) -> None:
+    """The supervisor is SIGKILLed while opencode waits for permission: the next one adopts the
+    same opencode, reconnects to its server with the kept password, learns the open request
+    from it (`GET /permission`) and lists it again; answering it runs the command."""
+    sc = opencode_sidecar(make_sidecar, chat_stub(MARKER)).start()
+    wait_agent(sc, "idle", 60)
+    ask_and_wait(sc)
+    before = sc.status()
+    kill_supervisor(sc)
+    after = restarted(sc, 1, 30)
+    assert after["cli_pid"] == before["cli_pid"]
+    approvals = wait_for(
+        lambda: sc.get("/approvals")[1]["approvals"], 30, what="the request listed again"
+    )
+    assert approvals[0]["summary"] == MARKER and approvals[0]["source"] == "events"
+    assert sc.status()["agent"]["state"] == "waiting"
+    assert sc.status()["agent"]["session_id"] == before["agent"]["session_id"]
+    assert sc.post(f"/approvals/{approvals[0]['id']}", {"decision": "allow"})[0] == 200
+    wait_for(lambda: (sc.workspace / "ran.txt").exists(), 30, what="the command ran")
+    wait_agent(sc, "idle", 60)
