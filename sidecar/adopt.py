@@ -98,9 +98,12 @@ def argvs_of(record: SupervisorState, registry: Mapping[str, CLIDef]) -> set[tup
     argvs = {cli.command, *([cli.resume] if cli.resume else [])} if cli else set()
     ran = unwrap(record.argv)  # the CLI's own argv, inside the egress guard
     if ran in argvs or (
-        cli is not None and cli.state == "hooks" and ran[: len(cli.command)] == cli.command
+        cli is not None
+        and cli.state in ("hooks", "events")
+        and ran[: len(cli.command)] == cli.command
     ):
-        argvs.add(record.argv)  # our hook settings and session arguments follow its command
+        # Our hook settings, server port and session arguments follow its command.
+        argvs.add(record.argv)
     if record.cli_state == ProcState.FATAL.value and record.reason is not None:
         argvs.add(fatal_pane_argv(record.reason))
     return argvs

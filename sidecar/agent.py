@@ -26,7 +26,7 @@ class AgentStatus:
     state: AgentStateName
     since: float  # wall-clock time (time.time()) the state began
     reason: str | None
-    source: str  # hooks, activity or none
+    source: str  # hooks, events, activity or none
     session_id: str | None
 
 

@@ -26,6 +26,8 @@ class AgentRecord(msgspec.Struct, forbid_unknown_fields=False):
     session_id: str | None = None  # Claude Code's conversation id (--session-id / --resume)
     session_cli: str | None = None  # the CLI the session id belongs to
     hook_secret: str | None = None  # the secret the running CLI's hooks present
+    events_url: str | None = None  # the running CLI's own server (opencode), and its password
+    events_password: str | None = None
     announced: list[str] = msgspec.field(default_factory=list)  # inbox ids told to the agent
 
 

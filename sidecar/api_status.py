@@ -54,7 +54,7 @@ def agent_info(v: SupervisorView) -> AgentInfo:
         state=agent.state,
         since=_iso_ms(agent.since),
         reason=agent.reason,
-        source=agent.source,  # type: ignore[arg-type]  # hooks, activity or none
+        source=agent.source,  # type: ignore[arg-type]  # hooks, events, activity or none
         session_id=agent.session_id,
     )
 

@@ -1,6 +1,7 @@
 """Agent awareness, wired together: the state machine (`agent`) fed by the running CLI's source
-(`hook_source` or `activity_source`), `POST /input` (`input_delivery`) and the inbox notices
-(`notify`) typing under one lock, and what must survive a supervisor restart (`agent_files`).
+(`hook_source`, `opencode_events` or `activity_source`), `POST /input` (`input_delivery`) and the
+inbox notices (`notify`) typing under one lock, and what must survive a supervisor restart
+(`agent_files`).
 
 The supervisor calls `launch_argv`, `process_changed`, `start`, `tick` and `stop`; the API
 calls `deliver`, `hook_secret_matches`, `hook` and `look` (the screen, through the activity
@@ -27,6 +28,7 @@ from sidecar.hook_source import HookSource
 from sidecar.input_delivery import InputDelivery
 from sidecar.mailbox import Mailbox
 from sidecar.notify import InboxNotices
+from sidecar.opencode_events import EventSource
 from sidecar.pane_input import PaneInput
 from sidecar.screen import Screen, ScreenLook
 from sidecar.screen_approvals import ScreenApprovals
@@ -66,7 +68,10 @@ class Awareness:
         self.quiet = ActivitySource(
             self.machine, self.activity.quiet_for, config.activity_quiet, self.notices.check
         )
-        self.hooks.on_silent = self._hooks_silent
+        self.hooks.on_silent = self._fall_back
+        self.events = EventSource(
+            self.machine, self.files, self.approvals, self.notices.check, self._fall_back
+        )
         self.input = InputDelivery(self.machine, self.activity, pane, lock)
         self.on_screen = ScreenApprovals(self.machine, self.approvals, self.input.deliver)
         self.machine.on_look = self.on_screen.looked
@@ -78,8 +83,13 @@ class Awareness:
         self._cli = cli
         self.seen.use(cli)
         self.hooks.use(cli)
-        channel = self.hooks.cli is not None and self.hooks.cli.decides
-        self.on_screen.use(cli, channel=channel, adopted=adopted)
+        self.events.use(cli)
+        # A dialog is listed from the screen when the CLI has no decision channel, or once
+        # after a crash for a CLI whose held hook died with it (an event stream is read again
+        # and lists what still waits itself).
+        hooked = self.hooks.cli is not None and self.hooks.cli.decides
+        channel = hooked or cli.state == "events"
+        self.on_screen.use(cli, channel=channel, adopted=adopted and hooked)
         self.notices.prompt = cli.prompt
         self.machine.launched(cli.state)
 
@@ -92,7 +102,10 @@ class Awareness:
         the CLI's environment): a CLI with hooks gets ours and its pinned session."""
         self.quiet.launched(active=cli.state == "activity")
         self._use(cli)
-        return self.hooks.launch(cli, argv, env, has_history=has_history)
+        argv, added = self.hooks.launch(cli, argv, env, has_history=has_history)
+        if cli.state == "events":
+            return self.events.launch(cli, argv)
+        return argv, added
 
     def process_changed(self, state: ProcState, cli: CLIDef | None) -> None:
         if self._cli is None and cli is not None and state is ProcState.RUNNING:
@@ -103,6 +116,7 @@ class Awareness:
             # Hooks of a CLI being stopped are refused from here on (a resleeve's old CLI).
             self.hooks.revoke()
         self.machine.process_changed(state)
+        self.events.process_changed(state)
         if state is not ProcState.RUNNING:
             self.approvals.withdraw_all(f"the CLI is {state.value}")
         if state is ProcState.RUNNING:
@@ -114,6 +128,7 @@ class Awareness:
 
     async def stop(self) -> None:
         self.quiet.stop()
+        await self.events.stop()
         self.seen.stop()
         await self.on_screen.stop()
         await self.activity.stop()
@@ -126,10 +141,18 @@ class Awareness:
         """Once a second (the supervisor's tick): a notice, if one is due."""
         self.notices.check()
 
-    def _hooks_silent(self) -> None:
-        """The running CLI's hooks never reported: its pane's activity beside its screen."""
+    @property
+    def warnings(self) -> list[str]:
+        """Why the agent's state is not known the way its CLI's entry says (for /status)."""
+        return [*self.hooks.warnings, *([self.events.warning] if self.events.warning else [])]
+
+    def _fall_back(self) -> None:
+        """The CLI's hooks never reported, or its event stream is gone: its pane's activity
+        tells its state beside its screen; what it said so far stands."""
         self.machine.source_changed("activity")
         self.quiet.adopted(active=True)
+        if self._cli is not None:  # its dialogs are answered on screen from now on
+            self.on_screen.use(self._cli, channel=False, adopted=False)
         self.quiet.running()
 
     def _output(self, now: float) -> None:

@@ -16,7 +16,7 @@ import yaml
 from sidecar.config import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-StateSource = Literal["hooks", "activity", "none"]
+StateSource = Literal["hooks", "events", "activity", "none"]
 STATE_SOURCES: tuple[str, ...] = get_args(StateSource)
 # The programs whose screens the sidecar knows (`sidecar.screen_source.RECOGNIZERS`).
 SCREENS = {
@@ -33,7 +33,8 @@ KEYS = ("command", "resume", "env", "prompt", "state", "prompt_pattern")
 # `resume` is the argv used when the CLI is started again in the same workspace (resleeve,
 # self-healing, a hard resleeve with history). `prompt` marks an interactive prompt that takes
 # typed lines (inbox notices); `state` says how the agent's state is known (`sidecar.agent`):
-# `hooks` (Claude Code's own hooks), `activity` (pane output) or `none`. `screen` names whose
+# `hooks` (Claude Code's own hooks), `events` (opencode's server), `activity` (pane output) or
+# `none`. `screen` names whose
 # knowledge reads the CLI's screen (`sidecar.screen_source.RECOGNIZERS`): a CLI the sidecar
 # knows, else `generic`, told the CLI's input prompt by `prompt_pattern` when the YAML gives it.
 @dataclass(frozen=True)
@@ -74,8 +75,15 @@ def _builtins(login_shell: str) -> dict[str, CLIDef]:
             screen="claude-code",
         ),
         CLIDef("gemini-cli", ("gemini",), prompt=True, screen="gemini-cli"),
+        # opencode's --port/--session arguments and its server's password come from
+        # sidecar.opencode; `resume` is what it does while no session id is known.
         CLIDef(
-            "opencode", ("opencode",), ("opencode", "--continue"), prompt=True, screen="opencode"
+            "opencode",
+            ("opencode",),
+            ("opencode", "--continue"),
+            prompt=True,
+            state="events",
+            screen="opencode",
         ),
         # codex's hooks and `resume <id>` come from sidecar.codex; `resume` is its fallback.
         CLIDef(
@@ -135,15 +143,7 @@ def _parse_entry(name: Any, body: Any, source: str) -> CLIDef:
     if not isinstance(prompt, bool):
         msg = f"{source}: clis.{name}.prompt must be true or false"
         raise ConfigError(msg)
-    state = body.get("state", "activity")
-    if state not in STATE_SOURCES:
-        msg = f"{source}: clis.{name}.state must be one of {', '.join(STATE_SOURCES)}"
-        raise ConfigError(msg)
-    if state == "hooks" and SCREENS.get(Path(command[0]).name) not in HOOKED:
-        # The sidecar installs only the hooks of the CLIs it knows.
-        known = ", ".join(f"`{p}`" for p, n in SCREENS.items() if n in HOOKED)
-        msg = f"{source}: clis.{name}.state: hooks needs a CLI whose hooks it knows ({known})"
-        raise ConfigError(msg)
+    state = _state(body.get("state", "activity"), command, where)
     pattern = _prompt_pattern(body.get("prompt_pattern"), where)
     # A `claude` (`codex`, ...) of the user's own is still that CLI on screen.
     screen = SCREENS.get(Path(command[0]).name, "generic")
@@ -157,6 +157,23 @@ def _parse_entry(name: Any, body: Any, source: str) -> CLIDef:
         screen=screen,
         prompt_pattern=pattern,
     )
+
+
+def _state(value: Any, command: tuple[str, ...], where: str) -> StateSource:
+    if value not in STATE_SOURCES:
+        msg = f"{where}.state must be one of {', '.join(STATE_SOURCES)}"
+        raise ConfigError(msg)
+    if value == "hooks" and SCREENS.get(Path(command[0]).name) not in HOOKED:
+        # The sidecar installs only the hooks of the CLIs it knows.
+        known = ", ".join(f"`{p}`" for p, n in SCREENS.items() if n in HOOKED)
+        msg = f"{where}.state: hooks needs a CLI whose hooks it knows ({known})"
+        raise ConfigError(msg)
+    if value == "events" and Path(command[0]).name != "opencode":
+        # The only event stream the sidecar reads is opencode's server's.
+        msg = f"{where}.state: events needs opencode (command `opencode`)"
+        raise ConfigError(msg)
+    state: StateSource = value
+    return state
 
 
 def _prompt_pattern(value: Any, where: str) -> re.Pattern[str] | None:

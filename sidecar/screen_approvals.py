@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from sidecar import claude_code
+from sidecar import claude_code, opencode
 from sidecar.agent import AgentMachine
 from sidecar.approvals import Approvals, Decision, NotFound, Withdrawn
 from sidecar.clis import CLIDef
@@ -25,7 +25,10 @@ log = logging.getLogger(__name__)
 
 Keys = Callable[[Decision, bool], tuple[InputKey, ...]]
 #: The keys that answer each CLI's permission dialog (`approval_keys` in its own module).
-KEYS: dict[str, Keys] = {"claude-code": claude_code.approval_keys}
+KEYS: dict[str, Keys] = {
+    "claude-code": claude_code.approval_keys,
+    "opencode": opencode.approval_keys,
+}
 
 
 class ScreenApprovals:

@@ -86,8 +86,11 @@ class AgentInfo(Answer):
         ),
     ]
     source: Annotated[
-        Literal["hooks", "activity", "none"],
-        Meta(description="`hooks`: the CLI reports its lifecycle; `activity`: pane output"),
+        Literal["hooks", "events", "activity", "none"],
+        Meta(
+            description="`hooks`: the CLI reports its lifecycle; `events`: the CLI's own "
+            "server's event stream (opencode); `activity`: pane output"
+        ),
     ]
     session_id: Annotated[str | None, Meta(description="the CLI's conversation id, when known")]
 

@@ -16,8 +16,8 @@ import pytest
 
 from sidecar import codex
 from tests.agenttools import EventLog, wait_agent
-from tests.tools import cli_bin
 from tests.harness import REPO, Sidecar, free_port, http, wait_for
+from tests.tools import cli_bin
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 TOKEN = "codex-admin-token-0123456789"
