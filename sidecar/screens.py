@@ -46,12 +46,16 @@ def nonblank(lines: Sequence[str]) -> list[str]:
     return [line for line in lines if line.strip()]
 
 
-_FRAME = re.compile(r"[\s│┃|╭╮╰╯─━┌┐└┘═║╔╗╚╝▌▐]+")
+_BOX = "│┃╭╮╰╯─━┌┐└┘═║╔╗╚╝▌▐"
+# A frame: box-drawing characters (and an ASCII bar) at either end of a line; inside it, only
+# box-drawing characters are frame (an ASCII `|` there is text: a command's pipe).
+_EDGES = re.compile(rf"^[\s{_BOX}|]+|[\s{_BOX}|]+$")
+_INNER = re.compile(rf"[{_BOX}]+")
 
 
 def text_of(line: str) -> str:
     """A line without the box-drawing frame around it, as one printable line."""
-    return one_line(_FRAME.sub(" ", line))
+    return one_line(_INNER.sub(" ", _EDGES.sub(" ", line)))
 
 
 # A question: words ending in '?' (not "? for shortcuts"); the sentence up to it.

@@ -16,7 +16,7 @@ from sidecar.clis import CLIDef
 from sidecar.events import EventBus
 from sidecar.screen import Screen
 from sidecar.screen_source import ScreenSource
-from sidecar.screens import Reading, Seen, generic
+from sidecar.screens import Reading, Seen, generic, text_of
 from sidecar.states import ProcState
 from sidecar.tmux_control import NoAnswer
 
@@ -223,3 +223,9 @@ async def test_an_early_look_counts_only_a_whole_frame_of_a_known_shape() -> Non
         await source._task
         source.stop()
         assert machine.state == expected
+
+
+def test_a_frame_is_stripped_but_a_commands_pipes_are_kept() -> None:
+    assert text_of("│  $ echo a | tee b.txt   │") == "$ echo a | tee b.txt"
+    assert text_of("┃ ls ┃ wc") == "ls wc"  # a box-drawing bar inside is frame
+    assert text_of("| a | b |") == "a | b"
