@@ -29,6 +29,7 @@ from bench.context import Context
 from bench.figures import (
     agent,
     approvals,
+    clis,
     crash,
     egress,
     http,
@@ -58,6 +59,7 @@ GROUPS: dict[str, ModuleType] = {
     "agent": agent,
     "screen": screen,
     "approvals": approvals,
+    "clis": clis,
     "launcher": launcher,
     "scale": scale,
     "soak": soak,
@@ -74,6 +76,7 @@ ORDER = [
     "agent",
     "screen",
     "approvals",
+    "clis",
     "launcher",
     "scale",
     "soak",
