@@ -8,13 +8,12 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import shlex
-import sys
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sidecar import hook_relay
 from sidecar.approvals import Answer
 from sidecar.contract import AgentStateName
 from sidecar.hook_cli import SECRET_HEADER, HookEffect, HookLaunch, Launched, PermissionAsk
@@ -95,11 +94,6 @@ DETAIL_KEYS = ("command", "file_path", "notebook_path", "path", "url", "pattern"
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
-def relay_command(settings_path: Path) -> str:
-    """The SessionStart command hook: this interpreter runs `sidecar.hook_relay`."""
-    return shlex.join([sys.executable, "-I", "-m", "sidecar.hook_relay", str(settings_path)])
-
-
 def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
     """The `--settings` document: an HTTP hook per event, the relay for SessionStart."""
     headers = {SECRET_HEADER: secret}
@@ -120,7 +114,7 @@ def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
         ]
         for event in HTTP_EVENTS
     }
-    command = {"type": "command", "command": relay_command(settings_path)}
+    command = {"type": "command", "command": hook_relay.command(settings_path, "SessionStart")}
     hooks["SessionStart"] = [{"hooks": [{**command, "timeout": RELAY_TIMEOUT}]}]
     return {"hooks": hooks}
 
