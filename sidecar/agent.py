@@ -73,6 +73,11 @@ class AgentMachine:
         self._status = self._make_status()  # the source is part of it, changed or not
         self._apply()
 
+    def use_source(self, source: str) -> None:
+        """The running CLI's state comes from another source from now on."""
+        self.source = source
+        self._status = self._make_status()
+
     def process_changed(self, state: ProcState) -> None:
         """The supervisor's state of the CLI process changed."""
         self._process = state

@@ -59,7 +59,12 @@ class Awareness:
             bus=bus,
         )
         self.hooks = HookSource(
-            config, self.machine, self.files, self.approvals, self.notices.check
+            config,
+            self.machine,
+            self.files,
+            self.approvals,
+            on_idle=self.notices.check,
+            on_silent=self._silent,
         )
         self.machine.on_state = self.hooks.state_changed
         self.quiet = ActivitySource(
@@ -113,6 +118,20 @@ class Awareness:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    def _silent(self, silent: bool) -> None:
+        """The running CLI's hooks are silent (or spoke again): pane activity tells its state
+        meanwhile."""
+        self.quiet.active = silent
+        self.machine.use_source("activity" if silent else "hooks")
+        if silent:
+            self.quiet.running()
+        else:
+            self.quiet.stop()
+
+    def warnings(self) -> list[str]:
+        """What /status warns about the agent's state."""
+        return self.hooks.warnings()
 
     def tick(self) -> None:
         """Once a second (the supervisor's tick): a notice, if one is due."""

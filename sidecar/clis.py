@@ -26,12 +26,14 @@ SCREENS = {
     "opencode": "opencode",
 }
 KEYS = ("command", "resume", "env", "prompt", "state", "prompt_pattern")
+# The knowledge names whose hooks the sidecar installs (`sidecar.hook_source.HOOK_CLIS`).
+HOOK_SCREENS = frozenset({"claude-code", "gemini-cli"})
 
 
 # `resume` is the argv used when the CLI is started again in the same workspace (resleeve,
 # self-healing, a hard resleeve with history). `prompt` marks an interactive prompt that takes
 # typed lines (inbox notices); `state` says how the agent's state is known (`sidecar.agent`):
-# `hooks` (Claude Code's own hooks), `activity` (pane output) or `none`. `screen` names whose
+# `hooks` (the CLI's own hooks), `activity` (pane output) or `none`. `screen` names whose
 # knowledge reads the CLI's screen (`sidecar.screen_source.RECOGNIZERS`): a CLI the sidecar
 # knows, else `generic`, told the CLI's input prompt by `prompt_pattern` when the YAML gives it.
 @dataclass(frozen=True)
@@ -71,7 +73,16 @@ def _builtins(login_shell: str) -> dict[str, CLIDef]:
             state="hooks",
             screen="claude-code",
         ),
-        CLIDef("gemini-cli", ("gemini",), prompt=True, screen="gemini-cli"),
+        # gemini-cli's session arguments (--session-id/--resume) and its hook settings come
+        # from sidecar.gemini_cli; `resume` is what it does without hooks.
+        CLIDef(
+            "gemini-cli",
+            ("gemini",),
+            ("gemini", "--resume", "latest"),
+            prompt=True,
+            state="hooks",
+            screen="gemini-cli",
+        ),
         CLIDef(
             "opencode", ("opencode",), ("opencode", "--continue"), prompt=True, screen="opencode"
         ),
@@ -129,13 +140,14 @@ def _parse_entry(name: Any, body: Any, source: str) -> CLIDef:
     if state not in STATE_SOURCES:
         msg = f"{source}: clis.{name}.state must be one of {', '.join(STATE_SOURCES)}"
         raise ConfigError(msg)
-    if state == "hooks" and Path(command[0]).name != "claude":
-        # The only hooks the sidecar can install are Claude Code's.
-        msg = f"{source}: clis.{name}.state: hooks needs Claude Code (command `claude`)"
-        raise ConfigError(msg)
-    pattern = _prompt_pattern(body.get("prompt_pattern"), where)
     # A `claude` (`codex`, ...) of the user's own is still that CLI on screen.
     screen = SCREENS.get(Path(command[0]).name, "generic")
+    if state == "hooks" and screen not in HOOK_SCREENS:
+        # The only hooks the sidecar can install are those of the CLIs it knows.
+        programs = ", ".join(f"`{p}`" for p, s in sorted(SCREENS.items()) if s in HOOK_SCREENS)
+        msg = f"{source}: clis.{name}.state: hooks needs a CLI whose hooks it knows ({programs})"
+        raise ConfigError(msg)
+    pattern = _prompt_pattern(body.get("prompt_pattern"), where)
     return CLIDef(
         name,
         command,

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar import claude_code
+from sidecar import claude_code, gemini_cli
 from sidecar.acting import Owner, acting
 from sidecar.agent import AgentMachine
 from sidecar.agent_files import AgentFiles
@@ -32,8 +32,14 @@ from sidecar.hook_cli import HookCLI, HookLaunch, hook_base_url
 
 log = logging.getLogger(__name__)
 
+# Seconds after a launch by which a CLI's hooks have reported (its start, or a first prompt is
+# drawn), unless a screen that needs a person holds it up (a first-start dialog).
+SILENT_AFTER = 15.0
+
 # The CLIs whose hooks the sidecar installs, by knowledge name (`CLIDef.screen`).
-HOOK_CLIS: dict[str, HookCLI] = {h.name: h for h in (claude_code.ClaudeHooks(),)}
+HOOK_CLIS: dict[str, HookCLI] = {
+    h.name: h for h in (claude_code.ClaudeHooks(), gemini_cli.GeminiHooks())
+}
 
 
 class HookSource:
@@ -43,7 +49,9 @@ class HookSource:
         machine: AgentMachine,
         files: AgentFiles,
         approvals: Approvals,
+        *,
         on_idle: Callable[[], None],
+        on_silent: Callable[[bool], None],
     ) -> None:
         self.config = config
         self.machine = machine
@@ -56,6 +64,10 @@ class HookSource:
             Owner(config.user.uid, config.user.gid, act_as=True) if config.user else None
         )
         self._held: set[str] = set()  # approvals whose hook is held open now
+        # The running CLI's hooks are silent: True, the screen and activity tell its state.
+        self.on_silent = on_silent
+        self.silent = False
+        self._silence: asyncio.TimerHandle | None = None
 
     def use(self, cli: CLIDef) -> None:
         """The CLI that runs now (launched or adopted)."""
@@ -68,9 +80,11 @@ class HookSource:
         our hook settings and its pinned session. A new hook secret for every launch."""
         self.use(cli)
         hooks = self.cli
+        self._forget_silence()
         if hooks is None:
             self.revoke()
             return argv, {}
+        self._silence = asyncio.get_running_loop().call_later(SILENT_AFTER, self._silent)
         record = self.files.record
         pinned = record.session_id if record.session_cli == cli.name else None
         secret = secrets.token_urlsafe(32)
@@ -99,6 +113,40 @@ class HookSource:
     def revoke(self) -> None:
         """Refuse hooks from here on (the CLI runs without hooks, or is being stopped)."""
         self.files.update(hook_secret=None)
+        self._forget_silence()
+
+    def warnings(self) -> list[str]:
+        if not self.silent or self.cli is None:
+            return []
+        return [
+            f"{self.cli.name}: no hook reported within {SILENT_AFTER:g} s of its start (this "
+            "version rejected the sidecar's hook config?); its state comes from the screen "
+            "and pane activity until one does"
+        ]
+
+    def _silent(self) -> None:
+        self._silence = None
+        if self.machine.screen_needs_person:  # a first-start dialog: no hooks before it
+            self._silence = asyncio.get_running_loop().call_later(SILENT_AFTER, self._silent)
+            return
+        log.warning("%s: its hooks are silent; falling back to screen and activity", self.cli)
+        self.silent = True
+        self.on_silent(True)
+
+    def _heard(self) -> None:
+        """A hook reported: back from the fallback, if the hooks were silent."""
+        was_silent = self.silent
+        self._forget_silence()
+        if was_silent:
+            self.on_silent(False)
+
+    def _forget_silence(self) -> None:
+        """A new launch, or the CLI is going: the silence of the last one no longer counts (the
+        launch sets the next one's source)."""
+        if self._silence is not None:
+            self._silence.cancel()
+            self._silence = None
+        self.silent = False
 
     def secret_matches(self, cli_name: str, given: str | None) -> bool:
         """Constant-time check of a hook call's secret against the running CLI's."""
@@ -111,6 +159,7 @@ class HookSource:
         """A hook event from the running CLI (its secret was checked)."""
         if self.cli is None:
             return
+        self._heard()
         effect = self.cli.interpret(event, payload)
         if effect.session_id is not None and effect.session_id != self.machine.session_id:
             # --continue picked a conversation: pin it from now on.

@@ -79,7 +79,7 @@ def of(sup: Supervisor) -> SupervisorView:
         sup.cli,
         sup.ttyd.status,
         sup.resleeving,
-        tuple(sup.warnings),
+        (*sup.warnings, *sup.awareness.warnings()),
         sup.restarts,
         sup.restarted_at,
         pane.tty if pane is not None else None,
