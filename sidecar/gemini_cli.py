@@ -101,18 +101,58 @@ def _sessions(chats: Path | None) -> list[Path]:
         return []
 
 
-def has_session(gemini: Path, workspace: Path, session_id: str) -> bool:
-    """Whether Gemini CLI has the conversation `session_id` for `workspace` (its file is named
-    after the id's first 8 characters and starts with the whole id)."""
+CONTEXT = "<session_context>"  # the first user message Gemini sets up itself
+
+
+def _counts(message: Any) -> bool:
+    """A message Gemini resumes a conversation for: a reply, or a prompt of the user's."""
+    if not isinstance(message, dict) or message.get("type") not in ("user", "gemini"):
+        return False
+    content = message.get("content")
+    first = content[0] if isinstance(content, list) and content else content
+    text = first.get("text") if isinstance(first, dict) else first
+    return not (isinstance(text, str) and text.startswith(CONTEXT))
+
+
+def _resumable(path: Path) -> bool:
+    """Whether Gemini would resume a conversation file: read as Gemini reads it (a header line
+    starts it over, a "$set" of messages replaces them, other records are appended), it holds a
+    prompt or a reply."""
+    resumable = False
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(record, dict):
+                    continue
+                update = record.get("$set")
+                if isinstance(update, dict) and isinstance(update.get("messages"), list):
+                    resumable = any(_counts(m) for m in update["messages"])
+                elif "sessionId" in record and "type" not in record:
+                    resumable = False
+                elif _counts(record):
+                    resumable = True
+    except OSError:
+        return False
+    return resumable
+
+
+def session_files(gemini: Path, workspace: Path, session_id: str) -> list[Path]:
+    """The files of conversation `session_id` in `workspace` (each named after the id's first 8
+    characters, its first line holding the whole id; a resume may start another one)."""
+    found = []
     for path in _sessions(_chats(gemini, workspace)):
         if path.stem.endswith(f"-{session_id[:8]}"):
             try:
                 with path.open(encoding="utf-8") as fh:
                     if session_id in fh.readline():
-                        return True
+                        found.append(path)
             except OSError:
                 continue
-    return False
+    return found
 
 
 def session_args(
@@ -120,13 +160,18 @@ def session_args(
 ) -> tuple[tuple[str, ...], str | None]:
     """The session arguments and the session id they pin (None: learnt from SessionStart). The
     pinned id is resumed when Gemini has it (`--resume <id>`) and names a new conversation when
-    it has not (`--session-id`: Gemini refuses either the other way round). Without an id (the
-    state dir was lost), `--resume latest` takes the workspace's latest one, if any."""
+    it has not (`--session-id`). Gemini writes a conversation's file at its start but resumes it
+    only once it holds a prompt, and refuses `--session-id` for any id it has a file for: such an
+    id is replaced by a new one (so is one that 0.61 lost itself: resumed within the minute its
+    file is named after, it starts the conversation over in that same file). Without an id (the
+    state dir was lost), `--resume latest` takes the workspace's latest conversation, if any."""
     if session_id is not None:
-        if has_session(gemini, workspace, session_id):
+        files = session_files(gemini, workspace, session_id)
+        if not files:
+            return ("--session-id", session_id), session_id
+        if any(_resumable(p) for p in files):
             return ("--resume", session_id), session_id
-        return ("--session-id", session_id), session_id
-    if _sessions(_chats(gemini, workspace)):
+    elif any(_resumable(p) for p in _sessions(_chats(gemini, workspace))):
         return ("--resume", "latest"), None
     fresh = str(uuid.uuid4())
     return ("--session-id", fresh), fresh
