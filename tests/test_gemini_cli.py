@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from sidecar import gemini_cli, hook_relay
-from sidecar.clis import HOOK_SCREENS
+from sidecar.clis import HOOK_SCREENS, load_registry
+from sidecar.config import ConfigError
 from sidecar.hook_cli import HookEffect
 from sidecar.hook_source import HOOK_CLIS
 
@@ -108,3 +111,14 @@ def test_a_pinned_conversation_is_resumed_only_when_gemini_would(tmp_path: Path)
     # No pinned id: the workspace's latest conversation, when it has one.
     assert args(None, gemini, ws) == (("--resume", "latest"), None)
     assert args(None, gemini, tmp_path / "other")[0][0] == "--session-id"
+
+
+def test_state_hooks_is_for_the_clis_whose_hooks_the_sidecar_knows(tmp_path: Path) -> None:
+    assert load_registry(None)["gemini-cli"].state == "hooks"
+    path = tmp_path / "clis.yaml"
+    path.write_text("clis:\n  mine:\n    command: [/opt/gemini]\n    state: hooks\n")
+    mine = load_registry(path)["mine"]
+    assert (mine.state, mine.screen) == ("hooks", "gemini-cli")
+    path.write_text("clis:\n  mine:\n    command: [/opt/other]\n    state: hooks\n")
+    with pytest.raises(ConfigError, match="state: hooks needs a CLI whose hooks it knows"):
+        load_registry(path)
