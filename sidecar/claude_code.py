@@ -232,6 +232,7 @@ class ClaudeHooks:
     name = "claude-code"
     events: tuple[str, ...] = EVENTS
     max_hold = float(MAX_HOLD)
+    root_settings = False
 
     def launch(self, launch: HookLaunch) -> Launched:
         config = config_dir(launch.env)

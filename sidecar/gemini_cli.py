@@ -234,6 +234,7 @@ class GeminiHooks:
     name = "gemini-cli"
     events: tuple[str, ...] = EVENTS
     max_hold = 0.0  # nothing is held: no hook of Gemini's can answer a confirmation
+    root_settings = True  # a system file: root's, in root's directories
 
     def launch(self, launch: HookLaunch) -> Launched:
         inherited = system_defaults(launch.env)

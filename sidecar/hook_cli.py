@@ -68,6 +68,9 @@ class HookCLI(Protocol):
     name: str  # the knowledge name (`CLIDef.screen`): its hooks' URL segment
     events: tuple[str, ...]
     max_hold: float  # seconds a held hook may wait: under the CLI's own timeout for it
+    # The CLI reads our settings only from a file root owns, in directories only root may write
+    # (Gemini's system files): with SIDECAR_USER the sidecar makes it, group-readable by the user.
+    root_settings: bool
 
     def launch(self, launch: HookLaunch) -> Launched: ...
 

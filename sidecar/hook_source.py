@@ -63,6 +63,8 @@ class HookSource:
         self._settings_owner = (
             Owner(config.user.uid, config.user.gid, act_as=True) if config.user else None
         )
+        # Root's, in the user's group (no chown: the group comes from the thread's fsgid).
+        self._root_owner = Owner(0, config.user.gid, act_as=True) if config.user else None
         self._held: set[str] = set()  # approvals whose hook is held open now
         # The running CLI's hooks are silent: True, the screen and activity tell its state.
         self.on_silent = on_silent
@@ -88,7 +90,8 @@ class HookSource:
         record = self.files.record
         pinned = record.session_id if record.session_cli == cli.name else None
         secret = secrets.token_urlsafe(32)
-        settings_path = self.config.paths.hook_settings(hooks.name)
+        root = hooks.root_settings
+        settings_path = self.config.paths.hook_settings(hooks.name, root_owned=root)
         launched = hooks.launch(
             HookLaunch(
                 cli=cli,
@@ -105,9 +108,11 @@ class HookSource:
         self.files.update(session_id=launched.session_id, session_cli=cli.name, hook_secret=secret)
         self.machine.session_id = launched.session_id
         # The file holds the secret: 0600, made as the CLI's user (with SIDECAR_USER; the
-        # sidecar keeps the secret in memory and in its own state dir, never reads it back).
-        with acting(self._settings_owner):
-            write_new(settings_path, launched.settings, 0o600)
+        # sidecar keeps the secret in memory and in its own state dir, never reads it back);
+        # a file the CLI takes only from root is root's, 0640 in the user's group.
+        shared = root and self._root_owner is not None
+        with acting(self._root_owner if root else self._settings_owner):
+            write_new(settings_path, launched.settings, 0o640 if shared else 0o600)
         return launched.argv, launched.env
 
     def revoke(self) -> None:
