@@ -127,9 +127,9 @@ def user_hook_times(sc: Sidecar, event: str) -> list[float]:
 
 
 def test_prompt_permission_keys_and_idle_with_the_real_gemini_cli(
+    run_dir: Callable[[], Path],  # first: removed after the sidecars are gone
     make_sidecar: Callable[..., Sidecar],
     stub_for: Callable[[str], str],
-    run_dir: Callable[[], Path],
 ) -> None:
     """idle -> prompt via /input -> working -> waiting (Shell and its command) -> "1" via
     /input -> working -> idle; the command ran; /events has the sequence; the user's own hooks
@@ -195,9 +195,9 @@ class TimedEventLog(EventLog):
 
 
 def test_hook_to_events_latency(
+    run_dir: Callable[[], Path],  # first: removed after the sidecars are gone
     make_sidecar: Callable[..., Sidecar],
     stub_for: Callable[[str], str],
-    run_dir: Callable[[], Path],
 ) -> None:
     """Three turns (each: prompt, confirmation denied by keys): the time from the user's hook,
     which Gemini runs side by side with ours for the same event, to the agent-state line's
@@ -227,9 +227,9 @@ def cli_argv(sc: Sidecar) -> list[str]:
 
 
 def test_resleeve_and_restart_resume_the_same_session_id(
+    run_dir: Callable[[], Path],  # first: removed after the sidecars are gone
     make_sidecar: Callable[..., Sidecar],
     stub_for: Callable[[str], str],
-    run_dir: Callable[[], Path],
 ) -> None:
     """The pinned --session-id is resumed (--resume <id>) after a resleeve, after a resleeve
     to another CLI and back, and after the sidecar itself was stopped and started again; the
@@ -292,9 +292,9 @@ def proc_cwd(proc: psutil.Process) -> list[str]:
 
 
 def test_first_start_screens_are_waiting_never_idle(
+    run_dir: Callable[[], Path],  # first: removed after the sidecars are gone
     make_sidecar: Callable[..., Sidecar],
     stub_for: Callable[[str], str],
-    run_dir: Callable[[], Path],
 ) -> None:
     """A HOME with nothing configured: the trust dialog, then (answered) the auth choice, read
     as `waiting` with the dialog's question, never `idle`."""
@@ -313,9 +313,9 @@ def test_first_start_screens_are_waiting_never_idle(
 
 
 def test_wrong_hook_secret_is_refused_and_changes_nothing(
+    run_dir: Callable[[], Path],  # first: removed after the sidecars are gone
     make_sidecar: Callable[..., Sidecar],
     stub_for: Callable[[str], str],
-    run_dir: Callable[[], Path],
 ) -> None:
     """A forged Notification (no secret, a wrong one, the API token): 403, state and /events
     untouched; the relay with the right file still gets through."""
