@@ -62,13 +62,17 @@ class Awareness:
             bus=bus,
         )
         self.hooks = HookSource(
-            config, self.machine, self.files, self.approvals, self.notices.check
+            config,
+            self.machine,
+            self.files,
+            self.approvals,
+            on_idle=self.notices.check,
+            on_silent=self._hooks_silent,
         )
         self.machine.on_state = self.hooks.state_changed
         self.quiet = ActivitySource(
             self.machine, self.activity.quiet_for, config.activity_quiet, self.notices.check
         )
-        self.hooks.on_silent = self._fall_back
         self.events = EventSource(
             self.machine, self.files, self.approvals, self.notices.check, self._fall_back
         )
@@ -84,14 +88,17 @@ class Awareness:
         self.seen.use(cli)
         self.hooks.use(cli)
         self.events.use(cli)
-        # A dialog is listed from the screen when the CLI has no decision channel, or once
-        # after a crash for a CLI whose held hook died with it (an event stream is read again
-        # and lists what still waits itself).
+        self._screen_approvals(cli, adopted=adopted)
+        self.notices.prompt = cli.prompt
+        self.machine.launched(cli.state)
+
+    def _screen_approvals(self, cli: CLIDef, *, adopted: bool) -> None:
+        """A dialog is listed from the screen when the CLI has no decision channel, or once
+        after a crash for a CLI whose held hook died with it (an event stream is read again and
+        lists what still waits itself)."""
         hooked = self.hooks.cli is not None and self.hooks.cli.decides
         channel = hooked or cli.state == "events"
         self.on_screen.use(cli, channel=channel, adopted=adopted and hooked)
-        self.notices.prompt = cli.prompt
-        self.machine.launched(cli.state)
 
     # ---- the supervisor's side -----------------------------------------------------------------
 
@@ -145,6 +152,16 @@ class Awareness:
     def warnings(self) -> list[str]:
         """Why the agent's state is not known the way its CLI's entry says (for /status)."""
         return [*self.hooks.warnings, *([self.events.warning] if self.events.warning else [])]
+
+    def _hooks_silent(self, silent: bool) -> None:
+        """The running CLI's hooks are silent (or spoke again after all)."""
+        if silent:
+            self._fall_back()
+        elif self._cli is not None:
+            self.machine.source_changed("hooks")
+            self.quiet.active = False
+            self.quiet.stop()
+            self._screen_approvals(self._cli, adopted=False)
 
     def _fall_back(self) -> None:
         """The CLI's hooks never reported, or its event stream is gone: its pane's activity

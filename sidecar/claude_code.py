@@ -8,8 +8,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import shlex
-import sys
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -96,12 +94,6 @@ DETAIL_KEYS = ("command", "file_path", "notebook_path", "path", "url", "pattern"
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
-def relay_command(settings_path: Path, event: str) -> str:
-    """A command hook that relays `event`: this interpreter runs `sidecar.hook_relay` by its
-    file (standard library only, isolated: the very code of the running sidecar)."""
-    return shlex.join([sys.executable, "-I", hook_relay.__file__, str(settings_path), event])
-
-
 def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
     """The `--settings` document: an HTTP hook per event, the relay for SessionStart."""
     headers = {SECRET_HEADER: secret}
@@ -122,7 +114,7 @@ def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
         ]
         for event in HTTP_EVENTS
     }
-    command = {"type": "command", "command": relay_command(settings_path, "SessionStart")}
+    command = {"type": "command", "command": hook_relay.command(settings_path, "SessionStart")}
     hooks["SessionStart"] = [{"hooks": [{**command, "timeout": RELAY_TIMEOUT}]}]
     return {"hooks": hooks}
 
@@ -249,6 +241,8 @@ class ClaudeHooks:
     events: tuple[str, ...] = EVENTS
     max_hold = float(MAX_HOLD)
     decides = True
+    reports_at_start = True
+    root_settings = False
 
     def launch(self, launch: HookLaunch) -> Launched:
         config = config_dir(launch.env)

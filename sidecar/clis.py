@@ -25,15 +25,15 @@ SCREENS = {
     "gemini": "gemini-cli",
     "opencode": "opencode",
 }
-# The programs whose hooks the sidecar installs, by knowledge name (`hook_source.HOOK_CLIS`).
-HOOKED = frozenset({"claude-code", "codex"})
+# The knowledge names whose hooks the sidecar installs (`sidecar.hook_source.HOOK_CLIS`).
+HOOK_SCREENS = frozenset({"claude-code", "codex", "gemini-cli"})
 KEYS = ("command", "resume", "env", "prompt", "state", "prompt_pattern")
 
 
 # `resume` is the argv used when the CLI is started again in the same workspace (resleeve,
 # self-healing, a hard resleeve with history). `prompt` marks an interactive prompt that takes
 # typed lines (inbox notices); `state` says how the agent's state is known (`sidecar.agent`):
-# `hooks` (Claude Code's own hooks), `events` (opencode's server), `activity` (pane output) or
+# `hooks` (the CLI's own hooks), `events` (opencode's server), `activity` (pane output) or
 # `none`. `screen` names whose
 # knowledge reads the CLI's screen (`sidecar.screen_source.RECOGNIZERS`): a CLI the sidecar
 # knows, else `generic`, told the CLI's input prompt by `prompt_pattern` when the YAML gives it.
@@ -74,7 +74,16 @@ def _builtins(login_shell: str) -> dict[str, CLIDef]:
             state="hooks",
             screen="claude-code",
         ),
-        CLIDef("gemini-cli", ("gemini",), prompt=True, screen="gemini-cli"),
+        # gemini-cli's session arguments (--session-id/--resume) and its hook settings come
+        # from sidecar.gemini_cli; `resume` is what it does without hooks.
+        CLIDef(
+            "gemini-cli",
+            ("gemini",),
+            ("gemini", "--resume", "latest"),
+            prompt=True,
+            state="hooks",
+            screen="gemini-cli",
+        ),
         # opencode's --port/--session arguments and its server's password come from
         # sidecar.opencode; `resume` is what it does while no session id is known.
         CLIDef(
@@ -163,9 +172,9 @@ def _state(value: Any, command: tuple[str, ...], where: str) -> StateSource:
     if value not in STATE_SOURCES:
         msg = f"{where}.state must be one of {', '.join(STATE_SOURCES)}"
         raise ConfigError(msg)
-    if value == "hooks" and SCREENS.get(Path(command[0]).name) not in HOOKED:
+    if value == "hooks" and SCREENS.get(Path(command[0]).name) not in HOOK_SCREENS:
         # The sidecar installs only the hooks of the CLIs it knows.
-        known = ", ".join(f"`{p}`" for p, n in SCREENS.items() if n in HOOKED)
+        known = ", ".join(f"`{p}`" for p, n in sorted(SCREENS.items()) if n in HOOK_SCREENS)
         msg = f"{where}.state: hooks needs a CLI whose hooks it knows ({known})"
         raise ConfigError(msg)
     if value == "events" and Path(command[0]).name != "opencode":

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sidecar import hook_relay
 from sidecar.approvals import Answer
-from sidecar.claude_code import relay_command
 from sidecar.contract import AgentStateName
 from sidecar.hook_cli import SECRET_HEADER, HookEffect, HookLaunch, Launched, PermissionAsk
 from sidecar.screen import Screen
@@ -122,7 +122,7 @@ def overrides(settings_path: Path) -> tuple[str, ...]:
     for event in EVENTS:
         handler = {
             "type": "command",
-            "command": relay_command(settings_path, event),
+            "command": hook_relay.command(settings_path, event),
             "timeout": _timeout(event),
             "async": False,
         }
@@ -172,6 +172,8 @@ class CodexHooks:
     events: tuple[str, ...] = EVENTS
     max_hold = float(MAX_HOLD)
     decides = True
+    root_settings = False
+    reports_at_start = False
 
     def launch(self, launch: HookLaunch) -> Launched:
         """Our hooks, no shared background server (it would outlive the CLI and run hooks from

@@ -69,6 +69,10 @@ class HookCLI(Protocol):
     events: tuple[str, ...]
     max_hold: float  # seconds a held hook may wait: under the CLI's own timeout for it
     decides: bool  # its permission hook takes a decision (else its dialog is answered by keys)
+    # The CLI reads our settings only from a file root owns, in directories only root may write
+    # (Gemini's system files): with SIDECAR_USER the sidecar makes it, group-readable by the user.
+    root_settings: bool
+    reports_at_start: bool  # a hook reports as it starts (else only once a turn begins)
 
     def launch(self, launch: HookLaunch) -> Launched: ...
 

@@ -4,8 +4,8 @@ arguments that pin its conversation; the events its hooks report are checked aga
 and applied to the agent's state, and a permission request is held until it is answered.
 
 A CLI whose hooks never report (a version that rejects ours, hooks turned off in the user's
-config) is noticed: once a turn starts at its input prompt, its hooks get SILENCE seconds to say
-anything; then the agent's state comes from the screen and the pane's activity, with a warning.
+config) is noticed, and its state comes from the screen and the pane's activity, with a warning,
+until a hook reports after all.
 
 A held request is answered by whoever comes first: the API (or the timeout policy), whose answer
 the hook returns to the CLI, or a person in the CLI's own dialog, which the CLI takes at once and
@@ -23,7 +23,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar import claude_code, codex
+from sidecar import claude_code, codex, gemini_cli
 from sidecar.acting import Owner, acting
 from sidecar.agent import AgentMachine
 from sidecar.agent_files import AgentFiles
@@ -36,10 +36,17 @@ from sidecar.hook_cli import HookCLI, HookLaunch, hook_base_url
 
 log = logging.getLogger(__name__)
 
-SILENCE = 10.0  # seconds a turn may go without a hook before the hooks count as dead
+# Hooks that never report (a version that rejects our hook config) are noticed: a CLI whose
+# hooks report at its start gets SILENT_AFTER seconds from it (longer while a first-start dialog
+# holds it up), any CLI SILENCE seconds from a turn begun at its input prompt. Its state then
+# comes from the screen and pane activity, until a hook reports after all.
+SILENT_AFTER = 15.0
+SILENCE = 10.0
 
 # The CLIs whose hooks the sidecar installs, by knowledge name (`CLIDef.screen`).
-HOOK_CLIS: dict[str, HookCLI] = {h.name: h for h in (claude_code.ClaudeHooks(), codex.CodexHooks())}
+HOOK_CLIS: dict[str, HookCLI] = {
+    h.name: h for h in (claude_code.ClaudeHooks(), codex.CodexHooks(), gemini_cli.GeminiHooks())
+}
 
 
 class HookSource:
@@ -49,7 +56,9 @@ class HookSource:
         machine: AgentMachine,
         files: AgentFiles,
         approvals: Approvals,
+        *,
         on_idle: Callable[[], None],
+        on_silent: Callable[[bool], None],
     ) -> None:
         self.config = config
         self.machine = machine
@@ -64,8 +73,11 @@ class HookSource:
         self._held: set[str] = set()  # approvals whose hook is held open now
         # A request whose hook was released unanswered: answered on screen from then on.
         self.released: Callable[[str], None] = lambda approval_id: None
-        self.warnings: list[str] = []  # for /status: the running CLI's hooks never reported
-        self.on_silent: Callable[[], None] | None = None  # ...: another source takes over
+        # Root's, in the user's group (no chown: the group comes from the thread's fsgid).
+        self._root_owner = Owner(0, config.user.gid, act_as=True) if config.user else None
+        # The running CLI's hooks are silent (True: the screen and activity tell its state).
+        self.on_silent = on_silent
+        self.silent = False
         # Launched with our hooks, none heard yet (an adopted CLI's were heard by the last one).
         self._unheard = False
         self._silence: asyncio.TimerHandle | None = None
@@ -73,27 +85,51 @@ class HookSource:
     def use(self, cli: CLIDef) -> None:
         """The CLI that runs now (launched or adopted)."""
         self.cli = HOOK_CLIS.get(cli.screen) if cli.state == "hooks" else None
-        self._unheard, self.warnings = False, []
-        self._quiet_timer(None)
+        self._unheard = False
+        self._forget_silence()
 
-    def _quiet_timer(self, delay: float | None) -> None:
+    def _arm(self, delay: float) -> None:
         if self._silence is not None:
             self._silence.cancel()
-        self._silence = None
-        if delay is not None:
-            self._silence = asyncio.get_running_loop().call_later(delay, self._silent)
+        self._silence = asyncio.get_running_loop().call_later(delay, self._silent)
 
     def _silent(self) -> None:
         self._silence = None
         if not self._unheard or self.cli is None:
             return
-        self.warnings = [
-            f"{self.cli.name}: no hook arrived within {SILENCE:g} s of a turn starting (hooks "
-            "rejected or turned off?): its state comes from the screen and pane activity"
+        if self.machine.screen_needs_person:  # a first-start dialog: no hooks before it
+            self._arm(SILENT_AFTER)
+            return
+        log.warning(
+            "%s: its hooks are silent; its state comes from screen and activity", self.cli.name
+        )
+        self.silent = True
+        self.on_silent(True)
+
+    def _heard(self) -> None:
+        """A hook reported: back from the fallback, if the hooks were silent."""
+        was_silent = self.silent
+        self._unheard = False
+        self._forget_silence()
+        if was_silent:
+            self.on_silent(False)
+
+    def _forget_silence(self) -> None:
+        if self._silence is not None:
+            self._silence.cancel()
+            self._silence = None
+        self.silent = False
+
+    @property
+    def warnings(self) -> list[str]:
+        """For /status: the running CLI's hooks never reported."""
+        if not self.silent or self.cli is None:
+            return []
+        return [
+            f"{self.cli.name}: no hook reported (this version rejected the sidecar's hook "
+            "config, or its user turned hooks off?); its state comes from the screen and pane "
+            "activity until one does"
         ]
-        log.warning("%s", self.warnings[0])
-        if self.on_silent is not None:
-            self.on_silent()
 
     def launch(
         self, cli: CLIDef, argv: tuple[str, ...], env: Mapping[str, str], *, has_history: bool
@@ -108,7 +144,8 @@ class HookSource:
         record = self.files.record
         pinned = record.session_id if record.session_cli == cli.name else None
         secret = secrets.token_urlsafe(32)
-        settings_path = self.config.paths.hook_settings(hooks.name)
+        root = hooks.root_settings
+        settings_path = self.config.paths.hook_settings(hooks.name, root_owned=root)
         launched = hooks.launch(
             HookLaunch(
                 cli=cli,
@@ -124,16 +161,21 @@ class HookSource:
         )
         self.files.update(session_id=launched.session_id, session_cli=cli.name, hook_secret=secret)
         self._unheard = True
+        if hooks.reports_at_start:
+            self._arm(SILENT_AFTER)
         self.machine.session_id = launched.session_id
         # The file holds the secret: 0600, made as the CLI's user (with SIDECAR_USER; the
-        # sidecar keeps the secret in memory and in its own state dir, never reads it back).
-        with acting(self._settings_owner):
-            write_new(settings_path, launched.settings, 0o600)
+        # sidecar keeps the secret in memory and in its own state dir, never reads it back);
+        # a file the CLI takes only from root is root's, 0640 in the user's group.
+        shared = root and self._root_owner is not None
+        with acting(self._root_owner if root else self._settings_owner):
+            write_new(settings_path, launched.settings, 0o640 if shared else 0o600)
         return launched.argv, launched.env
 
     def revoke(self) -> None:
         """Refuse hooks from here on (the CLI runs without hooks, or is being stopped)."""
         self.files.update(hook_secret=None)
+        self._forget_silence()
 
     def secret_matches(self, cli_name: str, given: str | None) -> bool:
         """Constant-time check of a hook call's secret against the running CLI's."""
@@ -146,9 +188,7 @@ class HookSource:
         """A hook event from the running CLI (its secret was checked)."""
         if self.cli is None:
             return
-        if self._unheard:
-            self._unheard = False
-            self._quiet_timer(None)
+        self._heard()
         effect = self.cli.interpret(event, payload)
         if effect.session_id is not None and effect.session_id != self.machine.session_id:
             # --continue picked a conversation: pin it from now on.
@@ -199,7 +239,7 @@ class HookSource:
         word (a first-start dialog runs none)."""
         turn = previous == "idle" and state in ("working", "waiting")
         if turn and self._unheard and self._silence is None:
-            self._quiet_timer(SILENCE)
+            self._arm(SILENCE)
         if previous != "waiting" or state == "waiting":
             return
         for approval_id in list(self._held):

@@ -73,6 +73,7 @@ class Layout:
         """The CLI's own variables, read by the pane's waiter (in no argv)."""
         return self.session_dir / "cli.env"
 
-    def hook_settings(self, cli: str) -> Path:
-        """The hook settings of a CLI (`sidecar.hook_cli`), read as the CLI's user."""
-        return self.session_dir / f"{cli}-hooks.json"
+    def hook_settings(self, cli: str, *, root_owned: bool = False) -> Path:
+        """The hook settings of a CLI (`sidecar.hook_cli`), read as the CLI's user; in the state
+        dir itself for a CLI that reads them only from root's directories."""
+        return (self.state_dir if root_owned else self.session_dir) / f"{cli}-hooks.json"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from collections.abc import Sequence
 
 from sidecar.contract import INPUT_KEYS, MAX_INPUT_BYTES
@@ -18,6 +19,10 @@ from sidecar.tmux import Tmux, TmuxError
 # id tmux gave us).
 TMUX_TIMEOUT = 5.0
 BUFFER = "sidecar-input"  # one named buffer, deleted by the paste (-d)
+# Enter comes this long after a paste, by a second tmux client: Gemini CLI takes an Enter it
+# reads within 30 ms of typed text (its guard for terminals without bracketed paste) as a newline,
+# not a submission, and while it is busy (seconds after its start) it reads both in one go.
+SUBMIT_AFTER = 0.3
 # The contract's key names, mapped to tmux's. Digits and letters are tmux key names as they are.
 TMUX_KEYS = {name: name for name in INPUT_KEYS} | {"Backspace": "BSpace"}
 # Control characters a paste must not carry: an ESC could end a bracketed paste early and drive
@@ -79,17 +84,15 @@ class PaneInput:
 
     def paste(self, data: bytes, *, submit: bool) -> None:
         """Paste `data` (bracketed where the application asked for it), then Enter."""
-        args: list[str] = []
         if data:
-            # One tmux client for the whole sequence; ";" here is our own separator word.
-            args += ["load-buffer", "-b", BUFFER, "-", ";"]
+            # One tmux client for the paste; ";" here is our own separator word.
+            args = ["load-buffer", "-b", BUFFER, "-", ";"]
             args += ["paste-buffer", "-p", "-d", "-b", BUFFER, "-t", self.target]
-        if data and submit:
-            args.append(";")
+            self._run(args, stdin=data)
+            if submit:
+                time.sleep(SUBMIT_AFTER)
         if submit:
-            args += ["send-keys", "-t", self.target, "Enter"]
-        if args:
-            self._run(args, stdin=data if data else None)
+            self._run(["send-keys", "-t", self.target, "Enter"])
 
     def keys(self, names: Sequence[str]) -> None:
         self._run(["send-keys", "-t", self.target, *tmux_keys(names)])

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from sidecar import codex, hook_relay
 from sidecar.approvals import Answer
-from sidecar.claude_code import relay_command
 
 
 def test_trust_hash_is_the_one_codex_records() -> None:
@@ -36,7 +35,7 @@ def test_overrides_parse_as_toml_and_trust_each_hook(tmp_path: Path) -> None:
     for event in codex.EVENTS:
         handler = parsed[f"hooks.{event}"][0]["hooks"][0]
         assert shlex.split(handler["command"])[-2:] == [str(settings), event]
-        assert handler["command"] == relay_command(settings, event)
+        assert handler["command"] == hook_relay.command(settings, event)
         hashes.add(codex.trust_hash(event, handler))
     assert "/<session-flags>/config.toml:user_prompt_submit:0:0" in state
     assert {s["trusted_hash"] for s in state.values()} == hashes

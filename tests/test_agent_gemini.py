@@ -1,0 +1,362 @@
+"""Agent state with the real Gemini CLI (0.61.0) in real tmux, talking to the loopback Gemini API
+stub (`tests.e2e.tool_stub`: a prompt gets a shell call, the tool result a line of text). Its
+hooks report through `sidecar.hook_relay`; its confirmation is answered by keys (Gemini has no
+hook that decides one).
+
+Gemini reads the sidecar's settings (system defaults) only from a directory that root owns and
+nobody else may write, so these sidecars keep their state under /run, not the test's tmp dir;
+the one that keeps it in tmp shows the fallback when the CLI rejects that file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from sidecar.client import ClientError
+from tests.agenttools import EventLog, wait_agent
+from tests.harness import REPO, Sidecar, free_port, http, wait_for
+from tests.tools import cli_bin
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+TOKEN = "agent-admin-token-0123456789"
+HOOK = "/hooks/gemini-cli"
+API_KEY = "stub-gemini-key-0123456789"
+
+
+@pytest.fixture
+def stub_for() -> Iterator[Callable[[str], str]]:
+    """Starts `python -m tests.e2e.tool_stub PORT COMMAND`; gives its base URL."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(command: str) -> str:
+        port = free_port()
+        argv = [sys.executable, "-m", "tests.e2e.tool_stub", str(port), command]
+        procs.append(subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL))
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: http("GET", f"{url}/ready")[0] == 404, 15, what="the Gemini API stub")
+        return url
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Callable[[], Path]]:
+    """State dirs under /run (root's, 0755 all the way up) for the sidecars of one test."""
+    made: list[Path] = []
+
+    def make() -> Path:
+        if os.geteuid() != 0 or not Path("/run").is_dir():
+            pytest.skip("Gemini CLI reads system settings only from root's directories")
+        path = Path("/run") / f"sidecar-gemini-test-{uuid.uuid4().hex[:12]}"
+        made.append(path)
+        return path
+
+    yield make
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def user_home(sc: Sidecar, *, configured: bool = True) -> Path:
+    """The CLI user's HOME: with `configured`, Gemini starts at its prompt (API key auth, the
+    workspace trusted) and the user has a hook of their own on two events."""
+    home = sc.tmp / "home"
+    gemini = home / ".gemini"
+    gemini.mkdir(parents=True, exist_ok=True)
+    if configured:
+
+        def hook(event: str) -> list[dict[str, Any]]:
+            mine = f"date +%s.%N-{event} >> {sc.tmp / 'user-hook.txt'}"
+            return [{"hooks": [{"type": "command", "command": mine, "name": "mine"}]}]
+
+        settings = {
+            "security": {"auth": {"selectedType": "gemini-api-key"}},
+            "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+            "privacy": {"usageStatisticsEnabled": False},
+            "hooks": {
+                event: hook(event) for event in ("BeforeAgent", "Notification", "AfterAgent")
+            },
+        }
+        (gemini / "settings.json").write_text(json.dumps(settings))
+        trusted = {str(sc.workspace): "TRUST_FOLDER"}
+        (gemini / "trustedFolders.json").write_text(json.dumps(trusted))
+    return home
+
+
+def gemini_sidecar(
+    make_sidecar: Callable[..., Sidecar],
+    stub_url: str,
+    state_dir: Path | None,
+    *,
+    configured: bool = True,
+    **env: str,
+) -> Sidecar:
+    sc = make_sidecar(cli="gemini-cli")
+    user_home(sc, configured=configured)
+    gemini = cli_bin("gemini")
+    sc.env_extra.update(
+        GEMINI_API_KEY=API_KEY,
+        GOOGLE_GEMINI_BASE_URL=stub_url,
+        PATH=f"{gemini.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        **env,
+    )
+    if state_dir is not None:
+        sc.env_extra["SIDECAR_STATE_DIR"] = str(state_dir)
+    return sc
+
+
+def user_hook_times(sc: Sidecar, event: str) -> list[float]:
+    path = sc.tmp / "user-hook.txt"
+    lines = path.read_text().split() if path.exists() else []
+    return [float(t) for t, _, e in (line.partition("-") for line in lines) if e.endswith(event)]
+
+
+def test_prompt_permission_keys_and_idle_with_the_real_gemini_cli(
+    run_dir: Callable[[], Path],  # first: removed after the sidecars are gone
+    make_sidecar: Callable[..., Sidecar],
+    stub_for: Callable[[str], str],
+) -> None:
+    """idle -> prompt via /input -> working -> waiting (Shell and its command) -> "1" via
+    /input -> working -> idle; the command ran; /events has the sequence; the user's own hooks
+    ran beside ours; an inbox notice is typed at the prompt (and its tool call denied by keys)."""
+    marker_cmd = "echo GEMINI-RAN | tee ran.txt"
+    state = run_dir()
+    sc = gemini_sidecar(make_sidecar, stub_for(marker_cmd), state, SIDECAR_TOKEN=TOKEN).start()
+    events = EventLog(sc, TOKEN)
+    first = wait_agent(sc, "idle", 60)
+    assert first["source"] == "hooks"
+    session = first["session_id"]
+    assert session and len(session) == 36
+    assert psutil.Process(sc.status()["cli_pid"]).cmdline()[-2:] == ["--session-id", session]
+
+    code, body = sc.post("/input", {"text": "please run the command", "if_state": ["idle"]})
+    assert code == 202 and body["delivered"] is True, body
+    waiting = wait_agent(sc, "waiting")
+    assert waiting["reason"] == f"Shell: {marker_cmd}", waiting
+    code, body = sc.post("/input", {"keys": ["1"], "if_state": ["waiting"]})
+    assert code == 202, body
+    wait_agent(sc, "idle")
+    assert (sc.workspace / "ran.txt").read_text() == "GEMINI-RAN\n"
+    events.wait_states(["idle", "working", "waiting", "working", "idle"])
+    waits = [e for e in events.of("agent-state") if e["state"] == "waiting"]
+    assert waits[0]["previous"] == "working" and marker_cmd in waits[0]["reason"]
+    # The user's hooks ran beside ours, once per event; their settings were not written to.
+    for event in ("BeforeAgent", "Notification", "AfterAgent"):
+        assert len(user_hook_times(sc, event)) == 1, event
+    user = json.loads((sc.tmp / "home" / ".gemini" / "settings.json").read_text())
+    assert [h["name"] for h in user["hooks"]["BeforeAgent"][0]["hooks"]] == ["mine"]
+    ours = state / "gemini-cli-hooks.json"
+    assert ours.stat().st_mode & 0o777 == 0o600
+    assert not [w for w in sc.status()["warnings"] if "hook" in w]
+    assert sc.status()["agent"]["session_id"] == session
+
+    # An inbox notice is typed at the idle prompt; the stub answers it with the command again,
+    # which is denied by keys this time: back at the prompt, the command not run again.
+    (sc.workspace / "ran.txt").unlink()
+    code, _ = sc.post("/inbox", {"from": "envoy", "type": "task", "content": "look at this"})
+    assert code == 201
+    notified = events.wait(lambda e: e["type"] == "inbox-notified", "an inbox notice")
+    wait_agent(sc, "waiting")
+    screen = "\n".join(sc.get("/screen")[1]["lines"])
+    assert notified["text"][:40] in screen
+    assert sc.post("/input", {"keys": ["3"], "if_state": ["waiting"]})[0] == 202
+    wait_agent(sc, "idle")
+    assert not (sc.workspace / "ran.txt").exists()
+
+
+def events_with_arrival(events: EventLog) -> list[tuple[float, dict[str, Any]]]:
+    return [(e["_arrived"], e) for e in events.of("agent-state") if "_arrived" in e]
+
+
+class TimedEventLog(EventLog):
+    """An EventLog that stamps each line with the time it arrived."""
+
+    def _read(self) -> None:
+        try:
+            for event in self.client.events():
+                self.lines.append({**event, "_arrived": time.time()})
+        except ClientError:
+            pass
+
+
+def test_hook_to_events_latency(
+    run_dir: Callable[[], Path],  # first: removed after the sidecars are gone
+    make_sidecar: Callable[..., Sidecar],
+    stub_for: Callable[[str], str],
+) -> None:
+    """Three turns (each: prompt, confirmation denied by keys): the time from the user's hook,
+    which Gemini runs side by side with ours for the same event, to the agent-state line's
+    arrival on /events."""
+    sc = gemini_sidecar(make_sidecar, stub_for("touch stub-was-here"), run_dir()).start()
+    events = TimedEventLog(sc)
+    wait_agent(sc, "idle", 60)
+    for turn in range(3):
+        assert sc.post("/input", {"text": f"turn {turn}", "if_state": ["idle"]})[0] == 202
+        wait_agent(sc, "waiting")
+        assert sc.post("/input", {"keys": ["3"], "if_state": ["waiting"]})[0] == 202
+        wait_agent(sc, "idle")
+    arrivals = events_with_arrival(events)
+    samples = []
+    for event, state in (("BeforeAgent", "working"), ("Notification", "waiting")):
+        for started in user_hook_times(sc, event):
+            after = [t for t, e in arrivals if e["state"] == state and t >= started - 0.5]
+            samples.append(min(after) - started)
+    assert len(samples) == 6
+    print(f"gemini hook -> agent-state: median {statistics.median(samples) * 1000:.0f} ms, "
+          f"max {max(samples) * 1000:.0f} ms: {[round(s * 1000) for s in samples]}")  # fmt: skip
+    assert statistics.median(samples) < 2.0
+
+
+def cli_argv(sc: Sidecar) -> list[str]:
+    return psutil.Process(sc.status()["cli_pid"]).cmdline()
+
+
+def test_resleeve_and_restart_resume_the_same_session_id(
+    run_dir: Callable[[], Path],  # first: removed after the sidecars are gone
+    make_sidecar: Callable[..., Sidecar],
+    stub_for: Callable[[str], str],
+) -> None:
+    """The pinned --session-id is resumed (--resume <id>) after a resleeve, after a resleeve
+    to another CLI and back, and after the sidecar itself was stopped and started again; the
+    stop leaves none of Gemini's node processes behind."""
+    sc = gemini_sidecar(make_sidecar, stub_for("touch stub-was-here"), run_dir()).start()
+    session = wait_agent(sc, "idle", 60)["session_id"]
+    assert cli_argv(sc)[-2:] == ["--session-id", session]
+    assert sc.post("/input", {"text": "remember this"})[0] == 202
+    wait_agent(sc, "waiting")
+    assert sc.post("/input", {"keys": ["1"], "if_state": ["waiting"]})[0] == 202
+    wait_agent(sc, "idle")
+    # Gemini 0.61 starts a conversation over when it is resumed within the minute its file is
+    # named after (a second record in the same file): the first resume waits for the next one.
+    (named,) = (sc.tmp / "home" / ".gemini" / "tmp").glob(f"*/chats/session-*-{session[:8]}.*")
+    minute = named.name.removeprefix("session-")[:16]
+    wait_for(lambda: time.strftime("%Y-%m-%dT%H-%M", time.gmtime()) != minute, 65, what="a minute")
+
+    def resumed(cli: str = "gemini-cli") -> None:
+        code, body = sc.post("/resleeve", {"cli": cli})
+        assert code == 202, body
+        sc.wait_status(lambda s: not s["resleeving"] and s["cli_running"], "resleeved", 60)
+
+    def gemini_nodes() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = " ".join(proc.info["cmdline"] or [])
+            ours = ".bin/gemini" in cmd or "gemini-cli/bundle" in cmd
+            if ours and str(sc.workspace) in " ".join(proc_cwd(proc)):
+                found.append(proc)
+        return found
+
+    resumed()
+    assert wait_agent(sc, "idle", 60)["session_id"] == session
+    assert cli_argv(sc)[-2:] == ["--resume", session]
+    resumed("shell")
+    assert sc.status()["agent"]["source"] == "activity"
+    wait_for(
+        lambda: not gemini_nodes(),
+        15,
+        what=lambda: (
+            f"no Gemini process after the resleeve: {[p.cmdline() for p in gemini_nodes()]}"
+        ),
+    )
+    resumed()
+    assert wait_agent(sc, "idle", 60)["session_id"] == session
+    assert cli_argv(sc)[-2:] == ["--resume", session]
+
+    assert sc.stop() == 0
+    assert not gemini_nodes()
+    sc.start()
+    assert wait_agent(sc, "idle", 60)["session_id"] == session
+    assert cli_argv(sc)[-2:] == ["--resume", session]
+
+
+def proc_cwd(proc: psutil.Process) -> list[str]:
+    try:
+        return [proc.cwd()]
+    except psutil.Error:
+        return []
+
+
+def test_first_start_screens_are_waiting_never_idle(
+    run_dir: Callable[[], Path],  # first: removed after the sidecars are gone
+    make_sidecar: Callable[..., Sidecar],
+    stub_for: Callable[[str], str],
+) -> None:
+    """A HOME with nothing configured: the trust dialog, then (answered) the auth choice, read
+    as `waiting` with the dialog's question, never `idle`."""
+    sc = gemini_sidecar(
+        make_sidecar, stub_for("touch stub-was-here"), run_dir(), configured=False
+    ).start()
+    events = EventLog(sc)
+    trust = wait_agent(sc, "waiting", 60)
+    assert "trust" in trust["reason"].lower(), trust
+    assert sc.post("/input", {"keys": ["1"], "if_state": ["waiting"]})[0] == 202
+    auth = sc.wait_status(
+        lambda s: "authenticate" in (s["agent"]["reason"] or ""), "the auth choice", 60
+    )["agent"]
+    assert auth["state"] == "waiting"
+    assert "idle" not in events.states()
+
+
+def test_wrong_hook_secret_is_refused_and_changes_nothing(
+    run_dir: Callable[[], Path],  # first: removed after the sidecars are gone
+    make_sidecar: Callable[..., Sidecar],
+    stub_for: Callable[[str], str],
+) -> None:
+    """A forged Notification (no secret, a wrong one, the API token): 403, state and /events
+    untouched; the relay with the right file still gets through."""
+    state = run_dir()
+    sc = gemini_sidecar(
+        make_sidecar, stub_for("touch stub-was-here"), state, SIDECAR_TOKEN=TOKEN
+    ).start()
+    wait_agent(sc, "idle", 60)
+    events = EventLog(sc, TOKEN)
+    secret = json.loads((state / "gemini-cli-hooks.json").read_text())["sidecar"]["headers"]
+    payload = json.dumps(
+        {"notification_type": "ToolPermission", "details": {"type": "exec", "command": "rm -rf /"}}
+    ).encode()
+    for headers in ({}, {"X-Sidecar-Hook": "wrong"}, {"Authorization": f"Bearer {TOKEN}"}):
+        code, body = http("POST", f"{sc.url}{HOOK}/Notification", headers=headers, raw=payload)
+        assert code == 403, (headers, code, body)
+    assert sc.status()["agent"]["state"] == "idle"
+    assert events.of("agent-state") == []
+    code, _ = http("POST", f"{sc.url}{HOOK}/Notification", headers=secret, raw=payload)
+    assert code == 204
+    assert wait_agent(sc, "waiting")["reason"] == "Shell: rm -rf /"
+
+
+def test_rejected_hook_config_falls_back_to_screen_and_activity(
+    make_sidecar: Callable[..., Sidecar], stub_for: Callable[[str], str]
+) -> None:
+    """State kept under the test's tmp dir (under /tmp, writable by all): Gemini skips our
+    settings file, no hook reports; after the silence the state comes from the screen and the
+    pane's activity, /status says so, and a turn still reads working, waiting, idle."""
+    sc = gemini_sidecar(make_sidecar, stub_for("touch stub-was-here"), None).start()
+    status = sc.wait_status(
+        lambda s: any("no hook reported" in w for w in s["warnings"]),
+        "the silent-hooks warning",
+        60,
+    )
+    assert any("no hook reported" in w for w in status["warnings"]), status["warnings"]
+    assert status["agent"]["source"] == "activity"
+    wait_agent(sc, "idle", 30)
+    events = EventLog(sc)
+    assert sc.post("/input", {"text": "run it", "if_state": ["idle"]})[0] == 202
+    assert "Shell: touch stub-was-here" in wait_agent(sc, "waiting")["reason"]
+    assert sc.post("/input", {"keys": ["1"], "if_state": ["waiting"]})[0] == 202
+    wait_agent(sc, "idle", 30)
+    events.wait_states(["working", "waiting", "idle"])
