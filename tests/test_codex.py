@@ -85,7 +85,8 @@ def test_the_relay_finds_each_events_url_and_timeout(tmp_path: Path) -> None:
     assert headers == {"X-Sidecar-Hook": "s3"}
     assert timeout == codex.PERMISSION_TIMEOUT
     # An event without a hook of its own (Claude Code's SessionStart): another's URL for it.
-    document = {"hooks": {"Stop": [{"hooks": [{"type": "http", "url": "http://h/x/Stop"}]}]}}
+    stop = {"type": "http", "url": "http://h/x/Stop", "headers": {}}
+    document = {"hooks": {"Stop": [{"hooks": [stop]}]}}
     settings.write_text(json.dumps(document))
     assert hook_relay.target(str(settings), "SessionStart") == (
         "http://h/x/SessionStart",
