@@ -11,6 +11,7 @@ after a backoff, so no fault leaves the sleeve without a CLI for good.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -133,8 +134,10 @@ class CliRunner:
         env = self.env
         with acting(self.owner):  # the history is the CLI user's, maybe private to it
             history = claude_code.has_history(claude_code.config_dir(env), self.config.workspace)
-            argv = cli.argv(resume=resume, has_history=history)
-            return self.awareness.launch_argv(cli, argv, env, has_history=history)
+        argv = cli.argv(resume=resume, has_history=history)
+        # Not as the CLI's user: the launch keeps the hook secret in the sidecar's own state
+        # file (each CLI's own files are made as the user who reads them, where they are made).
+        return self.awareness.launch_argv(cli, argv, env, has_history=history)
 
     async def launch(self, *, resume: bool, fresh_server: bool | None = None) -> None:
         """Start the current CLI in the pane (caller holds `lock`). `fresh_server`: a new tmux
@@ -193,14 +196,21 @@ class CliRunner:
         self._backoff_task = self._spawn(retry, "backoff")
 
     async def _cli_pid(self, waiter: int) -> int | None:
-        """The CLI's pid: the pane waiter's child (it forks at once; None if already gone)."""
-        deadline = time.monotonic() + 1.0
+        """The CLI's pid: the pane waiter's child that runs another program (the waiter forks
+        short-lived copies of itself while it reads the CLI's environment; None if gone)."""
+        deadline = time.monotonic() + 3.0
         while True:
             try:
-                children = psutil.Process(waiter).children()
+                parent = psutil.Process(waiter)
+                own = parent.cmdline()
+                children = parent.children()
             except psutil.NoSuchProcess:
                 return None
-            if children or time.monotonic() > deadline:
+            for child in children:
+                with contextlib.suppress(psutil.Error):
+                    if child.cmdline() != own:
+                        return child.pid
+            if time.monotonic() > deadline:
                 return children[0].pid if children else None
             await asyncio.sleep(0.005)
 

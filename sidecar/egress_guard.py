@@ -37,6 +37,7 @@ from pathlib import Path
 
 from sidecar import landlock
 from sidecar import seccomp_filter as sf
+from sidecar.acting import Owner, acting
 from sidecar.egress_broker import Broker
 
 MISSING = 2  # exit status: the guard cannot hold here
@@ -308,18 +309,23 @@ class ReportListener(asyncio.DatagramProtocol):
         path: Path,
         on_denied: Callable[[str, int, str], None],
         *,
-        owner: tuple[int, int] | None = None,
+        owner: Owner | None = None,
     ) -> asyncio.DatagramTransport:
-        """Bind `path` (a stale one is replaced); `owner`: the CLI's user, who must send."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        """Bind `path` (a stale one is replaced), as `owner` (the CLI's user, who must send:
+        the socket is made as that user's, no chown needed)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        try:
+            with acting(owner):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                sock.bind(str(path))
+                os.chmod(path, 0o600)
+        except OSError:
+            sock.close()
+            raise
         loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(
-            lambda: cls(on_denied), local_addr=str(path), family=socket.AF_UNIX
-        )
-        if owner is not None:
-            os.chown(path, *owner)
-        os.chmod(path, 0o600)
+        transport, _ = await loop.create_datagram_endpoint(lambda: cls(on_denied), sock=sock)
         return transport
 
     def datagram_received(self, data: bytes, addr: object) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from sidecar.acting import Owner
 from sidecar.egress import Allowlist
 from sidecar.egress_guard import ReportListener, guard_argv
 from sidecar.egress_proxy import EgressProxy, Limits
@@ -135,7 +136,7 @@ class Egress:
         if self.proxy is not None:
             await self.proxy.close()
 
-    async def listen_reports(self, path: Path, owner: tuple[int, int] | None = None) -> None:
+    async def listen_reports(self, path: Path, owner: Owner | None = None) -> None:
         """Take the enforcement's reports of refused attempts (`egress_guard.ReportListener`
         on a unix datagram socket at `path`; `owner`: the CLI's user, who sends them)."""
         self._reports = await ReportListener.open(path, self.denied, owner=owner)

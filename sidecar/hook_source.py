@@ -88,17 +88,18 @@ class HookSource:
         self._unheard = False
         self._forget_silence()
 
-    def _arm(self, delay: float) -> None:
+    def _arm(self, delay: float, *, at_start: bool) -> None:
         if self._silence is not None:
             self._silence.cancel()
-        self._silence = asyncio.get_running_loop().call_later(delay, self._silent)
+        loop = asyncio.get_running_loop()
+        self._silence = loop.call_later(delay, self._silent, at_start)
 
-    def _silent(self) -> None:
+    def _silent(self, at_start: bool) -> None:
         self._silence = None
         if not self._unheard or self.cli is None:
             return
-        if self.machine.screen_needs_person:  # a first-start dialog: no hooks before it
-            self._arm(SILENT_AFTER)
+        if at_start and self.machine.screen_needs_person:
+            self._arm(SILENT_AFTER, at_start=True)  # a first-start dialog: no hooks before it
             return
         log.warning(
             "%s: its hooks are silent; its state comes from screen and activity", self.cli.name
@@ -146,23 +147,24 @@ class HookSource:
         secret = secrets.token_urlsafe(32)
         root = hooks.root_settings
         settings_path = self.config.paths.hook_settings(hooks.name, root_owned=root)
-        launched = hooks.launch(
-            HookLaunch(
-                cli=cli,
-                argv=argv,
-                env=env,
-                base_url=hook_base_url(self.config.host, self.config.port, hooks.name),
-                secret=secret,
-                settings_path=settings_path,
-                session_id=pinned,
-                workspace=self.config.workspace,
-                has_history=has_history,
+        with acting(self._settings_owner):  # it may read the user's own files (history)
+            launched = hooks.launch(
+                HookLaunch(
+                    cli=cli,
+                    argv=argv,
+                    env=env,
+                    base_url=hook_base_url(self.config.host, self.config.port, hooks.name),
+                    secret=secret,
+                    settings_path=settings_path,
+                    session_id=pinned,
+                    workspace=self.config.workspace,
+                    has_history=has_history,
+                )
             )
-        )
         self.files.update(session_id=launched.session_id, session_cli=cli.name, hook_secret=secret)
         self._unheard = True
         if hooks.reports_at_start:
-            self._arm(SILENT_AFTER)
+            self._arm(SILENT_AFTER, at_start=True)
         self.machine.session_id = launched.session_id
         # The file holds the secret: 0600, made as the CLI's user (with SIDECAR_USER; the
         # sidecar keeps the secret in memory and in its own state dir, never reads it back);
@@ -239,7 +241,7 @@ class HookSource:
         word (a first-start dialog runs none)."""
         turn = previous == "idle" and state in ("working", "waiting")
         if turn and self._unheard and self._silence is None:
-            self._arm(SILENCE)
+            self._arm(SILENCE, at_start=False)
         if previous != "waiting" or state == "waiting":
             return
         for approval_id in list(self._held):

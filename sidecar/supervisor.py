@@ -220,8 +220,7 @@ class Supervisor:
         await self.egress.start(ours.egress_port if ours is not None else None)
         if self.egress.started:
             paths = self.config.paths
-            owner = (self.config.user.uid, self.config.user.gid) if self.config.user else None
-            await self.egress.listen_reports(paths.egress_reports, owner)
+            await self.egress.listen_reports(paths.egress_reports, self.owner)
             self.runner.egress_guard = functools.partial(
                 self.egress.guard, deny_unix=(paths.tmux_socket, paths.ttyd_socket)
             )

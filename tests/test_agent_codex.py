@@ -227,7 +227,7 @@ def test_codex_whose_hooks_never_report_falls_back_to_screen_and_activity(
     waiting = wait_agent(sc, "waiting", 60)
     assert RAN in waiting["reason"], waiting
     found = sc.wait_status(
-        lambda s: any("no hook arrived" in w for w in s["warnings"]), "the warning", 30
+        lambda s: any("no hook reported" in w for w in s["warnings"]), "the warning", 30
     )
     assert found["agent"]["source"] == "activity"
     assert found["agent"]["state"] == "waiting"
