@@ -198,7 +198,7 @@ class CliRunner:
     async def _cli_pid(self, waiter: int) -> int | None:
         """The CLI's pid: the pane waiter's child that runs another program (the waiter forks
         short-lived copies of itself while it reads the CLI's environment; None if gone)."""
-        deadline = time.monotonic() + 3.0
+        deadline = time.monotonic() + 10.0  # the waiter reads a line of env per fork
         while True:
             try:
                 parent = psutil.Process(waiter)
@@ -211,7 +211,7 @@ class CliRunner:
                     if child.cmdline() != own:
                         return child.pid
             if time.monotonic() > deadline:
-                return children[0].pid if children else None
+                return None
             await asyncio.sleep(0.005)
 
     def _watch_cli(self, pane: PaneInfo, gen: int) -> None:
