@@ -16,7 +16,7 @@ from typing import Any
 
 from sidecar import hook_relay
 from sidecar.approvals import Answer
-from sidecar.contract import AgentStateName
+from sidecar.contract import AgentStateName, InputKey
 from sidecar.hook_cli import SECRET_HEADER, HookEffect, HookLaunch, Launched, PermissionAsk
 from sidecar.screen import Screen
 from sidecar.screens import Reading, Seen, dialog, nonblank, text_of
@@ -163,6 +163,15 @@ def permission_answer(answer: Answer) -> dict[str, Any]:
     if answer.decision == "deny" and answer.message:
         decision["message"] = answer.message
     return {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": decision}}
+
+
+def approval_keys(decision: str, remember: bool) -> tuple[InputKey, ...]:
+    """Keys that answer its approval dialog on screen ("1. Yes, proceed (y)", "2. Yes, and don't
+    ask again for commands that start with ...", "3. No, and tell Codex what to do differently
+    (esc)"): for a dialog the hook no longer holds (a released hook, a supervisor crash)."""
+    if decision == "deny":
+        return ("Escape",)
+    return ("Down", "Enter") if remember else ("y",)
 
 
 class CodexHooks:

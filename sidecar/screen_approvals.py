@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from sidecar import claude_code, gemini_cli, opencode
+from sidecar import claude_code, codex, gemini_cli, opencode
 from sidecar.agent import AgentMachine
 from sidecar.approvals import Approvals, Decision, NotFound, Withdrawn
 from sidecar.clis import CLIDef
@@ -27,6 +27,7 @@ Keys = Callable[[Decision, bool], tuple[InputKey, ...]]
 #: The keys that answer each CLI's permission dialog (`approval_keys` in its own module).
 KEYS: dict[str, Keys] = {
     "claude-code": claude_code.approval_keys,
+    "codex": codex.approval_keys,
     "gemini-cli": gemini_cli.approval_keys,
     "opencode": opencode.approval_keys,
 }

@@ -231,8 +231,10 @@ def test_codex_whose_hooks_never_report_falls_back_to_screen_and_activity(
     )
     assert found["agent"]["source"] == "activity"
     assert found["agent"]["state"] == "waiting"
-    assert sc.get("/approvals")[1]["approvals"] == []
-    code, body = sc.post("/input", {"keys": ["Enter"], "if_state": ["waiting"]})
-    assert code == 202, body
+    # No hook holds it: the dialog is listed from the screen and answered with Codex's keys.
+    listed = wait_for(lambda: sc.get("/approvals")[1]["approvals"], 15, what="listed")
+    assert listed[0]["source"] == "screen" and RAN in listed[0]["summary"], listed
+    code, body = sc.post(f"/approvals/{listed[0]['id']}", {"decision": "allow"})
+    assert code == 200, body
     wait_for(lambda: (sc.workspace / "ran.txt").exists(), 30, what="the command ran")
     wait_agent(sc, "idle", 60)
