@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 
-from sidecar.client import ClientError, SidecarClient
 from sidecar.launcher import instances, launch
 from sidecar.launcher.commands import Settings
 from sidecar.launcher.fsutil import LauncherError
@@ -34,6 +33,9 @@ def _sleeve(args: argparse.Namespace, settings: Settings) -> Run:
 
 
 def _answer(args: argparse.Namespace, settings: Settings, decision: str) -> int:
+    # Imported here: the other `sleeve` commands do not pay for the HTTP client's imports.
+    from sidecar.client import ClientError, SidecarClient
+
     run = _sleeve(args, settings)
     client = SidecarClient(f"http://127.0.0.1:{run.port}", run.token)
     try:
