@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 
 import psutil
@@ -16,7 +14,8 @@ import pytest
 
 from sidecar import codex
 from tests.agenttools import EventLog, wait_agent
-from tests.harness import REPO, Sidecar, free_port, http, wait_for
+from tests.e2e.tool_stub import codex_config, running
+from tests.harness import Sidecar, http, wait_for
 from tests.tools import cli_bin
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -28,20 +27,8 @@ RAN = "echo CODEX-RAN > ran.txt"
 @pytest.fixture
 def tool_stub() -> Iterator[str]:
     """`tests.e2e.tool_stub` on a loopback port: its base URL for Codex's model provider."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.tool_stub", str(port), RAN],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        wait_for(lambda: http("POST", f"{url}/ping", raw=b"")[0] == 404, 15, what="the stub")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(5)
+    with running(RAN) as port:
+        yield f"http://127.0.0.1:{port}/v1"
 
 
 def user_config(sc: Sidecar, stub_url: str, *, extra: str = "") -> None:
@@ -53,19 +40,9 @@ def user_config(sc: Sidecar, stub_url: str, *, extra: str = "") -> None:
     hook = {"type": "command", "command": f"echo user-hook >> {sc.tmp / 'user-hook.txt'}"}
     normalized = {**hook, "timeout": 600, "async": False}
     key = f"{home / 'config.toml'}:user_prompt_submit:0:0"
+    provider = codex_config(stub_url, str(sc.workspace), "STUB_API_KEY", extra)
     (home / "config.toml").write_text(
-        f"""model = "stub-model"
-model_provider = "stub"
-{extra}
-[model_providers.stub]
-name = "stub"
-base_url = "{stub_url}"
-env_key = "STUB_API_KEY"
-wire_api = "responses"
-
-[projects."{sc.workspace}"]
-trust_level = "trusted"
-
+        f"""{provider}
 [[hooks.UserPromptSubmit]]
 [[hooks.UserPromptSubmit.hooks]]
 type = "command"

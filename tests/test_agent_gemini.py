@@ -10,12 +10,11 @@ the one that keeps it in tmp shows the fallback when the CLI rejects that file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,7 +26,8 @@ import pytest
 
 from sidecar.client import ClientError
 from tests.agenttools import EventLog, wait_agent
-from tests.harness import REPO, Sidecar, free_port, http, wait_for
+from tests.e2e.tool_stub import running
+from tests.harness import Sidecar, http, wait_for
 from tests.tools import cli_bin
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -38,21 +38,9 @@ API_KEY = "stub-gemini-key-0123456789"
 
 @pytest.fixture
 def stub_for() -> Iterator[Callable[[str], str]]:
-    """Starts `python -m tests.e2e.tool_stub PORT COMMAND`; gives its base URL."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(command: str) -> str:
-        port = free_port()
-        argv = [sys.executable, "-m", "tests.e2e.tool_stub", str(port), command]
-        procs.append(subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL))
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: http("GET", f"{url}/ready")[0] == 404, 15, what="the Gemini API stub")
-        return url
-
-    yield start
-    for proc in procs:
-        proc.terminate()
-        proc.wait(10)
+    """Starts `tests.e2e.tool_stub` answering with a command; gives its base URL."""
+    with contextlib.ExitStack() as stack:
+        yield lambda command: f"http://127.0.0.1:{stack.enter_context(running(command))}"
 
 
 @pytest.fixture

@@ -6,10 +6,9 @@ asks permission; the answer goes back through opencode's permission reply."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,8 @@ import psutil
 import pytest
 
 from tests.agenttools import EventLog, wait_agent
-from tests.harness import REPO, Sidecar, free_ports, http, wait_for
+from tests.e2e.tool_stub import opencode_config, running
+from tests.harness import Sidecar, free_ports, http, wait_for
 from tests.test_crash import kill_supervisor, restarted
 from tests.tools import cli_bin
 
@@ -29,41 +29,16 @@ MARKER = "echo OPENCODE-RAN | tee ran.txt"
 
 
 @pytest.fixture
-def chat_stub(tmp_path: Path) -> Iterator[Callable[[str], int]]:
-    """Starts tests/e2e/tool_stub.py on a free loopback port; gives the port."""
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(command: str) -> int:
-        port = free_ports(1)[0]
-        argv = [sys.executable, "-m", "tests.e2e.tool_stub", str(port), command]
-        with (tmp_path / f"stub-{port}.log").open("wb") as log:
-            procs.append(subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
-        wait_for(lambda: http("GET", f"http://127.0.0.1:{port}/")[0] == 404, 15, what="stub")
-        return port
-
-    yield start
-    for proc in procs:
-        proc.terminate()
-        proc.wait(10)
+def chat_stub() -> Iterator[Callable[[str], int]]:
+    """Starts `tests.e2e.tool_stub` answering with a command; gives the port."""
+    with contextlib.ExitStack() as stack:
+        yield lambda command: stack.enter_context(running(command))
 
 
 def user_config(stub_port: int) -> dict[str, Any]:
     """The user's own ~/.config/opencode/opencode.json: a provider pointing at the stub, asking
     before bash and edits, and a server port of their own (ours must win, theirs stay unused)."""
-    return {
-        "$schema": "https://opencode.ai/config.json",
-        "provider": {
-            "stub": {
-                "npm": "@ai-sdk/openai-compatible",
-                "name": "Stub",
-                "options": {"baseURL": f"http://127.0.0.1:{stub_port}/v1", "apiKey": "sk-stub"},
-                "models": {"stub-model": {"name": "Stub Model"}},
-            }
-        },
-        "model": "stub/stub-model",
-        "permission": {"bash": "ask", "edit": "ask"},
-        "server": {"port": free_ports(1)[0]},
-    }
+    return {**opencode_config(stub_port), "server": {"port": free_ports(1)[0]}}
 
 
 def opencode_sidecar(
@@ -145,7 +120,7 @@ def test_prompt_permission_approved_through_the_api_with_the_real_opencode(
     # An inbox message now: not typed over the permission prompt.
     code, _ = sc.post("/inbox", {"from": "lead", "type": "task", "content": "# Look at this"})
     assert code == 201
-    time.sleep(1.5)  # a notice would be typed at the next tick (1 s); none may come
+    time.sleep(1.5)  # sleep-ok: a notice would be typed at the next tick (1 s); none may come
     assert events.of("inbox-notified") == []
 
     code, body = sc.post(f"/approvals/{approval['id']}", {"decision": "allow"})

@@ -12,18 +12,16 @@ import functools
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.context import Context
 from bench.core import REPORT, Baseline, Figure, interleave
 from bench.procs import BenchError, get_json, make_sidecar, post_json, wait_until
 from bench.rigs import SidecarRig
-from tests.harness import REPO, free_port, http, write_cli_config
+from tests.e2e.tool_stub import codex_config, opencode_config, running
+from tests.harness import write_cli_config
 from tests.tools import CLI_BIN
 
 NAMES = ("clis.codex.waiting", "clis.opencode.waiting")
@@ -31,36 +29,10 @@ COMMAND = "touch bench-ran.txt"
 CAP = 10.0
 
 
-@contextmanager
-def tool_stub() -> Iterator[int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.tool_stub", str(port), COMMAND],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_until(lambda: _answers(port), 15, "the tool stub")
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(5)
-
-
-def _answers(port: int) -> bool:
-    try:
-        return http("GET", f"http://127.0.0.1:{port}/")[0] == 404
-    except OSError:
-        return False
-
-
 def _codex_home(home: Path, stub: int, workspace: Path) -> dict[str, str]:
     (home / ".codex").mkdir(parents=True, exist_ok=True)
     (home / ".codex" / "config.toml").write_text(
-        'model = "stub-model"\nmodel_provider = "stub"\n\n[model_providers.stub]\n'
-        f'name = "stub"\nbase_url = "http://127.0.0.1:{stub}/v1"\nenv_key = "STUB_API_KEY"\n'
-        f'wire_api = "responses"\n\n[projects."{workspace}"]\ntrust_level = "trusted"\n'
+        codex_config(f"http://127.0.0.1:{stub}/v1", str(workspace), "STUB_API_KEY")
     )
     return {"STUB_API_KEY": "stub-key"}
 
@@ -68,21 +40,7 @@ def _codex_home(home: Path, stub: int, workspace: Path) -> dict[str, str]:
 def _opencode_home(home: Path, stub: int, workspace: Path) -> dict[str, str]:
     config = home / ".config" / "opencode" / "opencode.json"
     config.parent.mkdir(parents=True, exist_ok=True)
-    provider = {
-        "npm": "@ai-sdk/openai-compatible",
-        "name": "Stub",
-        "options": {"baseURL": f"http://127.0.0.1:{stub}/v1", "apiKey": "sk-stub"},
-        "models": {"stub-model": {"name": "Stub Model"}},
-    }
-    config.write_text(
-        json.dumps(
-            {
-                "provider": {"stub": provider},
-                "model": "stub/stub-model",
-                "permission": {"bash": "ask", "edit": "ask"},
-            }
-        )
-    )
+    config.write_text(json.dumps(opencode_config(stub)))
     return {"OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1"}
 
 
@@ -129,7 +87,7 @@ def _cycle(rig: SidecarRig) -> float:
 def run(ctx: Context) -> list[Figure]:
     figures = []
     n = ctx.pick(3, 8)
-    with tool_stub() as stub:
+    with running(COMMAND) as stub:
         for cli in ("codex", "opencode"):
             if not (CLI_BIN / cli).exists():
                 raise BenchError(f"{cli} is not installed in {CLI_BIN} (scripts/setup --test)")

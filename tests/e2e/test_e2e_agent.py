@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +25,8 @@ from tests.e2e.conftest import (
     new_launcher,
     remove_started,
 )
-from tests.harness import free_port, http, wait_for
+from tests.e2e.tool_stub import codex_config, running
+from tests.harness import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -125,18 +124,14 @@ def test_codex_in_an_image_with_it_prompt_approval_and_the_command_runs(
     Responses API stub on loopback: idle, a prompt, the approval listed through Codex's own
     PermissionRequest hook and allowed through the API, the command ran in the workspace, idle.
     The stub's address reaches the default egress list as OPENAI_BASE_URL."""
-    port = free_port()
-    stub = subprocess.Popen(
-        [sys.executable, "-m", "tests.e2e.tool_stub", str(port), CODEX_RAN],
-        cwd=dockerenv.REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     tag = "sleeve-e2e-codex-agent:latest"
     lch = new_launcher(engine, None, tmp_path)
-    lch.env |= {"OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1", "OPENAI_API_KEY": "stub-key"}
-    try:
-        wait_for(lambda: http("POST", f"http://127.0.0.1:{port}/x", raw=b"")[0] == 404, 15)
+    with contextlib.ExitStack() as cleanup:
+        port = cleanup.enter_context(running(CODEX_RAN))
+        cleanup.callback(engine.docker, "rmi", "-f", tag, check=False)
+        cleanup.callback(remove_started, lch)
+        url = f"http://127.0.0.1:{port}/v1"
+        lch.env |= {"OPENAI_BASE_URL": url, "OPENAI_API_KEY": "stub-key"}
         other = os.environ.get("SLEEVE_E2E_CONTEXT")
         context = ["--context", other] if other else []
         built = lch("build", "--image", tag, "--clis", "codex", *context, timeout=900)
@@ -144,10 +139,7 @@ def test_codex_in_an_image_with_it_prompt_approval_and_the_command_runs(
         folder = lch.create_slot(seed_claude=False)
         (folder / ".codex").mkdir(exist_ok=True)
         (folder / ".codex" / "config.toml").write_text(
-            'model = "stub-model"\nmodel_provider = "stub"\n\n[model_providers.stub]\n'
-            f'name = "stub"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
-            'env_key = "OPENAI_API_KEY"\nwire_api = "responses"\n\n'
-            '[projects."/workspace"]\ntrust_level = "trusted"\n'
+            codex_config(url, "/workspace", "OPENAI_API_KEY")
         )
         sleeve = lch.run("--slot", "1", cli="codex", image=tag)
         idle = _agent_in(sleeve, "idle", 90)
@@ -160,8 +152,3 @@ def test_codex_in_an_image_with_it_prompt_approval_and_the_command_runs(
         assert code == 200, body
         wait_for(lambda: (lch.project / "codex-e2e.txt").exists(), 60, what="the command ran")
         _agent_in(sleeve, "idle", 60)
-    finally:
-        remove_started(lch)
-        engine.docker("rmi", "-f", tag, check=False)
-        stub.terminate()
-        stub.wait(5)

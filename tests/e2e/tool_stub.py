@@ -8,9 +8,11 @@ any other turn with a line of text. It captured tests/screens; no real API is re
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -145,6 +147,61 @@ def make_app(command: str) -> web.Application:
     app.router.add_post("/v1beta/models/{model}:{method}", gemini)
     app.router.add_route("*", "/{tail:.*}", other)
     return app
+
+
+# ---- how each CLI is pointed at the stub --------------------------------------------------------
+
+
+def codex_config(base_url: str, workspace: str, env_key: str, extra: str = "") -> str:
+    """Codex's config.toml: the stub at `base_url` (…/v1) as its model provider, the key in
+    `env_key`, the workspace trusted; `extra` goes in the top-level table."""
+    return f"""model = "stub-model"
+model_provider = "stub"
+{extra}
+[model_providers.stub]
+name = "stub"
+base_url = "{base_url}"
+env_key = "{env_key}"
+wire_api = "responses"
+
+[projects."{workspace}"]
+trust_level = "trusted"
+"""
+
+
+def opencode_config(port: int) -> dict[str, Any]:
+    """opencode's opencode.json: an OpenAI-compatible provider at the stub, asking before bash
+    and edits."""
+    provider = {
+        "npm": "@ai-sdk/openai-compatible",
+        "name": "Stub",
+        "options": {"baseURL": f"http://127.0.0.1:{port}/v1", "apiKey": "sk-stub"},
+        "models": {"stub-model": {"name": "Stub Model"}},
+    }
+    return {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {"stub": provider},
+        "model": "stub/stub-model",
+        "permission": {"bash": "ask", "edit": "ask"},
+    }
+
+
+@contextlib.contextmanager
+def running(command: str) -> Iterator[int]:
+    """The stub in a process of its own on a free loopback port (the port), answering a prompt
+    with a call of `command`; stopped on leaving."""
+    from tests.harness import REPO, free_port, http, wait_for
+
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.e2e.tool_stub", str(port), command]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}/ready"
+        wait_for(lambda: http("GET", url)[0] == 404, 15, what="the tool-call stub")
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 if __name__ == "__main__":
