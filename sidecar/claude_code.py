@@ -6,7 +6,6 @@ arguments that pin its conversation, and what each hook event means for the agen
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import uuid
 from collections.abc import Mapping
@@ -252,7 +251,7 @@ class ClaudeHooks:
         document = settings(launch.base_url, launch.secret, launch.settings_path)
         return Launched(
             (*launch.cli.command, "--settings", str(launch.settings_path), *args),
-            json.dumps(document, indent=1).encode(),
+            document,
             session,
         )
 

@@ -195,7 +195,7 @@ class CodexHooks:
         else:
             argv, pinned = (*launch.argv, *ours), None
         document = settings(launch.base_url, launch.secret)
-        return Launched(argv, json.dumps(document, indent=1).encode(), pinned)
+        return Launched(argv, document, pinned)
 
     def interpret(self, event: str, payload: dict[str, Any]) -> HookEffect:
         return interpret(event, payload)

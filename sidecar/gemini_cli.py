@@ -250,7 +250,7 @@ class GeminiHooks:
         args, session = session_args(launch.session_id, gemini_dir(launch.env), launch.workspace)
         return Launched(
             (*launch.cli.command, *args),
-            json.dumps(document, indent=1).encode(),
+            document,
             session,
             {SYSTEM_DEFAULTS_ENV: str(launch.settings_path)},
         )

@@ -43,7 +43,7 @@ class HookLaunch:
 @dataclass(frozen=True)
 class Launched:
     argv: tuple[str, ...]
-    settings: bytes  # written to `settings_path` (0600, as the CLI's user) before the start
+    settings: Mapping[str, Any]  # written as JSON to `settings_path` before the start
     session_id: str | None  # the conversation pinned (None: learnt from the hooks)
     env: Mapping[str, str] = field(default_factory=dict)  # added to the CLI's environment
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import secrets
 from collections.abc import Callable, Mapping
@@ -171,7 +172,8 @@ class HookSource:
         # a file the CLI takes only from root is root's, 0640 in the user's group.
         shared = root and self._root_owner is not None
         with acting(self._root_owner if root else self._settings_owner):
-            write_new(settings_path, launched.settings, 0o640 if shared else 0o600)
+            document = json.dumps(launched.settings, indent=1).encode()
+            write_new(settings_path, document, 0o640 if shared else 0o600)
         return launched.argv, launched.env
 
     def revoke(self) -> None:
