@@ -102,17 +102,22 @@ def _add_run(subs: _Subcommands) -> None:
     p.add_argument("--cpus", type=float, help="CPU limit, e.g. 1.5 (bwrap: needs systemd)")
     p.add_argument("--memory", help="memory limit, e.g. 512m or 2g (bwrap: needs systemd)")
     p.add_argument("--pids-limit", type=int, help="most processes at once (bwrap: needs systemd)")
+    _add_egress(p)
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the exact argv (stdout) and a mount/env audit (stderr)",
+    )
+
+
+def _add_egress(p: argparse.ArgumentParser) -> None:
+    """`--egress`, the same for `run` and `manifest`."""
     p.add_argument(
         "--egress",
         default="default",
         metavar="default|open|FILE",
         help="the hosts the agent may reach: the CLI's default list (default), open (no "
         "limit), or a file of patterns",
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the exact argv (stdout) and a mount/env audit (stderr)",
     )
 
 
@@ -124,13 +129,7 @@ def _add_manifest(subs: _Subcommands) -> None:
     p.add_argument("--image", default="sleeve:latest", help="image (default %(default)s)")
     p.add_argument("--name", help="StatefulSet and Service name (default sleeve-<project>-<id>)")
     p.add_argument("--namespace", default="default", help="namespace (default %(default)s)")
-    p.add_argument(
-        "--egress",
-        default="default",
-        metavar="default|open|FILE",
-        help="the hosts the agent may reach: the CLI's default list (default), open (no "
-        "limit), or a file of patterns",
-    )
+    _add_egress(p)
     p.add_argument(
         "--token-secret",
         metavar="SECRET",

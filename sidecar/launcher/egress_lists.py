@@ -81,8 +81,3 @@ def choose(spec: str, cli: str, env: Mapping[str, str] | None = None) -> tuple[s
         return tuple(parse_list(f"--egress {spec}", split_file(data.decode("utf-8"))).texts)
     except (AllowlistError, UnicodeDecodeError) as exc:
         raise EgressChoiceError(str(exc)) from None
-
-
-def env_value(patterns: tuple[str, ...]) -> str:
-    """SIDECAR_EGRESS_ALLOW for `patterns` (`none` for a list that allows nothing)."""
-    return ",".join(patterns) or "none"
