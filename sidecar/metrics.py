@@ -83,14 +83,12 @@ def approvals(out: Exposition, book: Approvals) -> None:
     out.one(
         "sidecar_approvals_pending", "gauge", "Permission requests waiting now", len(book.pending())
     )
-    out.family(
+    out.summary(
         "sidecar_approval_wait_seconds",
-        "summary",
         "Seconds from a permission request to its answer",
-        [],
+        sum(book.decided.values()),
+        round(book.wait_seconds, 3),
     )
-    out.lines.append(f"sidecar_approval_wait_seconds_count {sum(book.decided.values())}")
-    out.lines.append(f"sidecar_approval_wait_seconds_sum {round(book.wait_seconds, 3)!r}")
 
 
 class Metrics:
@@ -188,14 +186,12 @@ class Metrics:
             "tmux servers recreated after dying",
             v.tmux_heals,
         )
-        out.family(
+        out.summary(
             "sidecar_resleeve_duration_seconds",
-            "summary",
             "Finished resleeves: from the request to the new CLI running",
-            [],
+            v.resleeves,
+            v.resleeve_seconds,
         )
-        out.lines.append(f"sidecar_resleeve_duration_seconds_count {v.resleeves}")
-        out.lines.append(f"sidecar_resleeve_duration_seconds_sum {v.resleeve_seconds!r}")
         out.one("sidecar_resleeving", "gauge", "1 while a resleeve runs", int(v.resleeving))
         for name, depth in depths.items():
             if depth is not None:

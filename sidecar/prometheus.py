@@ -66,6 +66,12 @@ class Exposition:
         """A family of one sample without labels."""
         self.lines.append(_one_prefix(name, kind, doc) + _number(value))
 
+    def summary(self, name: str, doc: str, count: int, total: float) -> None:
+        """A summary without quantiles: how many, and their sum."""
+        self.lines.append(_header(name, "summary", doc))
+        self.lines.append(f"{name}_count {count}")
+        self.lines.append(f"{name}_sum {_number(total)}")
+
     def one_hot(self, name: str, doc: str, current: str, values: tuple[str, ...]) -> None:
         """A state as one gauge series per possible value, 1 for the current one."""
         self.lines.append(_header(name, "gauge", doc))
