@@ -103,7 +103,7 @@ async def test_withdrawn_requests_wake_their_waiter_and_refuse_answers() -> None
     approval = book.request("Bash", {"command": "ls"}, source="hooks", key="call-1")
     assert book.by_key("call-1") is approval
     waiter = asyncio.ensure_future(book.decision(approval.id))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # sleep-ok: one turn of the loop, so the waiter is waiting
     book.withdraw_all("the CLI is exited")
     with pytest.raises(Withdrawn):
         await waiter
@@ -128,7 +128,7 @@ async def test_an_answered_request_cancels_its_timeout_and_memory_is_bounded() -
         approval: Approval = book.request("Bash", {}, source="screen")
         book.answer(approval.id, Answer("allow", "api"))
         ids.append(approval.id)
-    await asyncio.sleep(0.1)  # past every timer: none fired on an answered request
+    await asyncio.sleep(0.1)  # sleep-ok: past every timer: none fired on an answered request
     assert book.decided["deny", "timeout"] == 0
     with pytest.raises(NotFound):
         book.answer(ids[0], Answer("deny", "api"))  # forgotten: bounded memory

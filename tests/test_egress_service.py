@@ -4,7 +4,6 @@ passed in: a minute is not waited for), and `Config` reading the two variables o
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import socket
@@ -16,6 +15,7 @@ from sidecar.config import Config, ConfigError
 from sidecar.egress import parse_list
 from sidecar.egress_service import MAX_REMEMBERED, QUIET, Egress, proxy_env
 from sidecar.events import EventBus
+from tests.harness import wait_for_async
 
 BASE = {"SLEEVE_NAME": "s", "SLEEVE_CLI": "shell"}
 
@@ -95,10 +95,7 @@ async def test_reports_of_the_enforcement_are_denials(tmp_path: Path) -> None:
             s.sendto(b"not json", str(path))
             s.sendto(b'{"host": 1, "port": "x", "how": []}', str(path))
             s.sendto(b'{"host": "::1", "port": 53, "how": "udp"}', str(path))
-        deadline = asyncio.get_running_loop().time() + 5
-        while egress.denied_total < 2:
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: egress.denied_total >= 2, 5, what="the two reports")
         assert egress.denied_by_how["direct"] == 1 and egress.denied_by_how["udp"] == 1
         assert egress.denied_total == 2
     finally:
