@@ -42,6 +42,16 @@ EVENTS = ("SessionStart", "BeforeAgent", "Notification", "AfterTool", "AfterAgen
 HOOK_TIMEOUT_MS = 5000  # the relay itself gives up after a second
 HOOK_NAME = "sidecar"  # how Gemini shows our hooks while they run
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+# Gemini CLI runs headless (no terminal UI: a prompt from stdin, then exit) when one of these is
+# exactly "true", as CI services set them. The sidecar runs it in a terminal for a person, so it
+# gets "1" instead: Gemini's own test no longer matches, and the tools it runs still read "in CI"
+# (ci-info, is-in-ci and std-env take any value but "false" and "0" for it).
+HEADLESS_MARKERS = ("CI", "GITHUB_ACTIONS")
+
+
+def interactive_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The values that keep Gemini CLI interactive in the CLI's environment `env`."""
+    return {name: "1" for name in HEADLESS_MARKERS if env.get(name) == "true"}
 
 
 def gemini_dir(env: Mapping[str, str]) -> Path:
@@ -252,7 +262,10 @@ class GeminiHooks:
             (*launch.cli.command, *args),
             document,
             session,
-            {SYSTEM_DEFAULTS_ENV: str(launch.settings_path)},
+            {
+                **interactive_env({**launch.env, **launch.cli.env}),
+                SYSTEM_DEFAULTS_ENV: str(launch.settings_path),
+            },
         )
 
     def interpret(self, event: str, payload: dict[str, Any]) -> HookEffect:

@@ -121,16 +121,29 @@ def test_prompt_permission_keys_and_idle_with_the_real_gemini_cli(
 ) -> None:
     """idle -> prompt via /input -> working -> waiting (Shell and its command) -> "1" via
     /input -> working -> idle; the command ran; /events has the sequence; the user's own hooks
-    ran beside ours; an inbox notice is typed at the prompt (and its tool call denied by keys)."""
-    marker_cmd = "echo GEMINI-RAN | tee ran.txt"
+    ran beside ours; an inbox notice is typed at the prompt (and its tool call denied by keys).
+    The sidecar runs as in a CI job (CI=true, GITHUB_ACTIONS=true), which on its own would make
+    Gemini headless: it gets "1" for both, and so does the command it runs."""
+    marker_cmd = 'echo "GEMINI-RAN $CI" | tee ran.txt'
     state = run_dir()
-    sc = gemini_sidecar(make_sidecar, stub_for(marker_cmd), state, SIDECAR_TOKEN=TOKEN).start()
+    sc = gemini_sidecar(
+        make_sidecar,
+        stub_for(marker_cmd),
+        state,
+        SIDECAR_TOKEN=TOKEN,
+        CI="true",
+        GITHUB_ACTIONS="true",
+    ).start()
     events = EventLog(sc, TOKEN)
     first = wait_agent(sc, "idle", 60)
     assert first["source"] == "hooks"
     session = first["session_id"]
     assert session and len(session) == 36
-    assert psutil.Process(sc.status()["cli_pid"]).cmdline()[-2:] == ["--session-id", session]
+    cli = psutil.Process(sc.status()["cli_pid"])
+    assert cli.cmdline()[-2:] == ["--session-id", session]
+    assert {k: cli.environ().get(k) for k in ("CI", "GITHUB_ACTIONS")} == dict.fromkeys(
+        ("CI", "GITHUB_ACTIONS"), "1"
+    )
 
     code, body = sc.post("/input", {"text": "please run the command", "if_state": ["idle"]})
     assert code == 202 and body["delivered"] is True, body
@@ -139,7 +152,7 @@ def test_prompt_permission_keys_and_idle_with_the_real_gemini_cli(
     code, body = sc.post("/input", {"keys": ["1"], "if_state": ["waiting"]})
     assert code == 202, body
     wait_agent(sc, "idle")
-    assert (sc.workspace / "ran.txt").read_text() == "GEMINI-RAN\n"
+    assert (sc.workspace / "ran.txt").read_text() == "GEMINI-RAN 1\n"
     events.wait_states(["idle", "working", "waiting", "working", "idle"])
     waits = [e for e in events.of("agent-state") if e["state"] == "waiting"]
     assert waits[0]["previous"] == "working" and marker_cmd in waits[0]["reason"]

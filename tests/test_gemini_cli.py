@@ -78,6 +78,14 @@ def test_system_defaults_follow_gemini_s_variables() -> None:
     assert gemini_cli.system_defaults(given) == Path("/d.json")
 
 
+def test_ci_markers_that_make_gemini_headless_become_1() -> None:
+    """Gemini 0.61 drops its terminal UI when CI or GITHUB_ACTIONS is exactly "true"."""
+    env = {"CI": "true", "GITHUB_ACTIONS": "true", "CI_JOB": "true", "HOME": "/h"}
+    assert gemini_cli.interactive_env(env) == {"CI": "1", "GITHUB_ACTIONS": "1"}
+    for kept in ({}, {"CI": "1"}, {"CI": "True"}, {"CI": "false"}, {"GITHUB_ACTIONS": ""}):
+        assert gemini_cli.interactive_env(kept) == {}
+
+
 def _conversation(home: Path, workspace: Path, name: str, lines: list[object]) -> None:
     gemini = home / ".gemini"
     chats = gemini / "tmp" / "ws" / "chats"
