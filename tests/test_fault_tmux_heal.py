@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.harness import Sidecar, py_cli, stubborn_pids, wait_for, write_cli_config
@@ -216,19 +217,24 @@ def decoys() -> Iterator[list[subprocess.Popen[bytes]]]:
         decoy.wait()
 
 
-def decoy_at(pid: int, tries: int = 50) -> subprocess.Popen[bytes]:
+def decoy_at(pid: int, supervisor: psutil.Process, tries: int = 50) -> subprocess.Popen[bytes]:
     """A `sleep` that gets exactly `pid` (free again: its process died and was reaped). The
-    kernel hands out the pid after ns_last_pid next; another process forking in between takes
-    it instead, so this tries again (each try is a few microseconds wide)."""
-    for _ in range(tries):
-        if not gone(pid):
-            pytest.fail(f"pid {pid} was taken by another process before the decoy got it")
-        NS_LAST_PID.write_text(str(pid - 1))
-        decoy = subprocess.Popen(["sleep", "600"])
-        if decoy.pid == pid:
-            return decoy
-        decoy.kill()
-        decoy.wait()
+    kernel hands out the pid after ns_last_pid next, to whichever process forks first. The
+    supervisor, whose heal forks tmux commands right now, is stopped meanwhile (SIGSTOP: a few
+    milliseconds of its life); another process of the machine forking in between is waited out
+    while it lives (a short-lived one) and the try repeated."""
+    supervisor.suspend()
+    try:
+        for _ in range(tries):
+            wait_for(lambda: gone(pid), timeout=10, what=f"pid {pid} free again")
+            NS_LAST_PID.write_text(str(pid - 1))
+            decoy = subprocess.Popen(["sleep", "600"])
+            if decoy.pid == pid:
+                return decoy
+            decoy.kill()
+            decoy.wait()
+    finally:
+        supervisor.resume()
     pytest.fail(f"the decoy did not get pid {pid} in {tries} tries")
 
 
@@ -256,7 +262,9 @@ def test_a_vanished_socket_never_gets_sigusr1_sent_to_a_reused_pid(
         os.kill(server, signal.SIGKILL)
         wait_for(lambda: gone(server), what="the tmux server reaped")
         (sc.state_dir / "tmux.sock").unlink()  # a SIGKILLed server leaves its socket file
-        decoy = decoy_at(server)
+        supervisor = supervisor_of(init_of(sc))
+        assert supervisor is not None
+        decoy = decoy_at(server, supervisor)
         decoys.append(decoy)
         wait_whole(sc, RECOVER_WITHIN, "the sleeve healed", frozenset({server, old_cli}))
         code = decoy.poll()
