@@ -21,22 +21,19 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sidecar.launcher import (
-    agents,
-    egress_lists,
-    engine,
-    instances,
-    kube,
-    launch,
-    manifest,
-    runopts,
-    runtimes,
-)
+from sidecar.launcher import engine, instances, launch, runopts, runtimes
 from sidecar.launcher.fsutil import LauncherError, locked, private_home
 from sidecar.launcher.plan import RunPlan, audit, home_mounts, passthrough_env
 from sidecar.launcher.slots import Project, Slot, SlotState, prepare_home_files
 from sidecar.launcher.state import Run, StateStore, running_slots
+
+# A module only some subcommands need (the allowlists, Kubernetes and YAML, the HTTP client of
+# `ps`) is imported where it is used: every `sleeve` command pays for what it imports at start,
+# and `sleeve slots` is meant to answer within 100 ms (scripts/bench launcher.slots).
+if TYPE_CHECKING:
+    from sidecar.launcher.agents import Agent
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +158,8 @@ def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: Slot) -> RunPlan:
+    from sidecar.launcher import egress_lists
+
     cli = "shell" if args.shell else args.cli
     return RunPlan(
         name=project.container_name(slot.id),
@@ -236,6 +235,8 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_manifest(args: argparse.Namespace, settings: Settings) -> int:
     """The cluster form of `sleeve run`: one slot's sleeve as Kubernetes YAML on stdout."""
+    from sidecar.launcher import egress_lists, kube, manifest
+
     try:
         project = _project(args, settings, read_only=True)
         slot = manifest.pick_slot(project, args.slot)
@@ -263,6 +264,8 @@ def cmd_manifest(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_ps(args: argparse.Namespace, settings: Settings) -> int:
+    from sidecar.launcher import agents
+
     runs = launch.observe(
         settings.home, docker=shutil.which("docker") is not None, adopt_bwrap=True
     )
@@ -301,7 +304,7 @@ def cmd_ps(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _ps_record(run: Run, agent: agents.Agent | None) -> dict[str, object]:
+def _ps_record(run: Run, agent: Agent | None) -> dict[str, object]:
     """One run for `ps --json`: its record, and its agent's state and reason while it runs."""
     return {
         **dataclasses.asdict(run),
