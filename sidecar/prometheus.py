@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from sidecar.proc import start_time
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-FD_COUNT_EVERY = 1.0  # seconds: listing /proc/self/fd costs ~35 us with 60 fds open
+PROCESS_EVERY = 1.0  # seconds: how old the process_* families of a scrape may be
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -100,27 +100,10 @@ def process_start() -> float:
     return _boot_time() + ticks if ticks is not None else time.time()
 
 
-class _FdCount:
-    """Open file descriptors, counted at most once per FD_COUNT_EVERY: the count moves slowly
-    and listing /proc/self/fd is the dearest part of a scrape."""
-
-    def __init__(self) -> None:
-        self.value, self.at = 0, -FD_COUNT_EVERY
-
-    def __call__(self) -> int:
-        now = time.monotonic()
-        if now - self.at >= FD_COUNT_EVERY:
-            self.value, self.at = len(os.listdir("/proc/self/fd")), now
-        return self.value
-
-
-_fd_count = _FdCount()
-
-
 class _Statm:
     """/proc/self/statm, read with one `pread` on a descriptor kept open (the kernel makes the
-    text anew on every read from offset 0): an open, read and close per scrape cost more than
-    the rest of the process metrics together."""
+    text anew on every read from offset 0): an open, read and close cost more than the rest of
+    the process metrics together."""
 
     def __init__(self) -> None:
         self.fd: int | None = None
@@ -131,20 +114,46 @@ class _Statm:
         return os.pread(self.fd, 256, 0).split()
 
 
-_statm = _Statm()
+class _ProcessFamilies:
+    """The `process_*` families, read at most once per PROCESS_EVERY: they move slowly, a
+    scrape comes every few seconds, and reading them (four system calls and a listing of
+    /proc/self/fd) was the dearest part of a scrape that comes more often."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.at = -PROCESS_EVERY
+        self._statm = _Statm()
+
+    def __call__(self, started: float) -> list[str]:
+        now = time.monotonic()
+        if now - self.at >= PROCESS_EVERY:
+            self.lines, self.at = self._read(started), now
+        return self.lines
+
+    def _read(self, started: float) -> list[str]:
+        out = Exposition()
+        cpu = os.times()
+        out.one(
+            "process_cpu_seconds_total",
+            "counter",
+            "User and system CPU time",
+            cpu.user + cpu.system,
+        )
+        size, resident = self._statm()[:2]
+        out.one("process_virtual_memory_bytes", "gauge", "Virtual memory size", int(size) * _PAGE)
+        out.one("process_resident_memory_bytes", "gauge", "Resident memory", int(resident) * _PAGE)
+        out.one("process_start_time_seconds", "gauge", "Start time since the epoch", started)
+        fds = len(os.listdir("/proc/self/fd"))
+        out.one("process_open_fds", "gauge", "Open file descriptors", fds)
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        out.one("process_max_fds", "gauge", "Limit on open file descriptors", soft)
+        return out.lines
+
+
+_process_families = _ProcessFamilies()
 
 
 def process_metrics(out: Exposition, started: float) -> None:
-    """What prometheus-client's process collector gives, from `os.times`, one read of
-    /proc/self/statm and a (cached) listing of /proc/self/fd."""
-    cpu = os.times()
-    out.one(
-        "process_cpu_seconds_total", "counter", "User and system CPU time", cpu.user + cpu.system
-    )
-    size, resident = _statm()[:2]
-    out.one("process_virtual_memory_bytes", "gauge", "Virtual memory size", int(size) * _PAGE)
-    out.one("process_resident_memory_bytes", "gauge", "Resident memory", int(resident) * _PAGE)
-    out.one("process_start_time_seconds", "gauge", "Start time since the epoch", started)
-    out.one("process_open_fds", "gauge", "Open file descriptors", _fd_count())
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    out.one("process_max_fds", "gauge", "Limit on open file descriptors", soft)
+    """What prometheus-client's process collector gives (`os.times`, /proc/self/statm, a
+    listing of /proc/self/fd, the fd limit), as read at most PROCESS_EVERY ago."""
+    out.lines.extend(_process_families(started))

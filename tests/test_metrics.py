@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import os
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar import prometheus
 from sidecar.contract import AGENT_STATES
 from tests.harness import Sidecar, py_cli, wait_for, write_cli_config
 
@@ -112,3 +114,31 @@ def test_label_values_are_escaped(make_sidecar: Callable[..., Sidecar]) -> None:
     sc = make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN, "SLEEVE_NAME": name}).start()
     samples = scrape(sc)
     assert value(samples, "sidecar_info", sleeve_id=name, cli="shell", version="0.1.0") == 1
+
+
+def test_process_families_are_read_at_most_once_per_interval() -> None:
+    """The process_* families are read again only PROCESS_EVERY after the last read (the
+    read time is moved back rather than waited out): a descriptor opened meanwhile shows then."""
+    families = prometheus._ProcessFamilies()
+    first = families(1.0)
+    names = [line.split("\n")[-1].split()[0] for line in first]
+    assert names == [
+        "process_cpu_seconds_total",
+        "process_virtual_memory_bytes",
+        "process_resident_memory_bytes",
+        "process_start_time_seconds",
+        "process_open_fds",
+        "process_max_fds",
+    ]
+
+    def open_fds(lines: list[str]) -> int:
+        [line] = [x for x in lines if "\nprocess_open_fds " in x]
+        return int(line.rsplit(" ", 1)[1])
+
+    fd = os.open("/dev/null", os.O_RDONLY)
+    try:
+        assert families(1.0) is first  # within the interval: the same lines, nothing read
+        families.at -= prometheus.PROCESS_EVERY
+        assert open_fds(families(1.0)) == open_fds(first) + 1
+    finally:
+        os.close(fd)
