@@ -65,14 +65,16 @@ class Owner:
                 os.fchown(fd, self.uid, self.gid)
 
 
-@contextlib.contextmanager
-def acting(owner: Owner | None) -> Iterator[None]:
-    """`owner.acting()`, or nothing for None (the sidecar and the CLI are one user)."""
-    if owner is None:
-        yield
-    else:
-        with owner.acting():
-            yield
+_AS_ITSELF = contextlib.nullcontext()  # reusable: acting changes nothing
+
+
+def acting(owner: Owner | None) -> contextlib.AbstractContextManager[None]:
+    """`owner.acting()`, or nothing when the sidecar acts as itself: None (the sidecar and the
+    CLI are one user) or an owner that is given files rather than acted as (a shared no-op: a
+    `stat` per scrape and per request goes through here)."""
+    if owner is None or not owner.act_as:
+        return _AS_ITSELF
+    return owner.acting()
 
 
 def claim(owner: Owner | None, fd: int) -> None:
