@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from enum import Enum
 
 from sidecar.clis import CLIDef
-from sidecar.egress_guard import unwrap
 from sidecar.persist import ProcRef, SupervisorState, cmdline_digest
 from sidecar.proc import ppid, send_signal
 from sidecar.states import ProcState
@@ -93,16 +92,12 @@ def _decide_starting(record: SupervisorState, live: PaneInfo | None) -> Decision
 
 
 def argvs_of(record: SupervisorState, registry: Mapping[str, CLIDef]) -> set[tuple[str, ...]]:
-    """The argvs the recorded CLI may have been started with."""
+    """The argvs the recorded CLI may have been started with: the recorded one when it was made
+    from the registry's command or resume argv for that CLI, and the placeholder of a CLI that
+    could not start."""
     cli = registry.get(record.cli)
-    argvs = {cli.command, *([cli.resume] if cli.resume else [])} if cli else set()
-    ran = unwrap(record.argv)  # the CLI's own argv, inside the egress guard
-    if ran in argvs or (
-        cli is not None
-        and cli.state in ("hooks", "events")
-        and ran[: len(cli.command)] == cli.command
-    ):
-        # Our hook settings, server port and session arguments follow its command.
+    argvs = set()
+    if cli is not None and record.command in (cli.command, cli.resume):
         argvs.add(record.argv)
     if record.cli_state == ProcState.FATAL.value and record.reason is not None:
         argvs.add(fatal_pane_argv(record.reason))

@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -45,6 +45,17 @@ from sidecar.tmux_server import TmuxServer
 log = logging.getLogger(__name__)
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
+
+
+class LaunchPlan(NamedTuple):
+    """One start of the CLI: the registry's argv it starts from (`command`), the argv the pane
+    runs (our hook settings, session arguments and the egress guard added) and the variables it
+    gets, or why it cannot start (`fatal`)."""
+
+    command: tuple[str, ...]
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    fatal: str | None
 
 
 class CliRunner:
@@ -85,7 +96,8 @@ class CliRunner:
         self.gen = 0  # bumped on every launch; stale exit notices compare against it
         self.backoff_n = 0  # the restart policy's failures in a row
         self.restart_due: float | None = None  # time.monotonic() of the backoff's restart
-        self.argv: tuple[str, ...] = ()
+        self.command: tuple[str, ...] = ()  # the registry's argv the launch started from
+        self.argv: tuple[str, ...] = ()  # what the pane runs: `command` with what we add
         self.resume = False
         self.pane_command = ""  # digest of the pane's argv: names the launch in the record
         self.cli_ref: ProcRef | None = None
@@ -112,8 +124,8 @@ class CliRunner:
 
     # ---- launching -----------------------------------------------------------------------
 
-    def _plan(self, *, resume: bool) -> tuple[tuple[str, ...], dict[str, str], str | None]:
-        """argv and pane env of the current CLI, or the reason it cannot start."""
+    def _plan(self, *, resume: bool) -> LaunchPlan:
+        """What the current CLI's start runs, or the reason it cannot start."""
         cli = self.registry.get(self.name)
         if cli is None:
             known = ", ".join(sorted(self.registry))
@@ -121,23 +133,21 @@ class CliRunner:
                 f"unknown CLI {self.name!r} (SLEEVE_CLI); known: {known}. "
                 'POST /resleeve {"cli": NAME} starts one'
             )
-            return (), {}, fatal
-        argv, added = self._argv_for(cli, resume=resume)
+            return LaunchPlan((), (), {}, fatal)
+        with acting(self.owner):  # the history is the CLI user's, maybe private to it
+            history = claude_code.has_history(
+                claude_code.config_dir(self.env), self.config.workspace
+            )
+        command = cli.argv(resume=resume, has_history=history)
+        # Not as the CLI's user: the launch keeps the hook secret in the sidecar's own state
+        # file (each CLI's own files are made as the user who reads them, where they are made).
+        argv, added = self.awareness.launch_argv(cli, command, self.env, has_history=history)
         env = {**cli.env, **added, **self.egress_env}
         path = {**self.env, **env}.get("PATH", os.defpath)
         if which(argv[0], path, self.owner) is None:
             fatal = f"{argv[0]!r} not found on PATH ({path}); the {cli.name} CLI is not installed"
-            return argv, env, fatal
-        return self.egress_guard(argv), env, None
-
-    def _argv_for(self, cli: CLIDef, *, resume: bool) -> tuple[tuple[str, ...], Mapping[str, str]]:
-        env = self.env
-        with acting(self.owner):  # the history is the CLI user's, maybe private to it
-            history = claude_code.has_history(claude_code.config_dir(env), self.config.workspace)
-        argv = cli.argv(resume=resume, has_history=history)
-        # Not as the CLI's user: the launch keeps the hook secret in the sidecar's own state
-        # file (each CLI's own files are made as the user who reads them, where they are made).
-        return self.awareness.launch_argv(cli, argv, env, has_history=history)
+            return LaunchPlan(command, argv, env, fatal)
+        return LaunchPlan(command, self.egress_guard(argv), env, None)
 
     async def launch(self, *, resume: bool, fresh_server: bool | None = None) -> None:
         """Start the current CLI in the pane (caller holds `lock`). `fresh_server`: a new tmux
@@ -146,14 +156,15 @@ class CliRunner:
         if self.stopping:
             return
         fresh = not self.server.alive() if fresh_server is None else fresh_server
-        argv, env, fatal = self._plan(resume=resume)
+        plan = self._plan(resume=resume)
+        argv, env, fatal = plan.argv, plan.env, plan.fatal
         if fatal is not None:
             # The session must exist for the terminal; its pane says what is wrong.
             argv, env = fatal_pane_argv(fatal), {}
         self.gen += 1
         gen = self.gen
         self._cancel_backoff()
-        self.argv, self.resume = tuple(argv), resume
+        self.command, self.argv, self.resume = plan.command, tuple(argv), resume
         self.pane_command = persist.digest(self.server.tmux.pane_argv(argv, env))
         self.cli_ref, self.restart_due = None, None
         if fresh:
@@ -365,7 +376,7 @@ class CliRunner:
         """Take over the pane and the CLI in it as they are: the CLI never notices."""
         self.take(live, record.pane)
         self.name = record.cli
-        self.argv, self.resume = record.argv, record.resume
+        self.command, self.argv, self.resume = record.command, record.argv, record.resume
         self.pane_command = record.pane_command
         self.backoff_n = record.backoff_n
         self.gen += 1

@@ -74,13 +74,6 @@ def guard_argv(
     return (*out, "--", *argv)
 
 
-def unwrap(argv: Sequence[str]) -> tuple[str, ...]:
-    """The command a `guard_argv` argv runs (any other argv as it is)."""
-    if len(argv) > 4 and tuple(argv[1:4]) == ("-I", "-c", BOOT) and "--" in argv:
-        return tuple(argv[list(argv).index("--") + 1 :])
-    return tuple(argv)
-
-
 def _address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     socket.inet_aton(host)  # IPv4 literals only: the broker compares addresses, not names

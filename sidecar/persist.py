@@ -50,7 +50,11 @@ class SupervisorState(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     init: ProcRef  # the init process this sidecar runs under: a file from another run names another
     cli: str  # the CLI's registry name (a resleeve's target once it is being started)
     cli_state: str  # sidecar.states.ProcState value
-    argv: tuple[str, ...] = ()  # the argv the pane was started with
+    # The registry's argv the launch started from (its command or resume argv), and the argv
+    # the pane was started with: that one with our hook settings, session arguments and the
+    # egress guard added.
+    command: tuple[str, ...] = ()
+    argv: tuple[str, ...] = ()
     resume: bool = False  # whether that argv was the resume argv
     pane_command: str = ""  # digest of the pane process's argv (`digest`): it names the CLI
     tmux: ProcRef | None = None  # the tmux server

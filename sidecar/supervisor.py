@@ -163,6 +163,7 @@ class Supervisor:
             init=self._init,
             cli=run.name,
             cli_state=cli.state.value,
+            command=run.command,
             argv=run.argv,
             resume=run.resume,
             pane_command=run.pane_command,

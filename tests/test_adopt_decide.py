@@ -138,9 +138,20 @@ def test_a_crash_while_starting(live: Live) -> None:
 
 
 def test_the_argvs_a_recorded_cli_may_have_run_with() -> None:
+    """The recorded argv counts when the launch started from the registry's command or resume
+    argv for the recorded CLI, whatever was added to it (hooks, session, egress guard)."""
     cli = CLIDef(name="x", command=("x",), resume=("x", "--resume"))
-    record = SupervisorState(init=ProcRef(1, 0.0), cli="x", cli_state="running")
-    assert argvs_of(record, {"x": cli}) == {("x",), ("x", "--resume")}
+    ran = ("python", "-I", "-c", "guard", "--", "x", "--settings", "/s.json", "--session-id", "1")
+    record = SupervisorState(
+        init=ProcRef(1, 0.0), cli="x", cli_state="running", command=("x",), argv=ran
+    )
+    assert argvs_of(record, {"x": cli}) == {ran}
+    resumed = msgspec.structs.replace(record, command=("x", "--resume"))
+    assert argvs_of(resumed, {"x": cli}) == {ran}
+    # Another registry (the CLI's command changed, or another CLI by that name): no match.
+    assert argvs_of(record, {"x": CLIDef(name="x", command=("x", "--other"))}) == set()
     assert argvs_of(record, {}) == set()
+    # A state file written before `command` was recorded is not adopted.
+    assert argvs_of(msgspec.structs.replace(record, command=()), {"x": cli}) == set()
     fatal = msgspec.structs.replace(record, cli_state=ProcState.FATAL.value, reason="no such CLI")
     assert argvs_of(fatal, {}) == {fatal_pane_argv("no such CLI")}
