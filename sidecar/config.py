@@ -26,7 +26,7 @@ from sidecar.contract import (
     DEFAULT_WORKSPACE,
     STOP_GRACE,
 )
-from sidecar.egress import Allowlist, AllowlistError, parse_list, split_file, split_value
+from sidecar.egress import Allowlist, AllowlistError, parse_list, read_file, split_value
 from sidecar.layout import Layout
 from sidecar.users import User, UserError, parse_user
 
@@ -211,24 +211,6 @@ def _user_home(env: Mapping[str, str]) -> Path | None:
 
 EGRESS_VAR = "SIDECAR_EGRESS_ALLOW"
 EGRESS_FILE_VAR = "SIDECAR_EGRESS_ALLOW_FILE"
-MAX_EGRESS_FILE = 1024 * 1024
-
-
-def _egress_file(raw: str) -> str:
-    try:
-        with open(raw, "rb") as fh:
-            data = fh.read(MAX_EGRESS_FILE + 1)
-    except OSError as exc:
-        msg = f"{EGRESS_FILE_VAR}: cannot read {raw}: {exc.strerror}"
-        raise ConfigError(msg) from None
-    if len(data) > MAX_EGRESS_FILE:
-        msg = f"{EGRESS_FILE_VAR}: {raw} is larger than {MAX_EGRESS_FILE} bytes"
-        raise ConfigError(msg)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        msg = f"{EGRESS_FILE_VAR}: {raw} is not UTF-8 text"
-        raise ConfigError(msg) from None
 
 
 def egress_allowlist(env: Mapping[str, str]) -> Allowlist | None:
@@ -245,7 +227,7 @@ def egress_allowlist(env: Mapping[str, str]) -> Allowlist | None:
             if path is None:
                 msg = f"{EGRESS_FILE_VAR} is empty; name the file holding the allowlist"
                 raise ConfigError(msg)
-            return parse_list(EGRESS_FILE_VAR, split_file(_egress_file(path)))
+            return parse_list(EGRESS_FILE_VAR, read_file(EGRESS_FILE_VAR, path))
     except AllowlistError as exc:
         raise ConfigError(str(exc)) from None
     return None

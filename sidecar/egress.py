@@ -12,10 +12,12 @@ import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 DEFAULT_PORTS = (80, 443)
 NONE = "none"  # the list spelled so allows nothing (an empty list is an error: a typo?)
 MAX_PATTERNS = 10_000
+MAX_FILE = 1024 * 1024  # bytes an allow file may hold
 _LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
 
@@ -186,3 +188,22 @@ def split_file(text: str) -> list[str]:
     """The patterns of an allow file: one per line (or several, as in the variable); `#`
     starts a comment."""
     return [p for line in text.splitlines() for p in split_value(line.partition("#")[0])]
+
+
+def read_file(source: str, path: str | Path) -> list[str]:
+    """The patterns of the allow file at `path`: at most MAX_FILE bytes of UTF-8, else an
+    AllowlistError that starts with `source` (what named the file) and says what is wrong."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_FILE + 1)
+    except OSError as exc:
+        msg = f"{source}: cannot read {path}: {exc.strerror}"
+        raise AllowlistError(msg) from None
+    if len(data) > MAX_FILE:
+        msg = f"{source}: {path} is larger than {MAX_FILE} bytes"
+        raise AllowlistError(msg)
+    try:
+        return split_file(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        msg = f"{source}: {path} is not UTF-8 text"
+        raise AllowlistError(msg) from None

@@ -9,16 +9,14 @@ import re
 import urllib.parse
 from collections.abc import Mapping
 from importlib import resources
-from pathlib import Path
 
-from sidecar.egress import AllowlistError, parse_list, split_file
+from sidecar.egress import AllowlistError, parse_list, read_file, split_file
 from sidecar.launcher.fsutil import LauncherError
 
 DEFAULT = "default"
 OPEN = "open"
 DATA_FILE = "egress-default.txt"
 _SECTION = re.compile(r"^#\s*\[([A-Za-z0-9_.-]+)\]\s*$")
-MAX_FILE = 1024 * 1024
 
 
 class EgressChoiceError(LauncherError):
@@ -68,16 +66,8 @@ def choose(spec: str, cli: str, env: Mapping[str, str] | None = None) -> tuple[s
         extra = base_url_patterns(env or {})
         listed = default_patterns(cli)
         return (*listed, *(p for p in extra if p not in listed))
-    path = Path(spec)
     try:
-        data = path.read_bytes()[: MAX_FILE + 1]
-    except OSError as exc:
-        msg = f"--egress {spec}: cannot read it ({exc.strerror}); give default, open or a file"
-        raise EgressChoiceError(msg) from None
-    if len(data) > MAX_FILE:
-        msg = f"--egress {spec}: larger than {MAX_FILE} bytes"
-        raise EgressChoiceError(msg)
-    try:
-        return tuple(parse_list(f"--egress {spec}", split_file(data.decode("utf-8"))).texts)
-    except (AllowlistError, UnicodeDecodeError) as exc:
+        patterns = read_file("--egress (give default, open or a file)", spec)
+        return tuple(parse_list(f"--egress {spec}", patterns).texts)
+    except AllowlistError as exc:
         raise EgressChoiceError(str(exc)) from None
