@@ -227,7 +227,7 @@ def test_killing_the_broker_closes_the_network(allowed: int, tmp_path: Path) -> 
     """Fail closed: the CLI dies with its broker, and what it started can connect nowhere."""
     out = tmp_path / "after"
     script = (
-        "import os, socket, sys, time\n"
+        "import os, signal, socket, sys, time\n"
         "parent = os.getpid()\n"
         "if os.fork() == 0:\n"
         "    while os.getppid() == parent:  # polls for the parent's end\n"
@@ -236,7 +236,7 @@ def test_killing_the_broker_closes_the_network(allowed: int, tmp_path: Path) -> 
         f"        socket.create_connection(('127.0.0.1', {allowed})); r = 'connected'\n"
         "    except OSError as e: r = str(e.errno)\n"
         f"    open({str(out)!r}, 'w').write(r); os._exit(0)\n"
-        "print('ready', flush=True); time.sleep(60)\n"
+        "print('ready', flush=True); signal.pause()\n"
     )
     argv = guarded([sys.executable, "-c", script], allowed)
     with subprocess.Popen(argv, stdout=subprocess.PIPE) as broker:
@@ -272,7 +272,7 @@ async def test_refusals_are_reported(allowed: int, tmp_path: Path) -> None:
 def test_exit_status_and_forwarded_signals(allowed: int) -> None:
     done = subprocess.run(guarded(["sh", "-c", "exit 7"], allowed), timeout=30)
     assert done.returncode == 7
-    script = "import signal, sys, time\nprint('ready', flush=True)\ntime.sleep(60)\n"
+    script = "import signal\nprint('ready', flush=True)\nsignal.pause()\n"
     argv = guarded([sys.executable, "-c", script], allowed)
     with subprocess.Popen(argv, stdout=subprocess.PIPE) as proc:
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
