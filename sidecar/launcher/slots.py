@@ -223,8 +223,9 @@ class Project:
             index = next(
                 (i for i in range(1, top + 1) if not (self.dir / ids[i]).is_dir()), top + 1
             )
-            if index > RECOUNT_LIMIT:
-                msg = f"{self.root} already has {RECOUNT_LIMIT} slots; `sleeve rm N` frees one"
+            # The chain is periodic from its first repeated id on: a repeat has no new id left.
+            if index > RECOUNT_LIMIT or ids[index] in ids[1:index]:
+                msg = f"{self.root} already has {index - 1} slots; `sleeve rm N` frees one"
                 raise LauncherError(msg)
             path = self.dir / ids[index]
             for sub in ("", ".claude", ".config", ".cache"):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.launcher.fsutil import LauncherError
 from sidecar.launcher.slots import (
     COUNTER_FILE,
     RECOUNT_LIMIT,
@@ -282,8 +283,24 @@ def test_create_refuses_a_slot_beyond_the_recount_limit(
     sleeve("create", "--project", project)
     proj = Project(project.resolve(), home)
     for slot_id in slot_chain(proj.root, RECOUNT_LIMIT)[2:]:
-        (proj.dir / slot_id).mkdir()
+        # About one root in a hundred has a chain that repeats an id within the limit.
+        (proj.dir / slot_id).mkdir(exist_ok=True)
     (proj.dir / COUNTER_FILE).write_text(str(RECOUNT_LIMIT))
     res = sleeve("create", "--project", project)
     assert res.code == 1 and f"already has {RECOUNT_LIMIT} slots" in res.err
     assert counter(proj) == RECOUNT_LIMIT
+
+
+def test_create_refuses_a_slot_whose_id_the_chain_repeats(home: Path) -> None:
+    """/srv/p150's chain gives slot 5580 the id of slot 994, and repeats from there on."""
+    proj = Project(Path("/srv/p150"), home)  # never read: only its name makes the ids
+    ids = slot_chain(proj.root, 5580)
+    assert ids[5580] == ids[994] and len(set(ids[1:5580])) == 5579
+    proj.ensure()
+    for slot_id in ids[1:5580]:
+        (proj.dir / slot_id).mkdir()
+    (proj.dir / COUNTER_FILE).write_text("5579")
+    with pytest.raises(LauncherError, match="already has 5579 slots"):
+        proj.create()
+    assert counter(proj) == 5579
+    assert len(proj.slots()) == 5579
