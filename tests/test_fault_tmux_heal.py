@@ -222,7 +222,12 @@ def decoy_at(pid: int, supervisor: psutil.Process, tries: int = 50) -> subproces
     kernel hands out the pid after ns_last_pid next, to whichever process forks first. The
     supervisor, whose heal forks tmux commands right now, is stopped meanwhile (SIGSTOP: a few
     milliseconds of its life); another process of the machine forking in between is waited out
-    while it lives (a short-lived one) and the try repeated."""
+    while it lives (a short-lived one) and the try repeated.
+
+    The allocator is then moved back to where it was: left behind, it would hand the heal's
+    new processes the pids freed since, such as the stubborn CLI's, killed after its grace, and
+    a new process on a killed one's pid reads as a stale view of the sleeve."""
+    last = int(NS_LAST_PID.read_text())
     supervisor.suspend()
     try:
         for _ in range(tries):
@@ -234,6 +239,7 @@ def decoy_at(pid: int, supervisor: psutil.Process, tries: int = 50) -> subproces
             decoy.kill()
             decoy.wait()
     finally:
+        NS_LAST_PID.write_text(str(last))
         supervisor.resume()
     pytest.fail(f"the decoy did not get pid {pid} in {tries} tries")
 
