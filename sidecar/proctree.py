@@ -92,8 +92,23 @@ def signal_all(procs: list[psutil.Process], sig: int) -> None:
             proc.send_signal(sig)
 
 
+def freeze_tree(
+    root: int, root_started: float | None, known: list[psutil.Process]
+) -> list[psutil.Process]:
+    """`known` and whatever the tree and session of `root` hold now, every one stopped
+    (SIGSTOP), collected again until no new process turns up: a stopped process cannot fork,
+    so nothing forked since the first look is left out of a SIGKILL."""
+    procs = {p.pid: p for p in known}
+    signal_all(known, signal.SIGSTOP)
+    while new := [p for p in collect_tree(root, root_started) if p.pid not in procs]:
+        signal_all(new, signal.SIGSTOP)
+        procs.update((p.pid, p) for p in new)
+    return list(procs.values())
+
+
 async def stop_tree(root: int, root_started: float | None, grace: float) -> None:
-    """SIGTERM (and SIGHUP) to the whole tree of `root`, SIGKILL what is left after `grace`."""
+    """SIGTERM (and SIGHUP) to the whole tree of `root`, SIGKILL what is left after `grace`,
+    with what it forked meanwhile."""
     procs = await asyncio.to_thread(collect_tree, root, root_started)
     if not procs:
         return
@@ -102,7 +117,9 @@ async def stop_tree(root: int, root_started: float | None, grace: float) -> None
     signal_all(procs, signal.SIGHUP)
     signal_all(procs, signal.SIGCONT)  # a stopped process cannot act on either
     alive = await wait_exited([p.pid for p in procs], grace)
-    if alive:
-        log.warning("SIGKILL to %d processes that outlived %.1fs", len(alive), grace)
-        signal_all([p for p in procs if p.pid in alive], signal.SIGKILL)
-        await wait_exited(list(alive), KILL_WAIT)
+    left = [p for p in procs if p.pid in alive]
+    left = await asyncio.to_thread(freeze_tree, root, root_started, left)
+    if left:
+        log.warning("SIGKILL to %d processes that outlived %.1fs", len(left), grace)
+        signal_all(left, signal.SIGKILL)
+        await wait_exited([p.pid for p in left], KILL_WAIT)
