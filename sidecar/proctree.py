@@ -100,7 +100,9 @@ def freeze_tree(
     so nothing forked since the first look is left out of a SIGKILL."""
     procs = {p.pid: p for p in known}
     signal_all(known, signal.SIGSTOP)
-    while new := [p for p in collect_tree(root, root_started) if p.pid not in procs]:
+    while new := [
+        p for p in collect_tree(root, root_started) if p.pid not in procs and _running(p)
+    ]:
         signal_all(new, signal.SIGSTOP)
         procs.update((p.pid, p) for p in new)
     return list(procs.values())
@@ -117,9 +119,17 @@ async def stop_tree(root: int, root_started: float | None, grace: float) -> None
     signal_all(procs, signal.SIGHUP)
     signal_all(procs, signal.SIGCONT)  # a stopped process cannot act on either
     alive = await wait_exited([p.pid for p in procs], grace)
-    left = [p for p in procs if p.pid in alive]
-    left = await asyncio.to_thread(freeze_tree, root, root_started, left)
-    if left:
+    if alive:
+        left = [p for p in procs if p.pid in alive]
+        left = await asyncio.to_thread(freeze_tree, root, root_started, left)
         log.warning("SIGKILL to %d processes that outlived %.1fs", len(left), grace)
         signal_all(left, signal.SIGKILL)
         await wait_exited([p.pid for p in left], KILL_WAIT)
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Not yet exited: a zombie (dead, its parent yet to reap it) needs no signal."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
