@@ -152,6 +152,7 @@ def test_forged_malformed_and_stale_hook_calls_change_nothing(
     assert code == 202, body
     sc.wait_status(lambda s: not s["resleeving"] and s["cli_running"], "resleeved")
     wait_agent(sc, "idle")
+    events.wait_states(["starting", "idle"])  # read by then, so none comes after the mark
     mark = len(events.of("agent-state"))
     code, _ = http(
         "POST", f"{sc.url}{HOOK}/PermissionRequest", headers={"X-Sidecar-Hook": secret},
