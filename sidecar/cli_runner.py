@@ -164,7 +164,7 @@ class CliRunner:
         self.gen += 1
         gen = self.gen
         self._cancel_backoff()
-        self.command, self.argv, self.resume = plan.command, tuple(argv), resume
+        self.command, self.argv, self.resume = plan.command, argv, resume
         self.pane_command = persist.digest(self.server.tmux.pane_argv(argv, env))
         self.cli_ref, self.restart_due = None, None
         if fresh:

@@ -78,9 +78,10 @@ def test_metrics_follow_the_sleeve(make_sidecar: Callable[..., Sidecar], short_t
     )
     try:
         stream.readline()  # the first heartbeat: subscribed
-        # Once, unless tmux died meanwhile: tmux 3.3a's server now and then dies of a SIGSEGV in
-        # its parser of pane output (kernel log: a few per suite run here), and the heal starts
-        # the CLI again, which exits with 3 again. Under restart policy `no` nothing else does.
+        # Once, unless tmux died meanwhile: tmux 3.3a's server now and then dies of a SIGSEGV
+        # in its parser of pane output (the kernel log shows it during suite runs here), and the
+        # heal starts the CLI again, which exits with 3 again. Under restart policy `no` nothing
+        # else does.
         seen: list[str] = []
 
         def exit_counted() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:

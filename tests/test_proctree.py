@@ -14,12 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
 from sidecar.proc import start_time
 from sidecar.proctree import stop_tree
 from tests.harness import wait_for
+from tests.test_supervisor import gone
 
 FORKS_ON_SIGTERM = """
 import os, signal, sys
@@ -41,13 +41,6 @@ while True:
 """
 
 
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 @pytest.mark.timeout(30)
 def test_a_child_forked_after_the_first_look_is_killed_with_the_tree(tmp_path: Path) -> None:
     children = tmp_path / "children"
@@ -63,7 +56,7 @@ def test_a_child_forked_after_the_first_look_is_killed_with_the_tree(tmp_path: P
         forked = wait_for(lambda: children.exists() and children.read_text().split(), timeout=5)
         assert cli.wait(5) == -9
         # The child's parent is gone; whoever reaps it now, it must not be running.
-        wait_for(lambda: not alive(int(forked[0])), timeout=5, what="the late child gone")
+        wait_for(lambda: gone([int(forked[0])]), timeout=5, what="the late child gone")
     finally:
         for pid in [cli.pid, *map(int, children.read_text().split() if children.exists() else [])]:
             with contextlib.suppress(ProcessLookupError):
