@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sidecar.mailbox import NEEDLECAST_DIR
-from sidecar.needlecast import Message, render_messages
+from sidecar.workspace.mailbox import NEEDLECAST_DIR
+from sidecar.workspace.needlecast import Message, render_messages
 
 KINDS = ("milestone", "question", "response", "blocked", "task", "directive")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.client import ClientError, SidecarClient
-from sidecar.contract import (
+from sidecar.core.contract import (
     AGENT_STATES,
     DEFAULT_STATE_DIR,
     INPUT_KEYS,
@@ -97,8 +97,8 @@ def _attach(env: dict[str, str]) -> int:
     if tmux is None:
         print("sidecar attach: tmux is not installed", file=sys.stderr)
         return 1
-    from sidecar.layout import Layout
-    from sidecar.users import become, parse_user
+    from sidecar.core.layout import Layout
+    from sidecar.security.users import become, parse_user
 
     state = Path(env.get("SIDECAR_STATE_DIR") or DEFAULT_STATE_DIR)
     # Whether the CLI runs as SIDECAR_USER depends on the sidecar's uid, not this client's (one

@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from sidecar.loopback import loopback_url
+from sidecar.core.loopback import loopback_url
 
 
 class ClientError(Exception):

@@ -18,17 +18,17 @@ from functools import cached_property
 from pathlib import Path
 from typing import TypeVar
 
-from sidecar import tokens
-from sidecar.contract import (
+from sidecar.core.contract import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     DEFAULT_STATE_DIR,
     DEFAULT_WORKSPACE,
     STOP_GRACE,
 )
-from sidecar.egress import Allowlist, AllowlistError, parse_list, read_file, split_value
-from sidecar.layout import Layout
-from sidecar.users import User, UserError, parse_user
+from sidecar.core.layout import Layout
+from sidecar.egress.allowlist import Allowlist, AllowlistError, parse_list, read_file, split_value
+from sidecar.security import tokens
+from sidecar.security.users import User, UserError, parse_user
 
 ACTIVITY_QUIET = 3.0
 MAX_SECONDS = 3600.0

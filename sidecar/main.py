@@ -9,9 +9,9 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sidecar.clis import CLIDef
+    from sidecar.agent.registry import CLIDef
     from sidecar.config import Config
-    from sidecar.init import Incarnation
+    from sidecar.process.init import Incarnation
 
 # The init process (PID 1) stays small: asyncio, aiohttp and the rest are imported in its child
 # only. Whatever init has imported before the fork is a copy the supervisor does not need.
@@ -21,10 +21,10 @@ log = logging.getLogger("sidecar")
 
 
 def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
-    from sidecar import statedir
-    from sidecar.acting import Owner, acting
-    from sidecar.clis import load_registry
+    from sidecar.agent.registry import load_registry
     from sidecar.config import Config
+    from sidecar.process import statedir
+    from sidecar.security.acting import Owner, acting
 
     config = Config.from_env(env)
     owner = None
@@ -45,8 +45,8 @@ def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
 def _check_egress() -> None:
     """SIDECAR_EGRESS_ALLOW: never start with the list set and the network open. A guarded
     child tries what the CLI will be refused (`egress_guard.self_test`)."""
-    from sidecar import egress_guard
     from sidecar.config import ConfigError
+    from sidecar.egress import guard as egress_guard
 
     problem = egress_guard.self_test([("127.0.0.1", 1)])  # refused by nothing but no listener
     if problem is not None:
@@ -56,9 +56,9 @@ def _check_egress() -> None:
 
 def _take_user_group(config: Config) -> None:
     """SIDECAR_USER: check that the capabilities to switch users are there, and make the CLI
-    user's group the sidecar's only supplementary one (see `sidecar.statedir`)."""
-    from sidecar import caps
+    user's group the sidecar's only supplementary one (see `sidecar.process.statedir`)."""
     from sidecar.config import ConfigError
+    from sidecar.security import caps
 
     assert config.user is not None
     missing = caps.NEEDED_CAPS - caps.current_caps()
@@ -75,7 +75,7 @@ def _take_user_group(config: Config) -> None:
 
 def _drop_privileges(config: Config) -> None:
     """With SIDECAR_USER, init and the supervisor keep only what they use from here on."""
-    from sidecar import caps
+    from sidecar.security import caps
 
     keep = set(caps.NEEDED_CAPS)
     if config.port < 1024:
@@ -93,9 +93,9 @@ async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarn
 
     from aiohttp import web
 
-    from sidecar.api import create_app
-    from sidecar.events import EventBus
-    from sidecar.supervisor import Supervisor
+    from sidecar.api.app import create_app
+    from sidecar.core.events import EventBus
+    from sidecar.process.supervisor import Supervisor
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -155,7 +155,7 @@ async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarn
 
 def run(env: dict[str, str]) -> int:
     # Only what the re-exec needs is imported before it: it is paid twice when it happens.
-    from sidecar import tokens
+    from sidecar.security import tokens
 
     if tokens.in_environment(env):
         # Before anything else: this process's environment block (what /proc/<pid>/environ
@@ -191,7 +191,7 @@ def run(env: dict[str, str]) -> int:
     def work(incarnation: Incarnation) -> int:
         import asyncio
 
-        from sidecar.logs import setup_logging
+        from sidecar.core.logs import setup_logging
 
         setup_logging()
         try:
@@ -200,7 +200,7 @@ def run(env: dict[str, str]) -> int:
             log.critical("supervisor crashed", exc_info=True)
             return 1
 
-    from sidecar.init import run_as_init
+    from sidecar.process.init import run_as_init
 
     return run_as_init(work, grace=config.stop_grace)
 

@@ -212,9 +212,9 @@ def message_app(workspace: Path) -> Any:
     error middleware, on `workspace`."""
     from aiohttp import web
 
-    from sidecar.api import make_answers
-    from sidecar.api_messages import message_operations
-    from sidecar.contract import MAX_BODY_BYTES
+    from sidecar.api.app import make_answers
+    from sidecar.api.messages import message_operations
+    from sidecar.core.contract import MAX_BODY_BYTES
 
     app = web.Application(middlewares=[make_answers()], client_max_size=MAX_BODY_BYTES)
     for op in message_operations(app, workspace):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pathlib
 
-from sidecar.mailbox import Mailbox
-from sidecar.needlecast import Message
+from sidecar.workspace.mailbox import Mailbox
+from sidecar.workspace.needlecast import Message
 
 SEED = """---
 id: msg-abc123

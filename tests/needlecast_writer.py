@@ -14,9 +14,9 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from sidecar import needlecast
-from sidecar.mailbox import Mailbox
-from sidecar.needlecast import Message
+from sidecar.workspace import needlecast
+from sidecar.workspace.mailbox import Mailbox
+from sidecar.workspace.needlecast import Message
 
 BIG_BODY = ("0123456789abcdef" * 64 + "\n") * 1000  # ~1 MiB
 

@@ -13,11 +13,11 @@ import msgspec
 import psutil
 import pytest
 
-from sidecar.adopt import Plan, argvs_of, decide
-from sidecar.clis import CLIDef
-from sidecar.persist import ProcRef, SupervisorState, cmdline_digest
-from sidecar.states import ProcState
-from sidecar.tmux import PaneInfo, fatal_pane_argv
+from sidecar.agent.registry import CLIDef
+from sidecar.core.states import ProcState
+from sidecar.pane.tmux import PaneInfo, fatal_pane_argv
+from sidecar.process.adopt import Plan, argvs_of, decide
+from sidecar.process.persist import ProcRef, SupervisorState, cmdline_digest
 from tests.harness import wait_for
 
 ARGV = ("bash", "-l")

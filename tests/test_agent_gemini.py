@@ -1,6 +1,6 @@
 """Agent state with the real Gemini CLI (0.61.0) in real tmux, talking to the loopback Gemini API
 stub (`tests.e2e.tool_stub`: a prompt gets a shell call, the tool result a line of text). Its
-hooks report through `sidecar.hook_relay`; its confirmation is answered by keys (Gemini has no
+hooks report through `sidecar.agent.hook_relay`; its confirmation is answered by keys (Gemini has no
 hook that decides one).
 
 Gemini reads the sidecar's settings (system defaults) only from a directory that root owns and

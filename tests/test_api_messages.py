@@ -12,10 +12,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from sidecar import mailbox
-from sidecar.contract import MAX_BODY_BYTES
-from sidecar.mailbox import Mailbox
-from sidecar.needlecast import Message, render_messages
+from sidecar.core.contract import MAX_BODY_BYTES
+from sidecar.workspace import mailbox
+from sidecar.workspace.mailbox import Mailbox
+from sidecar.workspace.needlecast import Message, render_messages
 from tests.harness import message_app
 
 Client = TestClient[web.Request, web.Application]

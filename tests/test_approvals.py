@@ -1,4 +1,5 @@
-"""Approvals: the book of permission requests (`sidecar.approvals`, driven directly) and the API
+"""Approvals: the book of permission requests (`sidecar.agent.approvals`, driven directly) and the
+API
 over it with a stand-in CLI whose PermissionRequest hook the sidecar holds (tests/standin.py):
 every bad answer, racing answers, a forged hook, a huge or lying tool input, a withdrawn request.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.approvals import (
+from sidecar.agent.approvals import (
     REMEMBERED,
     AlreadyAnswered,
     Answer,

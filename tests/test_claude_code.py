@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from sidecar import claude_code
-from sidecar.claude_code import (
+from sidecar.agent.clis import claude_code
+from sidecar.agent.clis.claude_code import (
     EVENTS,
     HookEffect,
     config_dir,

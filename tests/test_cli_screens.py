@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import codex, gemini_cli, opencode
-from sidecar.screen import Screen
-from sidecar.screens import Reading, Recognizer, Seen
+from sidecar.agent.clis import codex, gemini_cli, opencode
+from sidecar.agent.screens import Reading, Recognizer, Seen
+from sidecar.pane.screen import Screen
 
 SCREENS = Path(__file__).parent / "screens"
 RECOGNIZERS: dict[str, Recognizer] = {

@@ -9,8 +9,9 @@ import shlex
 import tomllib
 from pathlib import Path
 
-from sidecar import codex, hook_relay
-from sidecar.approvals import Answer
+from sidecar.agent import hook_relay
+from sidecar.agent.approvals import Answer
+from sidecar.agent.clis import codex
 
 
 def test_trust_hash_is_the_one_codex_records() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.clis import load_registry
+from sidecar.agent.registry import load_registry
 from sidecar.config import Config, ConfigError, RestartPolicy
 from tests.harness import REPO, Sidecar, free_port, run_until_exit, wait_for
 
@@ -166,7 +166,7 @@ def test_cli_config_adds_and_overrides_builtins(tmp_path: Path) -> None:
 
 
 def test_claude_resumes_only_when_it_has_history(tmp_path: Path) -> None:
-    from sidecar.claude_code import config_dir, has_history
+    from sidecar.agent.clis.claude_code import config_dir, has_history
 
     claude = load_registry(None)["claude-code"]
     workspace = Path("/workspace")

@@ -24,10 +24,10 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar import persist
-from sidecar.init import MAX_CRASHES
-from sidecar.layout import Layout
-from sidecar.persist import ProcRef, SupervisorState
+from sidecar.core.layout import Layout
+from sidecar.process import persist
+from sidecar.process.init import MAX_CRASHES
+from sidecar.process.persist import ProcRef, SupervisorState
 from tests.harness import (
     REPO,
     Sidecar,

@@ -1,5 +1,5 @@
-"""CURRENT.md parsing (sidecar.cstack), bounded reading and byte-preserving atomic writes
-(sidecar.cstack_files)."""
+"""CURRENT.md parsing (sidecar.workspace.cstack), bounded reading and byte-preserving atomic writes
+(sidecar.workspace.cstack_files)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.cstack import CurrentState, parse_current
-from sidecar.cstack_files import MAX_CURRENT_BYTES, read_current, write_goal, write_status
+from sidecar.workspace.cstack import CurrentState, parse_current
+from sidecar.workspace.cstack_files import MAX_CURRENT_BYTES, read_current, write_goal, write_status
 from tests.tools import require_executable
 
 SEED = """\
@@ -435,7 +435,7 @@ def test_write_goal_on_read_only_workspace_raises_oserror(tmp_path: Path) -> Non
     code = textwrap.dedent("""
         import sys
         from pathlib import Path
-        from sidecar.cstack_files import write_goal
+        from sidecar.workspace.cstack_files import write_goal
         for target in (".cstack/CURRENT.md", "other/CURRENT.md"):
             try:
                 write_goal(Path(sys.argv[1]) / target, "new")

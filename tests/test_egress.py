@@ -1,12 +1,12 @@
-"""The egress allowlist (`sidecar.egress`): patterns parsed from the variable's and the file's
-spelling, matching on the host name asked for, and every bad pattern refused with the variable
-and the pattern named. Pure functions, tested directly."""
+"""The egress allowlist (`sidecar.egress.allowlist`): patterns parsed from the variable's and the
+file's spelling, matching on the host name asked for, and every bad pattern refused with the
+variable and the pattern named. Pure functions, tested directly."""
 
 from __future__ import annotations
 
 import pytest
 
-from sidecar.egress import (
+from sidecar.egress.allowlist import (
     DEFAULT_PORTS,
     AllowlistError,
     normalise_host,

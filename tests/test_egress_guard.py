@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.egress_guard import MISSING, ReportListener, guard_argv, self_test
+from sidecar.egress.guard import MISSING, ReportListener, guard_argv, self_test
 from tests.agenttools import claude_binary
 from tests.harness import wait_for, wait_for_async
 

@@ -1,4 +1,4 @@
-"""The egress proxy (`sidecar.egress_proxy`) on real loopback sockets: small servers on
+"""The egress proxy (`sidecar.egress.proxy`) on real loopback sockets: small servers on
 127.0.0.1 stand for the allowed and the forbidden hosts (listed as `127.0.0.1:PORT`, or by the
 name `localhost`, which resolves to loopback), and raw clients speak HTTP/1.1 to the proxy the
 way curl, Node and pip do. Nothing leaves loopback."""
@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from sidecar.egress import parse_list
-from sidecar.egress_http import Refusal, parse_head
-from sidecar.egress_proxy import EgressProxy, Limits
+from sidecar.egress.allowlist import parse_list
+from sidecar.egress.heads import Refusal, parse_head
+from sidecar.egress.proxy import EgressProxy, Limits
 from tests.harness import wait_for_async
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -1,4 +1,4 @@
-"""The sleeve's egress in the supervisor (`sidecar.egress_service`) and its configuration:
+"""The sleeve's egress in the supervisor (`sidecar.egress.service`) and its configuration:
 the CLI's proxy variables, the one door for refused attempts with its rate limits (a clock
 passed in: a minute is not waited for), and `Config` reading the two variables once."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import Config, ConfigError
-from sidecar.egress import parse_list
-from sidecar.egress_service import MAX_REMEMBERED, QUIET, Egress, proxy_env
-from sidecar.events import EventBus
+from sidecar.core.events import EventBus
+from sidecar.egress.allowlist import parse_list
+from sidecar.egress.service import MAX_REMEMBERED, QUIET, Egress, proxy_env
 from tests.harness import wait_for_async
 
 BASE = {"SLEEVE_NAME": "s", "SLEEVE_CLI": "shell"}
@@ -43,7 +43,7 @@ def test_denied_counts_every_attempt_and_tells_once_a_minute(
     sub = bus.subscribe()
     allow = parse_list("SIDECAR_EGRESS_ALLOW", ["a.example"])
     egress = Egress(allow, bus, ("127.0.0.1", 8080), clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, logger="sidecar.egress_service"):
+    with caplog.at_level(logging.WARNING, logger="sidecar.egress.service"):
         for _ in range(5):
             egress.denied("evil.example", 443, "proxy")
         egress.denied("evil.example", 443, "direct")  # another how: its own event

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.init import MAX_CRASHES
+from sidecar.process.init import MAX_CRASHES
 from tests.harness import (
     CLIS,
     Proc,

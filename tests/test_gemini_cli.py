@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import gemini_cli, hook_relay
-from sidecar.clis import HOOK_SCREENS, load_registry
+from sidecar.agent import hook_relay
+from sidecar.agent.clis import gemini_cli
+from sidecar.agent.hook_source import HOOK_CLIS
+from sidecar.agent.hooks import HookEffect
+from sidecar.agent.registry import HOOK_SCREENS, load_registry
 from sidecar.config import ConfigError
-from sidecar.hook_cli import HookEffect
-from sidecar.hook_source import HOOK_CLIS
 
 SESSION = "3f4e3873-1575-49ef-b81d-222c6ae9216f"
 CONTEXT = {"type": "user", "content": [{"text": "<session_context>\nThis is the Gemini CLI."}]}

@@ -26,8 +26,8 @@ import aiohttp
 import psutil
 import pytest
 
-from sidecar.caps import CAP_KILL, CAP_SETGID, CAP_SETUID, current_caps
-from sidecar.ttyd import BASE_PATH, VIEWER_FLAGS, WRITER_FLAGS
+from sidecar.process.ttyd import BASE_PATH, VIEWER_FLAGS, WRITER_FLAGS
+from sidecar.security.caps import CAP_KILL, CAP_SETGID, CAP_SETUID, current_caps
 from tests.harness import CLIS, REPO, Sidecar, free_port, wait_for, write_cli_config
 from tests.tools import missing
 
@@ -406,8 +406,8 @@ def test_as_root_without_sidecar_user_what_the_sidecar_makes_is_the_workspace_ow
 
 
 def test_an_outbox_rewrite_keeps_the_files_owner_and_mode(root: None, short_tmp: Path) -> None:
-    from sidecar.mailbox import Mailbox
-    from sidecar.needlecast import Message
+    from sidecar.workspace.mailbox import Mailbox
+    from sidecar.workspace.needlecast import Message
 
     box = Mailbox(short_tmp, "outbox")
     for i in range(3):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from sidecar.agent.hooks import hook_base_url
 from sidecar.client import SidecarClient
-from sidecar.hook_cli import hook_base_url
-from sidecar.loopback import loopback_url
+from sidecar.core.loopback import loopback_url
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""The mailbox store (sidecar.mailbox): limits, the parse cache, locking, repair, atomic writes,
-and what it refuses (symlinks out of the workspace)."""
+"""The mailbox store (sidecar.workspace.mailbox): limits, the parse cache, locking, repair, atomic
+writes, and what it refuses (symlinks out of the workspace)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import stat
 
 import pytest
 
-from sidecar import files, mailbox
-from sidecar.mailbox import Mailbox
-from sidecar.needlecast import ParseResult, render_messages
+from sidecar.core import files
+from sidecar.workspace import mailbox
+from sidecar.workspace.mailbox import Mailbox
+from sidecar.workspace.needlecast import ParseResult, render_messages
 from tests.needlecast_samples import SEED, box_file, msg
 
 # ---------------------------------------------------------------- limits and cache

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar import prometheus
-from sidecar.contract import AGENT_STATES
+from sidecar.api import prometheus
+from sidecar.core.contract import AGENT_STATES
 from tests.harness import Sidecar, py_cli, wait_for, write_cli_config
 
 TOKEN = "metrics-admin-token-0123"

@@ -1,4 +1,5 @@
-"""The needlecast message format: the boundary rule, escaping, bad input (sidecar.needlecast).
+"""The needlecast message format: the boundary rule, escaping, bad input
+(sidecar.workspace.needlecast).
 
 Some tests go through a Mailbox: what the rule promises is seen when appending and acking."""
 
@@ -14,11 +15,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar import needlecast
-from sidecar.api_messages import message_answer
-from sidecar.contract import MESSAGE_TYPES
-from sidecar.mailbox import Mailbox, RemoveResult
-from sidecar.needlecast import Message, parse_messages, render_messages
+from sidecar.api.messages import message_answer
+from sidecar.core.contract import MESSAGE_TYPES
+from sidecar.workspace import needlecast
+from sidecar.workspace.mailbox import Mailbox, RemoveResult
+from sidecar.workspace.needlecast import Message, parse_messages, render_messages
 from tests.needlecast_samples import SEED, box_file, msg
 
 # ---------------------------------------------------------------- format

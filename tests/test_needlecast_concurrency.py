@@ -16,8 +16,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from sidecar.mailbox import Mailbox
-from sidecar.needlecast import Message, render_message, render_messages
+from sidecar.workspace.mailbox import Mailbox
+from sidecar.workspace.needlecast import Message, render_message, render_messages
 from tests.harness import message_app, wait_for
 from tests.needlecast_writer import BIG_BODY, body_for
 

@@ -12,11 +12,11 @@ import pytest
 from aiohttp import web
 from openapi_schema_validator import OAS31Validator
 
-from sidecar.api import OPENAPI, create_app
-from sidecar.clis import load_registry
+from sidecar.agent.registry import load_registry
+from sidecar.api.app import OPENAPI, create_app
 from sidecar.config import Config
-from sidecar.events import EventBus
-from sidecar.supervisor import Supervisor
+from sidecar.core.events import EventBus
+from sidecar.process.supervisor import Supervisor
 
 METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 

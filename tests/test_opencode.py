@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from sidecar import opencode
-from sidecar.approvals import Answer
-from sidecar.clis import load_registry
+from sidecar.agent.approvals import Answer
+from sidecar.agent.clis import opencode
+from sidecar.agent.registry import load_registry
 from sidecar.config import ConfigError
 from tests.harness import write_cli_config
 

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from sidecar.init import MAX_CRASHES
+from sidecar.process.init import MAX_CRASHES
 from tests.harness import (
     CLIS,
     REPO,
@@ -155,7 +155,7 @@ def test_run_as_init_returns_128_plus_n_when_work_dies_by_signal_n_every_time(
     code, lines = run_init_program(short_tmp, "signal", str(int(signo)))
     runs = [line for line in lines if "work_ppid" in line]
     assert runs == [{"work_ppid": 1, "restarts": n} for n in range(MAX_CRASHES)]
-    crashes = [line for line in lines if line.get("logger") == "sidecar.init"]
+    crashes = [line for line in lines if line.get("logger") == "sidecar.process.init"]
     assert [c["signal"] for c in crashes] == [signo.name] * MAX_CRASHES
     assert "giving up" in crashes[-1]["msg"]
     assert lines[-1] == {"init_pid": 1, "code": 128 + signo}

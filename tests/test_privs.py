@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import caps, files, statedir, tokens
 from sidecar.config import Config, ConfigError
-from sidecar.tmux import WAITER_SCRIPT, env_file_text
-from sidecar.users import parse_user
+from sidecar.core import files
+from sidecar.pane.tmux import WAITER_SCRIPT, env_file_text
+from sidecar.process import statedir
+from sidecar.security import caps, tokens
+from sidecar.security.users import parse_user
 from tests.harness import REPO, run_until_exit
 from tests.tools import missing
 

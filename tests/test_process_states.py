@@ -1,4 +1,4 @@
-"""The process state machine (`sidecar.states`): every legal move is made and announced once,
+"""The process state machine (`sidecar.core.states`): every legal move is made and announced once,
 every other move is refused and changes nothing, and a taken-over state can be restored only
 before the first move."""
 
@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from sidecar.states import MOVES, IllegalMove, ProcessState, ProcState, ProcStatus
+from sidecar.core.states import MOVES, IllegalMove, ProcessState, ProcState, ProcStatus
 
 ALL_MOVES = list(itertools.product(ProcState, ProcState))
 LEGAL = [(a, b) for a, b in ALL_MOVES if b in MOVES[a]]

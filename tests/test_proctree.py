@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.proc import start_time
-from sidecar.proctree import stop_tree
+from sidecar.core.proc import start_time
+from sidecar.process.proctree import stop_tree
 from tests.harness import wait_for
 from tests.test_supervisor import gone
 

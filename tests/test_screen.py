@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from sidecar.api import create_app
-from sidecar.clis import load_registry
+from sidecar.agent.registry import load_registry
+from sidecar.api.app import create_app
 from sidecar.config import Config
-from sidecar.events import EventBus
-from sidecar.supervisor import Supervisor
+from sidecar.core.events import EventBus
+from sidecar.process.supervisor import Supervisor
 from tests.clis.screen_cli import ROWS, wide_line
 from tests.harness import CLIS, Sidecar, wait_for, write_cli_config
 from tests.test_faults import census

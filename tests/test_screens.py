@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import claude_code
-from sidecar.agent import AgentMachine
-from sidecar.clis import CLIDef
-from sidecar.events import EventBus
-from sidecar.screen import Screen
-from sidecar.screen_source import ScreenSource
-from sidecar.screens import Reading, Seen, generic, text_of
-from sidecar.states import ProcState
-from sidecar.tmux_control import NoAnswer
+from sidecar.agent.clis import claude_code
+from sidecar.agent.machine import AgentMachine
+from sidecar.agent.registry import CLIDef
+from sidecar.agent.screen_source import ScreenSource
+from sidecar.agent.screens import Reading, Seen, generic, text_of
+from sidecar.core.events import EventBus
+from sidecar.core.states import ProcState
+from sidecar.pane.protocol import NoAnswer
+from sidecar.pane.screen import Screen
 
 SCREENS = Path(__file__).parent / "screens"
 

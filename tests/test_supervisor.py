@@ -656,7 +656,7 @@ def test_status_never_forks(make_sidecar: Callable[..., Sidecar], short_tmp: Pat
             tracer.wait(10)
         return [line for line in out.read_text().splitlines() if FORK.search(line)]
 
-    def control_client() -> bool:  # the activity source's `tmux -C attach` (sidecar.activity)
+    def control_client() -> bool:  # the activity source's `tmux -C attach` (sidecar.pane.control)
         return any("-C" in p.cmdline() for p in supervisor.children())
 
     wait_for(control_client, what="the activity client attached")

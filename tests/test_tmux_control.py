@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.screen import parse_screen
-from sidecar.tmux_control import CommandFailed, ControlReader, Reply
+from sidecar.pane.protocol import CommandFailed, ControlReader, Reply
+from sidecar.pane.screen import parse_screen
 
 ATTACHED = b"%begin 1795537161 264 0\n%end 1795537161 264 0\n%session-changed $0 main\n"
 

@@ -24,7 +24,7 @@ from bench.procs import (
     stop_sidecar,
     wait_until,
 )
-from sidecar.layout import Layout
+from sidecar.core.layout import Layout
 
 NAMES = ("crash.restart",)
 

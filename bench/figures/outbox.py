@@ -1,6 +1,6 @@
 """Message files: parse a 10,000-message outbox; ack (remove) one id in a 10,000-message file.
 
-Measured in-process through `sidecar.mailbox.Mailbox`, the code behind /outbox and
+Measured in-process through `sidecar.workspace.mailbox.Mailbox`, the code behind /outbox and
 /outbox/ack: with a fresh Mailbox each time (nothing cached: the target), and right after a
 read by the same Mailbox (what an envoy reading then acking gets).
 """
@@ -13,7 +13,7 @@ from bench.context import Context
 from bench.core import Figure, at_most, interleave
 from bench.messages import message, write_outbox
 from bench.procs import BenchError
-from sidecar.mailbox import Mailbox
+from sidecar.workspace.mailbox import Mailbox
 
 NAMES = ("outbox.parse", "outbox.ack", "outbox.ack_after_read")
 COUNT = 10_000

@@ -12,8 +12,8 @@ from pathlib import Path
 from bench.context import Context
 from bench.core import Baseline, Figure, at_most, interleave
 from bench.procs import BenchError, make_sidecar, start_sidecar, stop_sidecar, stop_tree
-from sidecar.layout import Layout
-from sidecar.ttyd import find_ttyd
+from sidecar.core.layout import Layout
+from sidecar.process.ttyd import find_ttyd
 from tests.harness import free_port
 
 NAMES = ("start.health", "start.healthy")

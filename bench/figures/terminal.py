@@ -32,7 +32,7 @@ import aiohttp
 from bench.context import Context
 from bench.core import Baseline, Figure, at_most, ratio_at_most
 from bench.procs import BenchError, running
-from sidecar.ttyd import WRITER_FLAGS
+from sidecar.process.ttyd import WRITER_FLAGS
 
 NAMES = ("terminal.echo", "terminal.lost")
 TIMEOUT = 10.0

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sidecar.core.proc import send_signal, start_time
 from sidecar.launcher.fsutil import FILE_MODE, LauncherError, private_dir
 from sidecar.launcher.plan import (
     SANDBOX_HOME,
@@ -34,7 +35,6 @@ from sidecar.launcher.plan import (
 from sidecar.launcher.runtime import POLL_INTERVAL, Reality, Runtime
 from sidecar.launcher.state import RUNNING, STOPPED, VANISHED, Run, StateStore, process_alive
 from sidecar.launcher.waiter import WATCHED, waiter_argv
-from sidecar.proc import send_signal, start_time
 
 logger = logging.getLogger(__name__)
 

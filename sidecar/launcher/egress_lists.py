@@ -10,7 +10,7 @@ import urllib.parse
 from collections.abc import Mapping
 from importlib import resources
 
-from sidecar.egress import AllowlistError, parse_list, read_file, split_file
+from sidecar.egress.allowlist import AllowlistError, parse_list, read_file, split_file
 from sidecar.launcher.fsutil import LauncherError
 
 DEFAULT = "default"

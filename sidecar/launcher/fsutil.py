@@ -1,7 +1,7 @@
 """Small filesystem helpers shared by the launcher: private dirs, flock, atomic writes.
 
 Everything under `$SLEEVE_HOME` is private to the user (dirs 0700, files 0600), and every
-write is temp file + fsync + rename (`sidecar.files`) so a reader never sees half a file.
+write is temp file + fsync + rename (`sidecar.core.files`) so a reader never sees half a file.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from sidecar import files
+from sidecar.core import files
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600

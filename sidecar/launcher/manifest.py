@@ -62,7 +62,7 @@ def check_image(image: str) -> str:
 def check_cli(name: str, env: Mapping[str, str]) -> str:
     """The built-in CLIs, plus those of a SIDECAR_CLI_CONFIG readable here (it may exist only
     in the image; then the sidecar in the pod is the judge of it)."""
-    from sidecar.clis import load_registry
+    from sidecar.agent.registry import load_registry
     from sidecar.config import ConfigError
 
     config = env.get("SIDECAR_CLI_CONFIG")

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar.tokens import TOKEN_VARS
+from sidecar.security.tokens import TOKEN_VARS
 
 SANDBOX_HOME = "/home/sleeve"
 # The other CLIs' own folders in the slot (config, sign-in, conversations), kept like `.claude`:

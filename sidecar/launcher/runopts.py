@@ -7,9 +7,9 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping
 
-from sidecar import tokens
 from sidecar.launcher.fsutil import LauncherError
 from sidecar.launcher.plan import Limits
+from sidecar.security import tokens
 
 MEMORY_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 DOCKER_MIN_MEMORY = 6 << 20

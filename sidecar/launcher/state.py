@@ -20,8 +20,8 @@ from typing import Any
 
 import psutil
 
+from sidecar.core.proc import start_time
 from sidecar.launcher.fsutil import FILE_MODE, atomic_write, locked, private_home
-from sidecar.proc import start_time
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from typing import NoReturn
 
 import psutil
 
+from sidecar.core.proc import start_time
 from sidecar.launcher.state import RUNNING, Run, StateStore
-from sidecar.proc import start_time
 
 logger = logging.getLogger(__name__)
 

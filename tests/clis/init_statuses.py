@@ -1,4 +1,5 @@
-"""Runs `sidecar.init.run_as_init(work)` and reports what `work` saw (one JSON line on stdout).
+"""Runs `sidecar.process.init.run_as_init(work)` and reports what `work` saw (one JSON line on
+stdout).
 
 `python init_statuses.py statuses DIR`: `work` keeps a stream of orphans dying (they re-parent
 to the init and are reaped there) while it waits, concurrently, for `sh -c "exit 3"` through
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import libtmux
 
-from sidecar.init import Incarnation, run_as_init
+from sidecar.process.init import Incarnation, run_as_init
 
 ROUNDS = 100
 # An orphan factory: double-forks until its stdin closes, then says how many it made and

@@ -3,8 +3,8 @@ starts, never installed with the package.
 
 Why a `sitecustomize` and not a hook in the sidecar: production code carries no test switch.
 Python imports this module at start-up in every process of that sidecar; it patches
-`sidecar.watch.CurrentWatcher.get` (called by the supervisor's once-a-second tick) as soon as
-that module is imported, so that the next call after the file named by
+`sidecar.workspace.watch.CurrentWatcher.get` (called by the supervisor's once-a-second tick) as
+soon as that module is imported, so that the next call after the file named by
 `SIDECAR_TEST_FAULT_FILE` appears raises once (the file is removed first): an uncaught
 exception in the supervisor's event loop, as a bug would raise it.
 """
@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any
 
 TRIGGER = os.environ.get("SIDECAR_TEST_FAULT_FILE")
-TARGET = "sidecar.watch"
+TARGET = "sidecar.workspace.watch"
 
 
 def _patch(module: ModuleType) -> None:

@@ -8,7 +8,7 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from sidecar.egress import parse_list, split_file
+from sidecar.egress.allowlist import parse_list, split_file
 from sidecar.launcher.egress_lists import default_patterns, default_text
 from sidecar.launcher.plan import HOST_ONLY
 from tests.kubetools import by_kind, documents, pod_spec

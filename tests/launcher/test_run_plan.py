@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sidecar.core.proc import start_time
 from sidecar.launcher.slots import COUNTER_FILE, Project, slot_chain
 from sidecar.launcher.state import RUNNING, Run, StateStore
-from sidecar.proc import start_time
 
 from .helpers import Result, mount_fields
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.core.proc import start_time
 from sidecar.launcher.fsutil import LauncherError
 from sidecar.launcher.slots import (
     COUNTER_FILE,
@@ -24,7 +25,6 @@ from sidecar.launcher.slots import (
     slugify,
 )
 from sidecar.launcher.state import RUNNING, Run, StateStore
-from sidecar.proc import start_time
 
 from .helpers import CLAUDEBOX_ID_FUNCTIONS, LIVES_UNTIL_KILLED, REPO, SLEEVE, Result
 

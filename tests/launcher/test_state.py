@@ -14,12 +14,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sidecar.core.proc import start_time
 from sidecar.launcher.bwrap import spawn_detached
 from sidecar.launcher.engine import parse_ps
 from sidecar.launcher.runtimes import reconcile
 from sidecar.launcher.state import COMPLETED, RUNNING, STOPPED, VANISHED, Run, StateStore
 from sidecar.launcher.waiter import waiter_argv
-from sidecar.proc import start_time
 from tests.harness import wait_for
 
 from .helpers import LIVES_UNTIL_KILLED, REPO, Result

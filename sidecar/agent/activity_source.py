@@ -1,0 +1,73 @@
+"""Pane activity as the agent's state source, for CLIs without hooks: output means a turn is
+under way (`working`); a pane quiet for `quiet` seconds means `idle`. One timer, armed only
+while output may still be followed by quiet: an idle sleeve runs none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from sidecar.agent.machine import AgentMachine
+from sidecar.pane.control import SAMPLE
+
+
+class ActivitySource:
+    def __init__(
+        self,
+        machine: AgentMachine,
+        quiet_for: Callable[[], float],
+        quiet: float,
+        on_idle: Callable[[], None],
+    ) -> None:
+        self.machine = machine
+        self.quiet_for = quiet_for  # seconds since the pane last wrote (`PaneActivity`)
+        self.quiet = quiet
+        self.on_idle = on_idle  # the agent went idle: an inbox notice may be due
+        self.active = False  # whether the CLI that runs uses this source
+        self._launched_at = time.monotonic()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def launched(self, *, active: bool) -> None:
+        """A CLI was launched; `active`: it uses this source."""
+        self.active = active
+        self._launched_at = time.monotonic()
+
+    def adopted(self, *, active: bool) -> None:
+        """A running CLI this supervisor did not launch: quiet is counted from our own start."""
+        self.active = active
+
+    def running(self) -> None:
+        """The CLI runs: idle once it has been quiet long enough."""
+        if self.active:
+            self._arm(self.quiet)
+
+    def output(self) -> None:
+        """The pane wrote something."""
+        if not self.active:
+            return
+        self.machine.report("working")
+        if self._timer is None:
+            self._arm(self.quiet)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _arm(self, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(delay, self._check)
+
+    def _check(self) -> None:
+        self._timer = None
+        if not self.active:
+            return
+        since = min(self.quiet_for(), time.monotonic() - self._launched_at)
+        # Output is known to within SAMPLE seconds (`sidecar.pane.control`): half of it is slack.
+        if since + SAMPLE / 2 >= self.quiet:
+            self.machine.report("idle")
+            self.on_idle()
+        else:
+            self._arm(self.quiet - since)

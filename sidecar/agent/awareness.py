@@ -1,0 +1,218 @@
+"""Agent awareness, wired together: the state machine (`agent`) fed by the running CLI's source
+(`hook_source`, `opencode_events` or `activity_source`), `POST /input` (`input_delivery`) and the
+inbox notices (`notify`) typing under one lock, and what must survive a supervisor restart
+(`agent_files`).
+
+The supervisor calls `launch_argv`, `process_changed`, `start`, `tick` and `stop`; the API
+calls `deliver`, `hook_secret_matches`, `hook` and `look` (the screen, through the activity
+source's tmux control client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from sidecar.agent.activity_source import ActivitySource
+from sidecar.agent.approvals import Answer, Approval, Approvals
+from sidecar.agent.clis.opencode_events import EventSource
+from sidecar.agent.hook_source import HookSource
+from sidecar.agent.inbox_notices import InboxNotices
+from sidecar.agent.input_delivery import InputDelivery
+from sidecar.agent.machine import AgentMachine
+from sidecar.agent.registry import CLIDef
+from sidecar.agent.screen_approvals import ScreenApprovals
+from sidecar.agent.screen_source import ScreenSource
+from sidecar.agent.statefile import AgentFiles
+from sidecar.config import Config
+from sidecar.core.events import EventBus
+from sidecar.core.shapes import ApprovalRequested, ApprovalResolved, InputAccepted, InputRequest
+from sidecar.core.states import ProcState
+from sidecar.pane.control import PaneActivity
+from sidecar.pane.screen import Screen, ScreenLook
+from sidecar.pane.send import PaneInput
+from sidecar.pane.tmux import Tmux
+from sidecar.security.acting import Owner
+from sidecar.workspace.mailbox import Mailbox
+
+
+class Awareness:
+    def __init__(self, config: Config, bus: EventBus, tmux: Tmux, owner: Owner | None) -> None:
+        self.bus = bus
+        self.machine = AgentMachine(bus)
+        self.approvals = Approvals(config.approval_timeout, self._approval_changed)
+        self.files = AgentFiles(config.paths.agent_state)
+        self.machine.session_id = self.files.load().session_id
+        self.activity = PaneActivity(tmux, self._output, self._attached)
+        self.screen = ScreenLook(self.activity.ask)
+        # The screen confirms or corrects what the CLI's source says (sidecar.agent.screen_source).
+        self.seen = ScreenSource(self.machine, self.screen.look)
+        self.machine.on_report = self.seen.spoke
+        pane = PaneInput(tmux)
+        lock = asyncio.Lock()  # one writer to the pane at a time: inputs and notices
+        self.notices = InboxNotices(
+            config.inbox_notify,
+            self.machine,
+            files=self.files,
+            inbox=Mailbox(config.workspace, "inbox", owner=owner),  # read as the CLI's user
+            pane=pane,
+            lock=lock,
+            bus=bus,
+        )
+        self.hooks = HookSource(
+            config,
+            self.machine,
+            self.files,
+            self.approvals,
+            on_idle=self.notices.check,
+            on_silent=self._hooks_silent,
+        )
+        self.machine.on_state = self.hooks.state_changed
+        self.quiet = ActivitySource(
+            self.machine, self.activity.quiet_for, config.activity_quiet, self.notices.check
+        )
+        self.events = EventSource(
+            self.machine, self.files, self.approvals, self.notices.check, self._fall_back
+        )
+        self.input = InputDelivery(self.machine, self.activity, pane, lock)
+        self.on_screen = ScreenApprovals(self.machine, self.approvals, self.input.deliver)
+        self.machine.on_look = self.on_screen.looked
+        self.hooks.released = self.on_screen.take
+        self._cli: CLIDef | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def _use(self, cli: CLIDef, *, adopted: bool = False) -> None:
+        self._cli = cli
+        self.seen.use(cli)
+        self.hooks.use(cli)
+        self.events.use(cli)
+        self._screen_approvals(cli, adopted=adopted)
+        self.notices.prompt = cli.prompt
+        self.machine.launched(cli.state)
+
+    def _screen_approvals(self, cli: CLIDef, *, adopted: bool) -> None:
+        """A dialog is listed from the screen when the CLI has no decision channel, or once
+        after a crash for a CLI whose held hook died with it (an event stream is read again and
+        lists what still waits itself)."""
+        hooked = self.hooks.cli is not None and self.hooks.cli.decides
+        channel = hooked or cli.state == "events"
+        self.on_screen.use(cli, channel=channel, adopted=adopted and hooked)
+
+    # ---- the supervisor's side -----------------------------------------------------------------
+
+    def launch_argv(
+        self, cli: CLIDef, argv: tuple[str, ...], env: Mapping[str, str], *, has_history: bool
+    ) -> tuple[tuple[str, ...], Mapping[str, str]]:
+        """The argv and added environment to start `cli` with (`argv`: the registry's; `env`:
+        the CLI's environment): a CLI with hooks gets ours and its pinned session."""
+        self.quiet.launched(active=cli.state == "activity")
+        self._use(cli)
+        argv, added = self.hooks.launch(cli, argv, env, has_history=has_history)
+        if cli.state == "events":
+            return self.events.launch(cli, argv)
+        return argv, added
+
+    def process_changed(self, state: ProcState, cli: CLIDef | None) -> None:
+        if self._cli is None and cli is not None and state is ProcState.RUNNING:
+            # A CLI this supervisor did not launch (adopted after a restart): same source.
+            self.quiet.adopted(active=cli.state == "activity")
+            self._use(cli, adopted=True)
+        if state is ProcState.STOPPING and self.files.record.hook_secret is not None:
+            # Hooks of a CLI being stopped are refused from here on (a resleeve's old CLI).
+            self.hooks.revoke()
+        self.machine.process_changed(state)
+        self.events.process_changed(state)
+        if state is not ProcState.RUNNING:
+            self.approvals.withdraw_all(f"the CLI is {state.value}")
+        if state is ProcState.RUNNING:
+            self.activity.attach()
+            self.quiet.running()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.activity.run(), name="activity")
+
+    async def stop(self) -> None:
+        self.quiet.stop()
+        await self.events.stop()
+        self.seen.stop()
+        await self.on_screen.stop()
+        await self.activity.stop()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def tick(self) -> None:
+        """Once a second (the supervisor's tick): a notice, if one is due."""
+        self.notices.check()
+
+    @property
+    def warnings(self) -> list[str]:
+        """Why the agent's state is not known the way its CLI's entry says (for /status)."""
+        return [*self.hooks.warnings, *([self.events.warning] if self.events.warning else [])]
+
+    def _hooks_silent(self, silent: bool) -> None:
+        """The running CLI's hooks are silent (or spoke again after all)."""
+        if silent:
+            self._fall_back()
+        elif self._cli is not None:
+            self.machine.source_changed("hooks")
+            self.quiet.active = False
+            self.quiet.stop()
+            self._screen_approvals(self._cli, adopted=False)
+
+    def _fall_back(self) -> None:
+        """The CLI's hooks never reported, or its event stream is gone: its pane's activity
+        tells its state beside its screen; what it said so far stands."""
+        self.machine.source_changed("activity")
+        self.quiet.adopted(active=True)
+        if self._cli is not None:  # its dialogs are answered on screen from now on
+            self.on_screen.use(self._cli, channel=False, adopted=False)
+        self.quiet.running()
+
+    def _output(self, now: float) -> None:
+        self.quiet.output()
+        self.seen.output()
+
+    def _attached(self) -> None:
+        self.seen.attached()
+
+    # ---- the API's side ------------------------------------------------------------------------
+
+    async def deliver(self, request: InputRequest) -> InputAccepted:
+        """POST /input."""
+        return await self.input.deliver(request)
+
+    async def look(self) -> Screen:
+        """GET /screen. Raises tmux_control.ControlError when tmux cannot be asked or refuses."""
+        return await self.screen.look()
+
+    def hook_secret_matches(self, cli: str, given: str | None) -> bool:
+        return self.hooks.secret_matches(cli, given)
+
+    async def hook(self, event: str, payload: dict[str, Any]) -> dict[str, Any] | None:
+        """POST /hooks/<cli>/<event>, its secret checked: the hook's reply, if it has one."""
+        self.hooks.hook(event, payload)
+        return await self.hooks.held(event, payload)
+
+    def answer(self, approval_id: str, answer: Answer) -> Answer:
+        """POST /approvals/<id>."""
+        return self.approvals.answer(approval_id, answer)
+
+    def _approval_changed(self, approval: Approval, answer: Answer | None) -> None:
+        if answer is None and approval.withdrawn is None:
+            self.bus.publish(
+                ApprovalRequested(id=approval.id, tool=approval.tool, summary=approval.summary)
+            )
+        elif answer is None:
+            self.bus.publish(
+                ApprovalResolved(
+                    id=approval.id, decision=None, by=None, reason=approval.withdrawn or ""
+                )
+            )
+        else:
+            self.bus.publish(
+                ApprovalResolved(id=approval.id, decision=answer.decision, by=answer.by)
+            )

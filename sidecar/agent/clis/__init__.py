@@ -1,0 +1,1 @@
+"""One module or package per AI CLI: everything the sidecar and the launcher know of it."""

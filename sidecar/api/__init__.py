@@ -1,0 +1,1 @@
+"""The HTTP API: routes, the dashboard, `/terminal`, the OpenAPI document and `/metrics`."""

@@ -1,0 +1,84 @@
+"""JSON in and out of the API's handlers: a request body decoded into its typed shape, a typed
+answer encoded. Size limits are aiohttp's (`client_max_size`); statuses are `sidecar.api.app`'s."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from typing import Any, TypeVar
+
+import msgspec
+import msgspec.inspect
+from aiohttp import web
+
+from sidecar.core.shapes import Answer, Error, Request
+
+R = TypeVar("R", bound=Request)
+JSON = "application/json"
+
+_encode = msgspec.json.Encoder().encode
+
+
+class BadRequest(Exception):
+    """The request cannot be served as sent; `sidecar.api.app` answers it with a 400."""
+
+
+async def read_body(request: web.Request, shape: type[R]) -> R:
+    """The request body as `shape`. Unknown fields, wrong types, nulls and malformed JSON raise
+    BadRequest naming the field; a body over the limit is aiohttp's 413."""
+    raw = await request.read()
+    return decode(raw, shape)
+
+
+async def read_optional_body(request: web.Request, shape: type[R]) -> R | None:
+    """As `read_body`, but an absent or blank body is None."""
+    raw = await request.read()
+    return decode(raw, shape) if raw.strip() else None
+
+
+def decode(raw: bytes, shape: type[R]) -> R:
+    try:
+        return msgspec.json.decode(raw, type=shape)
+    except msgspec.ValidationError as exc:
+        msg = f"invalid body: {exc}{_allowed(shape, str(exc))}"
+        raise BadRequest(msg) from None
+    except msgspec.DecodeError as exc:
+        msg = f"body is not valid JSON: {exc}"
+        with contextlib.suppress(ValueError, RecursionError):
+            # msgspec refuses an escaped lone surrogate ("\\ud800"), at the end of a string
+            # with a misleading "truncated": say what it is when the stdlib parser accepts it.
+            json.loads(raw)
+            msg = "body is not valid JSON text: a string holds a lone UTF-16 surrogate escape"
+        raise BadRequest(msg) from None
+
+
+def _allowed(shape: type[Request], problem: str) -> str:
+    """For a value outside a top-level field's fixed set, the set (msgspec names only the
+    field)."""
+    field = re.fullmatch(r"Invalid enum value .* - at `\$\.(\w+)`", problem)
+    if field is None:
+        return ""
+    info = msgspec.inspect.type_info(shape)
+    assert isinstance(info, msgspec.inspect.StructType)
+    for f in info.fields:
+        if f.encode_name == field.group(1) and isinstance(f.type, msgspec.inspect.LiteralType):
+            return f"; one of: {', '.join(map(str, f.type.values))}"
+    return ""
+
+
+def encode(value: Any) -> bytes:
+    return _encode(value)
+
+
+def answer(value: Answer, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=_encode(value), status=status, content_type=JSON, headers=headers)
+
+
+def raw_answer(body: bytes, status: int = 200) -> web.Response:
+    """An answer encoded earlier (and shared between requests)."""
+    return web.Response(body=body, status=status, content_type=JSON)
+
+
+def error(status: int, message: str, **headers: str) -> web.Response:
+    return answer(Error(error=message), status, headers or None)

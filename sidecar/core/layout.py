@@ -1,0 +1,79 @@
+"""The state dir's layout: every path in it, derived from the state dir here and nowhere else.
+
+With SIDECAR_USER the CLI's user writes only in `session/` (its sockets, the pane's exit status
+and environment, Claude Code's hook settings); without it the state dir plays that part, the
+sidecar and the CLI being one user. `sidecar.process.statedir` makes the directories; standard
+library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+SESSION_DIR = "session"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """`for_user`: the CLI runs as SIDECAR_USER, in a session dir of its own."""
+
+    state_dir: Path
+    for_user: bool = False
+
+    # ---- the sidecar's own (root's, with SIDECAR_USER) --------------------------------------
+
+    @property
+    def supervisor_state(self) -> Path:
+        """What a supervisor started after a crash adopts (`sidecar.process.persist`)."""
+        return self.state_dir / "supervisor.json"
+
+    @property
+    def agent_state(self) -> Path:
+        """What agent awareness keeps across a supervisor restart (`sidecar.agent.statefile`)."""
+        return self.state_dir / "agent.json"
+
+    @property
+    def tmux_conf(self) -> Path:
+        return self.state_dir / "tmux.conf"
+
+    @property
+    def ttyd_copy(self) -> Path:
+        """Where a ttyd without its executable bit (from a wheel) is copied to run."""
+        return self.state_dir / "bin" / "ttyd"
+
+    # ---- the CLI's user's ------------------------------------------------------------------
+
+    @property
+    def session_dir(self) -> Path:
+        """Where the CLI's user writes: a subdirectory with SIDECAR_USER, else the state dir."""
+        return self.state_dir / SESSION_DIR if self.for_user else self.state_dir
+
+    @property
+    def tmux_socket(self) -> Path:
+        return self.session_dir / "tmux.sock"
+
+    @property
+    def ttyd_socket(self) -> Path:
+        return self.session_dir / "ttyd.sock"
+
+    @property
+    def egress_reports(self) -> Path:
+        """Where the egress guard beside the CLI tells of refused attempts (a datagram
+        socket the sidecar binds; the guard runs as the CLI's user)."""
+        return self.session_dir / "egress.sock"
+
+    @property
+    def cli_status(self) -> Path:
+        """The exit status the pane's waiter writes when the CLI ends."""
+        return self.session_dir / "cli.status"
+
+    @property
+    def cli_env(self) -> Path:
+        """The CLI's own variables, read by the pane's waiter (in no argv)."""
+        return self.session_dir / "cli.env"
+
+    def hook_settings(self, cli: str, *, root_owned: bool = False) -> Path:
+        """The hook settings of a CLI (`sidecar.agent.hooks`), read as the CLI's user; in the state
+        dir itself for a CLI that reads them only from root's directories."""
+        return (self.state_dir if root_owned else self.session_dir) / f"{cli}-hooks.json"

@@ -1,0 +1,517 @@
+"""Every JSON shape of the HTTP API, declared once: request bodies (validated on the way in),
+answers and `/events` lines (encoded from these on the way out), and the OpenAPI schemas
+(generated from these by `sidecar.api.openapi`). A new field is one edit here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from msgspec import UNSET, Meta, Struct, UnsetType, field
+
+from sidecar.core.contract import (
+    MAX_INPUT_BYTES,
+    MAX_NAME_CHARS,
+    AgentStateName,
+    Health,
+    InputKey,
+    MessageType,
+    Status,
+    utc_now,
+)
+from sidecar.core.states import ProcState
+
+# ---- building blocks ---------------------------------------------------------------------------
+
+Count = Annotated[int, Meta(ge=0)]
+Timestamp = Annotated[
+    str, Meta(description="RFC 3339 UTC time", extra_json_schema={"format": "date-time"})
+]
+# A header value of a message file: one line of printable text. The pattern is for the document
+# only (as JSON Schema reads it); the API checks values with needlecast's exact rule, whose
+# message says what is wrong better than a regex would.
+OneLine = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=MAX_NAME_CHARS,
+        extra_json_schema={"pattern": "^[^\\x00-\\x1f\\x7f\\x85\\u2028\\u2029\\ufeff]*$"},
+    ),
+]
+# Text without the control characters a paste must not carry (tab, LF and CR are allowed).
+NO_CONTROLS = "^[^\\u0000-\\u0008\\u000b\\u000c\\u000e-\\u001f\\u007f-\\u009f]*$"
+ProcStateName = Annotated[ProcState, Meta(description="supervisor state of the process")]
+AgentStateField = Annotated[AgentStateName, Meta(description="what the agent is doing")]
+
+
+class Answer(Struct):
+    """Base of every JSON answer. Answers may gain fields in later versions: clients ignore
+    fields they do not know (the schemas allow additional properties)."""
+
+
+class Request(Struct, forbid_unknown_fields=True):
+    """Base of every request body: unknown fields, wrong types and nulls are a 400."""
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+
+class Error(Answer):
+    """Every error answer."""
+
+    error: Annotated[str, Meta(description="what went wrong")]
+
+
+# ---- status ------------------------------------------------------------------------------------
+
+
+class HealthAnswer(Answer):
+    """Sidecar health (200 whenever the sidecar runs)."""
+
+    status: Annotated[Health, Meta(description="`degraded` while the CLI is not running")]
+    uptime: Annotated[int, Meta(ge=0, description="seconds since the sidecar started")]
+    agent: AgentStateField
+
+
+class AgentInfo(Answer):
+    """What the agent is doing, and how the sidecar knows."""
+
+    state: AgentStateField
+    since: Annotated[Timestamp, Meta(description="when it entered this state")]
+    reason: Annotated[
+        str | None,
+        Meta(
+            description="what it waits for (a permission prompt: the tool and its command or "
+            "path), or why the state is what it is"
+        ),
+    ]
+    source: Annotated[
+        Literal["hooks", "events", "activity", "none"],
+        Meta(
+            description="`hooks`: the CLI reports its lifecycle; `events`: the CLI's own "
+            "server's event stream (opencode); `activity`: pane output"
+        ),
+    ]
+    session_id: Annotated[str | None, Meta(description="the CLI's conversation id, when known")]
+
+
+EgressHow = Annotated[
+    Literal["proxy", "direct", "udp", "ipv6", "raw", "unix"],
+    Meta(
+        description="`proxy`: refused by the egress proxy; `direct`: a TCP connection around "
+        "it; `udp` (DNS included), `ipv6`, `raw`: sockets the enforcement refused; `unix`: a "
+        "unix socket leading out of the guard (the sidecar's tmux, a daemon's socket)"
+    ),
+]
+
+
+class EgressInfo(Answer):
+    """The CLI's network: open, or the egress allowlist (`SIDECAR_EGRESS_ALLOW`)."""
+
+    mode: Literal["open", "allowlist"]
+    allow: Annotated[list[str], Meta(description="the allowed host patterns, as normalised")]
+    denied: Annotated[int, Meta(ge=0, description="refused attempts since the supervisor started")]
+
+
+class Progress(Answer):
+    """The `- [ ]` / `- [x]` items under `## Progress` in CURRENT.md."""
+
+    total: Count
+    completed: Count
+
+
+class StatusAnswer(Answer):
+    """The sleeve's state: CURRENT.md, the CLI and ttyd, health."""
+
+    sleeve_id: Annotated[str, Meta(description="`SLEEVE_NAME`")]
+    status: Annotated[
+        Status,
+        Meta(description="from `.cstack/CURRENT.md`; `unknown` when it is missing or unreadable"),
+    ]
+    current_task: Annotated[str | None, Meta(description="the `## Task` section")]
+    progress: Progress
+    blockers: Annotated[list[str], Meta(description="items under `## Blockers`; `(none)`: []")]
+    next_steps: Annotated[list[str], Meta(description="items under `## Next Steps`")]
+    cli: Annotated[str, Meta(description="name of the CLI in the sleeve")]
+    cli_pid: Annotated[int | None, Meta(description="pid of the CLI while it runs")]
+    cli_running: bool
+    cli_state: ProcStateName
+    cli_exit_code: Annotated[int | None, Meta(description="exit code of the last CLI run")]
+    resleeving: Annotated[bool, Meta(description="a resleeve is in progress")]
+    ttyd_state: ProcStateName
+    last_activity: Annotated[
+        Timestamp | None, Meta(description="last change of CURRENT.md or terminal output")
+    ]
+    health: Health
+    repo: Annotated[str | None, Meta(description="`SLEEVE_REPO`")]
+    warnings: Annotated[list[str], Meta(description="problems worth a look")]
+    sidecar_restarts: Annotated[
+        int, Meta(ge=0, description="supervisor crashes init recovered from (see README)")
+    ]
+    agent: AgentInfo
+    # Always sent; a default, so that the schema does not require it of answers made before it.
+    egress: EgressInfo = field(default_factory=lambda: EgressInfo(mode="open", allow=[], denied=0))
+
+
+# ---- messages ----------------------------------------------------------------------------------
+
+
+class MessageAnswer(Answer):
+    """A message as read from its file. A hand-written file may lack `from`, `type` or `time`
+    (null here) or use another type; such messages are passed through and named in `warnings`."""
+
+    id: str
+    from_: Annotated[str | None, Meta(description="sender")] = field(name="from")
+    to: Annotated[str | None, Meta(description="recipient; null: the envoy decides")]
+    thread: Annotated[str | None, Meta(description="conversation this message belongs to")]
+    type: Annotated[str | None, Meta(description="one of the message types, as written")]
+    content: Annotated[str, Meta(description="markdown body")]
+    timestamp: Annotated[Timestamp | None, Meta(description="the message's `time`")]
+
+
+class MessageList(Answer):
+    """The messages of one message file, in file order."""
+
+    messages: list[MessageAnswer]
+    warnings: Annotated[list[str], Meta(description="problems in the message file (line N: ...)")]
+    truncated: Annotated[
+        bool, Meta(description="the file is over the read limit; only its start was read")
+    ]
+
+
+class NewMessage(Request):
+    """A message for the sleeve's inbox; the sidecar fills in `id` and `time`."""
+
+    from_: Annotated[OneLine, Meta(description="sender")] = field(name="from")
+    type: MessageType
+    content: str
+    to: Annotated[OneLine, Meta(description="recipient")] | UnsetType = UNSET
+    thread: Annotated[OneLine, Meta(description="conversation id")] | UnsetType = UNSET
+
+
+class MessageCreated(Answer):
+    """The message was stored."""
+
+    id: Annotated[str, Meta(description="id given to the message")]
+    timestamp: Timestamp
+
+
+class AckRequest(Request):
+    """Messages to remove from the outbox, by id."""
+
+    ids: Annotated[list[str], Meta(description="ids of the messages to remove")]
+
+
+class AckResult(Answer):
+    """How many messages were removed."""
+
+    removed: Count
+    unknown: Annotated[int, Meta(ge=0, description="ids that were not in the outbox")]
+
+
+# ---- control -----------------------------------------------------------------------------------
+
+
+class ResleeveRequest(Request):
+    """Optional: the CLI to start instead of the current one."""
+
+    cli: (
+        Annotated[str, Meta(min_length=1, description="CLI name from the registry")] | UnsetType
+    ) = UNSET
+
+
+class ResleeveAccepted(Answer):
+    """The resleeve started; `/events` reports its progress."""
+
+    status: Literal["resleeving"]
+    cli: str
+
+
+class InputRequest(Request):
+    """Text to paste (then Enter, if `submit`) or named keys to press: exactly one of the two."""
+
+    text: (
+        Annotated[
+            str,
+            Meta(
+                max_length=MAX_INPUT_BYTES,
+                # For the document; the API checks it itself, with a message saying where.
+                extra_json_schema={"pattern": NO_CONTROLS},
+                description="typed literally as a paste (bracketed where the CLI enabled it); "
+                "at most 64 KiB of UTF-8; tab and newline are the only control characters "
+                "allowed (use `keys` for Escape and the like)",
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
+    submit: (
+        Annotated[bool, Meta(description="press Enter after the text (default true)")] | UnsetType
+    ) = UNSET
+    keys: (
+        Annotated[list[InputKey], Meta(min_length=1, max_length=64, description="keys in order")]
+        | UnsetType
+    ) = UNSET
+    if_state: (
+        Annotated[
+            list[AgentStateName],
+            Meta(description="deliver only if the agent is in one of these states (else 409)"),
+        ]
+        | UnsetType
+    ) = UNSET
+
+
+class InputAccepted(Answer):
+    """The input was handed to the CLI's terminal."""
+
+    delivered: Literal[True]
+    agent: Annotated[
+        AgentStateName,
+        Meta(
+            description="the agent's state when the answer was made: for keys that answer a "
+            "prompt, after the sidecar saw the state change or gave up waiting (`changed`)"
+        ),
+    ]
+    held: Annotated[
+        float,
+        Meta(
+            ge=0,
+            description="seconds the keys were held so that the prompt on screen could "
+            "take them (Claude Code ignores keys for a moment after it draws a prompt)",
+        ),
+    ] = 0.0
+    changed: Annotated[
+        bool | None,
+        Meta(
+            description="keys sent while `waiting`: whether the agent left `waiting` within "
+            "2 s (false: the prompt may not have taken them); null otherwise"
+        ),
+    ] = None
+
+
+# ---- approvals ---------------------------------------------------------------------------------
+
+MAX_APPROVAL_MESSAGE = 2048
+Decision = Annotated[Literal["allow", "deny"], Meta(description="allow or deny the request")]
+DecidedBy = Annotated[
+    Literal["api", "terminal", "timeout"],
+    Meta(description="who answered: the API, a person in the terminal, or the timeout policy"),
+]
+
+
+class ApprovalItem(Struct):
+    """A permission request the agent waits on."""
+
+    id: Annotated[str, Meta(description="stable for the request's life")]
+    tool: str
+    summary: Annotated[
+        str,
+        Meta(
+            description="one printable line: the command, the path, the URL (control, bidi "
+            "and zero-width characters removed)"
+        ),
+    ]
+    input: Annotated[object, Meta(description="the tool's arguments as the CLI gave them")]
+    since: Timestamp
+    source: Annotated[
+        Literal["hooks", "screen", "events"],
+        Meta(description="how the sidecar learnt of it and answers it"),
+    ]
+
+
+class ApprovalsAnswer(Answer):
+    approvals: list[ApprovalItem]
+
+
+class ApprovalRequest(Request):
+    """An answer to one permission request."""
+
+    decision: Decision
+    message: (
+        Annotated[
+            str,
+            Meta(
+                max_length=MAX_APPROVAL_MESSAGE,
+                extra_json_schema={"pattern": NO_CONTROLS},
+                description="told to the agent on deny (at most 2 KiB; tab and newline are the "
+                "only control characters allowed)",
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
+    remember: (
+        Annotated[
+            bool,
+            Meta(
+                description="allow this kind of call for the rest of the session, where the "
+                "CLI offers it"
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
+
+
+class ApprovalConflict(Error):
+    """409 of `POST /approvals/{id}`: the request was answered already, or withdrawn."""
+
+    id: str
+    decision: Decision | None
+    by: DecidedBy | None
+    reason: str | UnsetType = UNSET
+
+
+class ApprovalDecided(Answer):
+    id: str
+    decision: Decision
+    by: DecidedBy
+
+
+# ---- screen ------------------------------------------------------------------------------------
+
+
+class Cursor(Answer):
+    """Where the cursor is, 0-based from the screen's top left."""
+
+    row: Count
+    col: Count
+
+
+class ScreenAnswer(Answer):
+    """The CLI pane's visible screen as text, as a person attached sees it."""
+
+    rows: Annotated[int, Meta(ge=1, description="lines on the screen")]
+    cols: Annotated[int, Meta(ge=1, description="columns on the screen")]
+    lines: Annotated[
+        list[str],
+        Meta(
+            description="exactly `rows` lines, top to bottom, without escape sequences or "
+            "trailing spaces; a wide character takes two columns but is one character here"
+        ),
+    ]
+    cursor: Cursor
+
+
+# ---- terminal ----------------------------------------------------------------------------------
+
+
+class TerminalToken(Answer):
+    """The token for ttyd's init message: always empty (the proxy authenticates)."""
+
+    token: Annotated[str, Meta(max_length=0, description="always empty: the proxy authenticates")]
+
+
+# ---- /events lines -----------------------------------------------------------------------------
+
+
+class Event(Struct, tag_field="type", kw_only=True):
+    """One line of `/events`; `type` tells which."""
+
+    time: Timestamp = field(default_factory=utc_now)
+
+
+class Heartbeat(Event, tag="heartbeat"):
+    """The first line of every stream (but see `sidecar-restart`), and after 15 s of silence."""
+
+
+class SidecarRestart(Event, tag="sidecar-restart"):
+    """The first line of a stream from a supervisor that init started again after a crash (at
+    `time`). Streams of the dead one were cut; what happened in between is not replayed."""
+
+    restarts: Annotated[int, Meta(ge=1, description="supervisor crashes so far")]
+
+
+class ProgressUpdate(Event, tag="progress-update"):
+    """CURRENT.md's status, task or progress changed."""
+
+    status: Status
+    task: str | None
+    progress: Progress
+
+
+class Completion(Event, tag="completion"):
+    """CURRENT.md's status became `done`."""
+
+    task: str | None
+
+
+class CliExit(Event, tag="cli-exit"):
+    """The CLI ended by itself."""
+
+    cli: str
+    exit_code: int | None
+    pid: int | None
+
+
+class Resleeve(Event, tag="resleeve"):
+    """A resleeve started (`phase` `started`) or ended (`done`, with the new CLI's pid and
+    state)."""
+
+    phase: Literal["started", "done"]
+    previous: str
+    cli: str
+    pid: int | UnsetType | None = UNSET
+    state: ProcStateName | UnsetType = UNSET
+
+
+class ErrorEvent(Event, tag="error"):
+    """Something went wrong that the envoy may want to know about."""
+
+    message: str
+    cli: str | UnsetType = UNSET
+
+
+class AgentStateEvent(Event, tag="agent-state"):
+    """The agent's state (or the reason for it) changed."""
+
+    state: AgentStateField
+    previous: AgentStateField
+    reason: str | None
+
+
+class InboxNotified(Event, tag="inbox-notified"):
+    """A notice about new inbox messages was typed into the CLI."""
+
+    ids: Annotated[list[str], Meta(description="the messages it announced")]
+    text: Annotated[str, Meta(description="the line typed")]
+
+
+class ApprovalRequested(Event, tag="approval-requested"):
+    """The agent asks for permission (`GET /approvals` lists it until it is answered)."""
+
+    id: str
+    tool: str
+    summary: str
+
+
+class ApprovalResolved(Event, tag="approval-resolved"):
+    """A permission request was answered, or withdrawn unanswered (`decision` and `by` null,
+    `reason` says why: the turn was interrupted, the CLI exited, a resleeve)."""
+
+    id: str
+    decision: Decision | None
+    by: DecidedBy | None
+    reason: str | UnsetType = UNSET
+
+
+class EgressDenied(Event, tag="egress-denied"):
+    """The CLI tried to reach a host off the egress allowlist (one event per host and `how` a
+    minute; every attempt is counted in /status and /metrics)."""
+
+    host: Annotated[str, Meta(description="the host name asked for, or the address")]
+    port: Annotated[int, Meta(ge=0, le=65535)]
+    how: EgressHow
+
+
+AnyEvent = (
+    Heartbeat
+    | SidecarRestart
+    | ProgressUpdate
+    | Completion
+    | CliExit
+    | Resleeve
+    | AgentStateEvent
+    | InboxNotified
+    | ApprovalRequested
+    | ApprovalResolved
+    | EgressDenied
+    | ErrorEvent
+)

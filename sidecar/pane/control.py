@@ -1,0 +1,213 @@
+"""The sidecar's one tmux control-mode client (`tmux -C attach`), its channel to the CLI's pane:
+an `%output` line tells when the pane writes (one wakeup per burst, nothing while it is quiet;
+why not the tty's mtime or `capture-pane`: docs/benchmarks.md), and `ask` sends commands through
+it and reads their replies, with no process per command (how `sidecar.pane.screen` looks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import psutil
+
+from sidecar.core.contract import TMUX_SESSION
+from sidecar.pane.protocol import ControlReader, NoAnswer, NotAttached, Reply
+from sidecar.pane.tmux import Tmux
+
+log = logging.getLogger(__name__)
+
+# On the first `%output` the client pauses the pane for itself (`refresh-client -A %N:pause`:
+# tmux keeps reading the pane and drops only this client's copy) and continues it SAMPLE seconds
+# later: output is known to within SAMPLE, what the `activity` source and POST /input's hold need.
+SAMPLE = 0.25  # seconds the pane stays paused for this client after output
+ENDS_WITHIN = 1.0  # seconds a control client whose output closed gets to exit by itself
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Wait for a client whose output closed (its server went away, or it was told to go),
+    killing it only if it does not exit within ENDS_WITHIN. Killing first would race asyncio's
+    child watcher: `Popen.send_signal` polls, which reaps an exited child in this thread, and
+    the watcher, waiting on that pid in its own, then logs "Unknown child process" and loses
+    the exit status (seen whenever tmux died)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(proc.wait()), ENDS_WITHIN)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
+def _pane_action(pane: bytes, action: bytes) -> bytes:
+    # Quoted: tmux 3.3a's command parser takes a word that starts with `%` for a directive
+    # (`%if`), so `refresh-client -A %3:pause` is a syntax error and pauses nothing.
+    return b"refresh-client -A '" + pane + b":" + action + b"'\n"
+
+
+class PaneActivity:
+    """Calls `on_output(monotonic time)` whenever the pane writes (at most once per SAMPLE), and
+    answers `ask` while attached."""
+
+    def __init__(
+        self,
+        tmux: Tmux,
+        on_output: Callable[[float], None],
+        on_attach: Callable[[], None] | None = None,
+    ) -> None:
+        self.tmux = tmux
+        self.on_output = on_output
+        self.on_attach = on_attach  # the client attached: the screen may be looked at
+        self.last_output: float | None = None  # time.monotonic()
+        self._proc: asyncio.subprocess.Process | None = None
+        self._paused: set[bytes] = set()
+        # One entry per command line sent, in order: tmux answers each line with one reply, in
+        # the order it read them. None: a reply nobody waits for (pause, continue). A future's
+        # None result: the client went away before the reply came.
+        self._waiting: deque[asyncio.Future[Reply | None] | None] = deque()
+        self._stop = False
+        self._wake = asyncio.Event()
+
+    def client_argv(self) -> list[str]:
+        attach = ("attach-session", "-f", "ignore-size", "-t", TMUX_SESSION)
+        # -u: a UTF-8 client whatever the locale (with SIDECAR_USER, the user's environment may
+        # have none): tmux 3.3a replaces every non-ASCII character of a command's printed
+        # output (display-message -p) with `_` for a client it thinks is not UTF-8.
+        return self.tmux.client_argv("-u", "-C", *attach)
+
+    def stop_orphans(self, init: int) -> int:
+        """Kill the control clients a dead supervisor left on our socket (orphans re-parent to
+        `init`): one that lingers keeps its server from exiting at shutdown (a control client
+        waits for its input to close, and nobody holds it any more). How many there were."""
+        argv = self.client_argv()
+        found = 0
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(init).children():
+                with contextlib.suppress(psutil.Error):
+                    # psutil checks the create time first: a recycled pid is never signalled.
+                    if child.cmdline()[1:] == argv[1:]:
+                        child.kill()
+                        found += 1
+        return found
+
+    def attach(self) -> None:
+        """A session with the CLI exists (again): attach now if not attached."""
+        if self._proc is None:
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Attach when told a session exists, follow it until it ends (a heal or a resleeve's
+        new server), then wait to be told again; until stop. No polling while detached."""
+        while not self._stop:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._stop:
+                return
+            # Never on its own initiative: a client connecting while the supervisor makes a new
+            # server can make tmux 3.3a's new server exit ("server exited unexpectedly"). The
+            # supervisor says when a session exists (`attach`), after every fresh start.
+            try:
+                await self._follow()
+            except OSError as exc:
+                log.debug("activity client: %s", exc)
+
+    async def _follow(self) -> None:
+        # A client of the session's own kind (with SIDECAR_USER: as the CLI's user, never as
+        # root, whom the user's server could make run commands).
+        proc = await asyncio.create_subprocess_exec(
+            *self.client_argv(),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            **self.tmux.client_kwargs(),
+        )
+        self._proc = proc
+        self._paused.clear()
+        waiting: deque[asyncio.Future[Reply | None] | None] = deque()
+        self._waiting = waiting
+        if self.on_attach is not None:
+            self.on_attach()
+        assert proc.stdout is not None
+        reader = ControlReader()
+        try:
+            while chunk := await proc.stdout.read(1 << 16):
+                panes, replies = reader.feed(chunk)
+                if panes:
+                    self._seen(panes)
+                for reply in replies:
+                    if reply.ours and waiting:
+                        self._answer(waiting.popleft(), reply)
+        finally:
+            self._proc = None
+            while waiting:
+                self._answer(waiting.popleft(), None)
+            await _reap(proc)
+
+    @staticmethod
+    def _answer(future: asyncio.Future[Reply | None] | None, reply: Reply | None) -> None:
+        if future is not None and not future.done():  # done: its asker timed out
+            future.set_result(reply)
+
+    async def ask(self, commands: Sequence[str], timeout: float) -> list[Reply]:
+        """Send tmux `commands` (one per line, in one write, so tmux runs them back to back)
+        through the control client and return their replies in order. NotAttached: no client
+        (or it went away meanwhile); NoAnswer: no reply within `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Reply | None]] = [loop.create_future() for _ in commands]
+        if not self._send("".join(f"{c}\n" for c in commands).encode(), futures):
+            msg = "the tmux control client is not attached"
+            raise NotAttached(msg)
+        try:
+            async with asyncio.timeout(timeout):
+                replies = [await future for future in futures]
+        except TimeoutError:
+            msg = f"tmux did not answer within {timeout:g} s"
+            raise NoAnswer(msg) from None
+        if any(reply is None for reply in replies):
+            msg = "the tmux control client went away before tmux answered"
+            raise NotAttached(msg)
+        return [reply for reply in replies if reply is not None]
+
+    def _seen(self, panes: set[bytes]) -> None:
+        now = time.monotonic()
+        self.last_output = now
+        fresh = panes - self._paused
+        if fresh:
+            # Pause this client's copy of the pane's output; continue it SAMPLE s later.
+            self._send(b"".join(_pane_action(p, b"pause") for p in fresh), [None] * len(fresh))
+            self._paused |= fresh
+            asyncio.get_running_loop().call_later(SAMPLE, self._resume, fresh)
+        self.on_output(now)
+
+    def _resume(self, panes: set[bytes]) -> None:
+        self._paused -= panes
+        self._send(b"".join(_pane_action(p, b"continue") for p in panes), [None] * len(panes))
+
+    def _send(self, lines: bytes, replies: Sequence[asyncio.Future[Reply | None] | None]) -> bool:
+        """Write command `lines` to the client, one entry in `replies` per line (never an empty
+        line: that detaches a control client). Whether there was a client to write to."""
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdin.is_closing():
+            return False
+        proc.stdin.write(lines)
+        self._waiting.extend(replies)
+        return True
+
+    def quiet_for(self) -> float:
+        """Seconds since the pane last wrote (infinity: not since the sidecar started)."""
+        if self.last_output is None:
+            return float("inf")
+        return time.monotonic() - self.last_output
+
+    async def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            # Gone before the supervisor is: shutdown leaves nothing for PID 1's exit to kill.
+            await proc.wait()

@@ -1,0 +1,81 @@
+"""The CLI pane's screen as a person attached sees it: asked of tmux through the control client
+the sidecar already runs (`PaneActivity.ask`), so a look costs two commands on a pipe and no
+process. `parse_screen` is pure; `ScreenLook` logs a run of failed looks once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from sidecar.core.contract import TMUX_SESSION
+from sidecar.pane.protocol import CommandFailed, ControlError, Reply
+
+log = logging.getLogger(__name__)
+
+LOOK_TIMEOUT = 1.0  # seconds tmux gets to answer a look
+TARGET = f"{TMUX_SESSION}:0.0"
+# Size and cursor, then the text. Sent in one write, the two run back to back in tmux's command
+# queue, before it reads from the pane again: both describe the same screen.
+SIZE_FORMAT = "#{pane_width} #{pane_height} #{cursor_x} #{cursor_y}"
+SIZE = f"display-message -p -t {TARGET} '{SIZE_FORMAT}'"
+# The visible lines (tmux's default range) as text: no -e (escape sequences), no -C (octal
+# escapes), no -J/-N (trailing spaces are trimmed, wrapped lines stay as drawn). A wide
+# character's padding cell is skipped and combining characters stay in their cell, so the
+# text is the pane's UTF-8. In control mode tmux writes it as it is: nothing is escaped.
+CAPTURE = f"capture-pane -p -t {TARGET}"
+LOOK = (SIZE, CAPTURE)
+
+Ask = Callable[[Sequence[str], float], Awaitable[list[Reply]]]
+
+
+@dataclass(frozen=True)
+class Screen:
+    rows: int
+    cols: int
+    lines: tuple[str, ...]  # exactly `rows` lines, trailing spaces trimmed
+    cursor_row: int  # 0-based, from the top of the visible screen
+    cursor_col: int
+
+
+def parse_screen(size: Reply, capture: Reply) -> Screen:
+    """The screen from the replies to LOOK. CommandFailed: tmux refused one (no such pane)."""
+    for reply in (size, capture):
+        if not reply.ok:
+            msg = f"tmux: {reply.text() or 'error'}"
+            raise CommandFailed(msg)
+    try:
+        cols, rows, col, row = (int(word) for word in size.text().split())
+    except ValueError:
+        msg = f"tmux answered the size with {size.text()!r}"
+        raise CommandFailed(msg) from None
+    lines = [line.decode("utf-8", "replace") for line in capture.lines[:rows]]
+    lines += [""] * (rows - len(lines))
+    return Screen(rows, cols, tuple(lines), row, col)
+
+
+class ScreenLook:
+    """Looks at the screen through `ask`. A look that fails raises ControlError; the first of a
+    run of failures is logged, the rest are not until a look works again (a client asking every
+    second while tmux is away writes one line, not one per request)."""
+
+    def __init__(self, ask: Ask) -> None:
+        self.ask = ask
+        self._failing = False
+
+    async def look(self) -> Screen:
+        try:
+            size, capture = await self.ask(LOOK, LOOK_TIMEOUT)
+            screen = parse_screen(size, capture)
+        except ControlError as exc:
+            if not self._failing:
+                self._failing = True
+                log.warning(
+                    "cannot look at the CLI's screen: %s (not logged again until it works)", exc
+                )
+            raise
+        if self._failing:
+            self._failing = False
+            log.info("looking at the CLI's screen works again")
+        return screen

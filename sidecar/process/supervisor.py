@@ -1,0 +1,429 @@
+"""Owns the sleeve's processes: the CLI in its tmux pane (`sidecar.process.cli_runner`) and ttyd
+beside it (`sidecar.process.ttyd_runner`), composed with the state file that lets a supervisor
+started again after a crash adopt what runs (`sidecar.process.persist`, `sidecar.process.adopt`),
+the resleeve, the once-a-second tick and the shutdown order.
+
+Process exits are noticed through pidfds on the event loop, never by polling tmux. Every change
+of state is saved when it happens, never on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import signal
+import time
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+from sidecar.agent.awareness import Awareness
+from sidecar.agent.registry import CLIDef
+from sidecar.config import Config
+from sidecar.core.contract import utc_now
+from sidecar.core.events import EventBus
+from sidecar.core.proc import send_signal, start_time
+from sidecar.core.shapes import ErrorEvent, Resleeve
+from sidecar.core.states import ProcState, ProcStatus
+from sidecar.egress.service import Egress
+from sidecar.pane.tmux import PaneInfo, Tmux
+from sidecar.process import adopt, persist
+from sidecar.process.adopt import Plan
+from sidecar.process.cli_runner import CliRunner
+from sidecar.process.persist import ProcRef, SupervisorState
+from sidecar.process.proctree import stop_tree, wait_exited
+from sidecar.process.stats import SupervisorStats
+from sidecar.process.ttyd_runner import TtydRunner, stop_stale
+from sidecar.security import users
+from sidecar.security.acting import acting, workspace_owner
+from sidecar.workspace import cstack_files
+from sidecar.workspace.watch import CurrentWatcher
+
+log = logging.getLogger(__name__)
+
+TICK = 1.0  # the only periodic work: one stat of CURRENT.md and of the tmux socket
+SECRET_VARS = ("SIDECAR_TOKEN", "SIDECAR_VIEW_TOKEN")
+
+
+class ResleeveBusy(Exception):
+    """A resleeve is already in progress."""
+
+
+class UnknownCLI(Exception):
+    """The requested CLI is not in the registry."""
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: Config,
+        registry: Mapping[str, CLIDef],
+        bus: EventBus,
+        *,
+        restarts: int = 0,
+        started: float | None = None,
+    ) -> None:
+        self.config = config
+        self.registry = dict(registry)
+        self.bus = bus
+        # With SIDECAR_USER: the CLI's environment (its HOME), and how the sidecar acts in the
+        # workspace (as that user; see sidecar.security.acting). Without it: the sidecar's own.
+        cli_env = users.user_env(config.child_env, config.user, config.cli_home)
+        user_env = cli_env if config.user is not None else None
+        self.owner = workspace_owner(config.user, config.workspace, os.geteuid())
+        self.ttyd = TtydRunner(
+            port=config.ttyd_port,
+            paths=config.paths,
+            path_env=config.child_env.get("PATH"),
+            bus=bus,
+            on_change=self._save,
+            run_as=config.user,
+            env=user_env,
+        )
+        # The sidecar's start (init's), not this supervisor's: /health's uptime survives a crash.
+        self.started = time.monotonic() if started is None else started
+        self.restarts = restarts  # supervisors that ran before this one (crashed)
+        self.restarted_at = utc_now() if restarts else None
+        # Set when a task of ours failed: `main` then ends this supervisor without stopping
+        # anything, and init starts a new one that adopts what runs (crash-only).
+        self.crashed = asyncio.Event()
+        self.warnings: list[str] = []
+        self.stats = SupervisorStats()
+        self.current = CurrentWatcher(
+            config.workspace / ".cstack" / "CURRENT.md", bus, config.workspace, self.owner
+        )
+        self.tmux = Tmux(config.paths, run_as=config.user, env=user_env)
+        # What the agent is doing (sidecar.agent.machine): told of every change of the CLI's state.
+        self.awareness = Awareness(config, bus, self.tmux, self.owner)
+        # The CLI's egress allowlist: the proxy, and every refused attempt's one door.
+        self.egress = Egress(config.egress, bus, (config.host, config.port))
+        self.resleeving = False
+        self._resleeve_move: tuple[str, str] | None = None  # (from, to) while one is under way
+        self._stopping = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        # What the state file says besides the CLI's and ttyd's own (see `SupervisorState`).
+        self.state_file = config.paths.supervisor_state
+        self._init = ProcRef.of(os.getppid())  # None: no more saves
+        self._saved = b""
+        self.runner = CliRunner(
+            config,
+            self.registry,
+            bus,
+            tmux=self.tmux,
+            awareness=self.awareness,
+            stats=self.stats,
+            env=cli_env,
+            owner=self.owner,
+            spawn=self._spawn,
+            save=self._save,
+        )
+
+    # ---- what the API reads ----------------------------------------------------------------
+
+    @property
+    def cli(self) -> ProcStatus:
+        return self.runner.status
+
+    @property
+    def cli_name(self) -> str:
+        return self.runner.name
+
+    @property
+    def pane(self) -> PaneInfo | None:
+        return self.runner.server.pane
+
+    @property
+    def healthy(self) -> bool:
+        return self.cli.state is ProcState.RUNNING
+
+    # ---- tasks and the state file ----------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.critical("task %s failed", task.get_name(), exc_info=task.exception())
+            self.bus.publish(ErrorEvent(message=f"internal task {task.get_name()} failed"))
+            # A failed task leaves state nobody can trust: crash, be started again, adopt.
+            if not self._stopping:
+                self.crashed.set()
+
+    def _save(self) -> None:
+        """Write the state file when something in it changed (never on a timer). A write that
+        fails costs only the adoption after a crash (the next supervisor starts afresh)."""
+        if self._init is None:
+            return
+        run, cli = self.runner, self.cli
+        move = self._resleeve_move
+        record = SupervisorState(
+            init=self._init,
+            cli=run.name,
+            cli_state=cli.state.value,
+            command=run.command,
+            argv=run.argv,
+            resume=run.resume,
+            pane_command=run.pane_command,
+            tmux=run.server.ref,
+            pane=run.server.pane_ref,
+            cli_pid=run.cli_ref,
+            exit_code=cli.exit_code,
+            reason=cli.reason,
+            started_at=cli.started_at,
+            backoff_n=run.backoff_n,
+            restart_due=run.restart_due,
+            resleeve_from=move[0] if move else None,
+            resleeve_to=move[1] if move else None,
+            stopping=self._stopping,
+            ttyd=self.ttyd.process,
+            warnings=tuple(self.warnings),
+            egress_port=self.egress.port,
+        )
+        data = persist.encode(record)
+        if data == self._saved:
+            return
+        try:
+            persist.write_atomic(self.state_file, data)
+        except OSError as exc:
+            log.warning("state file %s not written: %s", self.state_file, exc)
+            return
+        self._saved = data
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self, *, stop_at_once: bool = False) -> bool:
+        """Start tmux with the CLI, and ttyd beside it; after a crash, take over what runs.
+        Returns whether to shut down at once: init asked (`stop_at_once`: a SIGTERM came while
+        no supervisor was running, or the last one died after it), or the dead supervisor had
+        begun a shutdown. Then nothing new is started. The state dir exists already (0700):
+        `main` makes it before anything starts, so that an unusable one is a configuration
+        error."""
+        for var in SECRET_VARS:
+            # Children (tmux, the CLI, ttyd) must not inherit the API's tokens.
+            os.environ.pop(var, None)
+        record, found = persist.load(self.state_file)
+        ours = record if record is not None and record.init == self._init else None
+        if ours is not None and ours.ttyd is not None:
+            await stop_stale(ours.ttyd, self.config.paths.tmux_socket)
+        if stop_at_once or (ours is not None and ours.stopping):
+            live = await adopt.find_pane(self.tmux, ours)
+            self.runner.stop_only(live, ours)
+            log.warning(
+                "supervisor restart %d: shutting down at once (found %s)",
+                self.restarts,
+                adopt.found_text(live),
+            )
+            return True
+        # Before the CLI: its environment names the proxy, on the port an adopted CLI knows.
+        await self.egress.start(ours.egress_port if ours is not None else None)
+        if self.egress.started:
+            paths = self.config.paths
+            await self.egress.listen_reports(paths.egress_reports, self.owner)
+            self.runner.egress_guard = functools.partial(
+                self.egress.guard, deny_unix=(paths.tmux_socket, paths.ttyd_socket)
+            )
+        self.runner.egress_env = self.egress.env()
+        await self._prepare_workspace(ours)
+        self.current.get()
+        if self.restarts and (left := self.awareness.activity.stop_orphans(os.getppid())):
+            log.warning("stopped %d tmux control clients a dead supervisor left", left)
+        self.awareness.start()
+        # ttyd starts beside the CLI, not after it: it needs the tmux session only when a
+        # browser attaches, and /terminal must be usable as soon as /health says healthy.
+        self._spawn(self.ttyd.run(), "ttyd")
+        async with self.runner.lock:
+            if record is None and not self.restarts:
+                await self.runner.launch(resume=False, fresh_server=True)  # a first start
+            else:
+                await self._take_over(record, found)
+        self._spawn(self._tick(), "tick")
+        return False
+
+    async def _prepare_workspace(self, ours: SupervisorState | None) -> None:
+        """The workspace made by, and checked for, the CLI's user; SLEEVE_GOAL into CURRENT.md
+        at a first start; the warnings a dead supervisor had found."""
+        cfg = self.config
+        with acting(self.owner):
+            try:
+                cfg.workspace.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                self.warnings.append(f"workspace {cfg.workspace} cannot be created: {exc.strerror}")
+            if cfg.workspace.is_dir() and not os.access(
+                cfg.workspace, os.W_OK, effective_ids=os.access in os.supports_effective_ids
+            ):
+                who = f" for SIDECAR_USER {cfg.user.spec}" if cfg.user else ""
+                self.warnings.append(f"workspace {cfg.workspace} is read-only{who}")
+        if cfg.goal and not self.restarts:  # a restart must not undo the agent's own edits
+            try:
+                await asyncio.to_thread(
+                    cstack_files.write_goal, self.current.path, cfg.goal, cfg.workspace, self.owner
+                )
+            except OSError as exc:
+                self.warnings.append(f"SLEEVE_GOAL not written to CURRENT.md: {exc.strerror}")
+        if ours is not None:
+            self.warnings += [w for w in ours.warnings if w not in self.warnings]
+
+    async def _take_over(self, record: SupervisorState | None, found: str) -> None:
+        """After a crash: adopt what the state file names if it matches what runs, else heal
+        or start afresh (caller holds the runner's lock): `adopt.decide`'s plan, carried out
+        by the runner's own methods. Logs one line: what was found, what was adopted or
+        started, and why."""
+        run = self.runner
+        live = await adopt.find_pane(self.tmux, record)
+        argvs = adopt.argvs_of(record, self.registry) if record is not None else set()
+        decision = adopt.decide(record, found, self._init, live, argvs)
+        plan = decision.plan
+        if plan is Plan.FRESH or record is None:
+            if live is not None:
+                # Not ours to adopt, but on our socket: stopped, never left running.
+                await stop_tree(live.pane_pid, start_time(live.pane_pid), self.config.stop_grace)
+            await run.launch(resume=False, fresh_server=True)
+        elif plan is Plan.ADOPT:
+            assert live is not None
+            await run.adopt(record, live)
+        else:
+            run.backoff_n = record.backoff_n
+            if plan is Plan.HEAL and record.pane is not None:
+                # A CLI that ignores SIGHUP outlives its tmux server.
+                await stop_tree(record.pane.pid, record.pane.start, self.config.stop_grace)
+            elif plan is Plan.RELAUNCH:
+                assert live is not None
+                run.take(live, record.pane)
+                await run.stop_pane_tree()
+            run.name = record.resleeve_to or record.cli
+            await run.launch(
+                resume=plan is Plan.HEAL or record.resume, fresh_server=plan is Plan.HEAL
+            )
+        log.warning(
+            "supervisor restart %d: %s (%s; found %s): CLI %s %s, pid %s; ttyd restarted",
+            self.restarts,
+            "adopted" if plan is Plan.ADOPT else plan.value,
+            decision.why,
+            adopt.found_text(live),
+            run.name,
+            self.cli.state.value,
+            self.cli.pid,
+        )
+        if record is not None and plan is not Plan.FRESH and record.resleeve_to is not None:
+            # A resleeve the dead supervisor began is finished, never undone half way: the
+            # old CLI's stop is done again (and the new one started) unless it was over.
+            stop_first = plan is Plan.ADOPT and record.cli_state == ProcState.STOPPING.value
+            previous = record.resleeve_from or record.cli
+            log.warning("finishing the resleeve %s -> %s", previous, record.resleeve_to)
+            self.resleeving = True
+            try:
+                await self._resleeve_steps(previous, record.resleeve_to, stop_first=stop_first)
+            finally:
+                self.resleeving = False
+
+    # ---- resleeve ------------------------------------------------------------------------
+
+    def begin_resleeve(self, cli_name: str | None) -> tuple[str, asyncio.Task[None]]:
+        """Validate and start a resleeve; raises UnknownCLI or ResleeveBusy synchronously so the
+        caller can answer 400/409 before anything happens."""
+        name = cli_name or self.cli_name
+        if name not in self.registry:
+            msg = f"unknown CLI {name!r}; known: {', '.join(sorted(self.registry))}"
+            raise UnknownCLI(msg)
+        if self.resleeving or self._stopping:
+            msg = "a resleeve is already in progress" if self.resleeving else "shutting down"
+            raise ResleeveBusy(msg)
+        self.resleeving = True
+        return name, self._spawn(self._resleeve(name), "resleeve")
+
+    async def _resleeve(self, name: str) -> None:
+        began = time.monotonic()
+        try:
+            async with self.runner.lock:
+                previous = self.cli_name
+                self.bus.publish(Resleeve(phase="started", previous=previous, cli=name))
+                await self._resleeve_steps(previous, name, stop_first=True)
+                self.stats.resleeved(time.monotonic() - began)
+        finally:
+            self.resleeving = False
+
+    async def _resleeve_steps(self, previous: str, name: str, *, stop_first: bool) -> None:
+        """Stop the CLI's tree, start `name` (caller holds the runner's lock). The move is
+        saved before it is taken, so that a supervisor that crashes half way leaves a state
+        file from which the next one finishes the resleeve."""
+        self._resleeve_move = (previous, name)
+        if stop_first:
+            await self.runner.switch(name)
+        self._resleeve_move = None
+        self._save()
+        self.bus.publish(
+            Resleeve(
+                phase="done", previous=previous, cli=name, pid=self.cli.pid, state=self.cli.state
+            )
+        )
+
+    # ---- periodic ------------------------------------------------------------------------
+
+    async def _tick(self) -> None:
+        socket = os.fspath(self.config.paths.tmux_socket)
+        while not self._stopping:
+            await asyncio.sleep(TICK)
+            self._tick_once(socket)
+
+    def _tick_once(self, socket: str) -> None:
+        """The only periodic work: a few `stat` calls (it is most of an idle sleeve's CPU)."""
+        self.current.get()  # CURRENT.md edits become events within a second
+        self.awareness.tick()  # an inbox notice, if one is due
+        server = self.runner.server
+        if server.pane is not None and not os.path.exists(socket):
+            log.warning("tmux socket %s vanished; asking tmux to recreate it", socket)
+            server.recreate_socket()
+
+    # ---- shutdown ------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """CLI tree (within the grace), then ttyd, then tmux; CURRENT.md says `killed`."""
+        if self._stopping:
+            return
+        self._stopping = True
+        log.info("shutting down")
+        # A supervisor that crashes from here on is started again only to finish this.
+        self._save()
+        run = self.runner
+        run.stopping = True
+        run.unwatch()
+        # A resleeve or heal under way finishes its stop first and then starts nothing
+        # (`launch` checks `stopping`); only then is the pane's tree stopped here.
+        async with run.lock:
+            await run.stop()
+        await self.awareness.stop()
+        await self.egress.close()
+        await self.ttyd.stop()
+        server = run.server.ref
+        await asyncio.to_thread(self.tmux.kill_server)
+        # kill-server returns once the tmux client is done; the server exits a moment later.
+        # Wait for it, so that it never outlives us (as PID 1's last act, that would leave it to
+        # the kernel's SIGKILL). A server that does not exit (it waits for a client that waits
+        # for it: seen after faults) is killed, if it is still that process.
+        if server is not None and await wait_exited([server.pid], 1.0):
+            log.warning("tmux server %d did not exit on kill-server; SIGKILL", server.pid)
+            send_signal(server.pid, server.start, signal.SIGKILL)
+            await wait_exited([server.pid], 1.0)
+        self._init = None  # nothing is left to adopt: no more saves
+        run.stopped()
+        try:
+            await asyncio.to_thread(
+                cstack_files.write_status,
+                self.current.path,
+                "killed",
+                self.config.workspace,
+                self.owner,
+            )
+        except OSError as exc:
+            log.warning("could not mark CURRENT.md killed: %s", exc)
+        persist.remove(self.state_file)
+        for task in list(self._tasks):
+            if task is not asyncio.current_task():
+                task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        log.info("stopped")
