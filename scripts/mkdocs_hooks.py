@@ -2,7 +2,7 @@
 build time, so that none of them is a hand-kept copy.
 
 A page asks for one with a marker line: `<!-- generated: api-reference -->` (the HTTP API
-reference, written by `sidecar.api.reference` from the OpenAPI document a sidecar builds: the
+reference, written by `sidecar.api.reference_pages` from the OpenAPI document a sidecar builds: the
 generator of the sidecar's own `GET /api` page), `<!-- generated: layers -->` (the import-linter
 contracts in pyproject.toml) or `<!-- generated: code-map -->` (every module and its docstring's
 first sentence). And one check: every environment variable the package names appears on the
@@ -37,7 +37,7 @@ def api_reference() -> str:
     """The reference of a sidecar with both tokens set (so that the document says who may call
     each route), built the way `sidecar run` builds it, without starting anything."""
     from sidecar.agent.registry import load_registry
-    from sidecar.api import reference
+    from sidecar.api import reference, reference_pages
     from sidecar.api.app import OPENAPI, create_app
     from sidecar.config import Config
     from sidecar.core.events import EventBus
@@ -45,7 +45,7 @@ def api_reference() -> str:
 
     config = Config(sleeve_name="docs", cli="shell", token="t", view_token="v")
     app = create_app(Supervisor(config, load_registry(None), EventBus()))
-    return reference.markdown(reference.read(json.loads(app[OPENAPI])))
+    return reference_pages.markdown(reference.read(json.loads(app[OPENAPI])))
 
 
 # ---- the layers --------------------------------------------------------------------------------
@@ -65,7 +65,7 @@ def _about(dotted: str) -> str:
 
 
 def _layer_row(number: int, layer: str, container: str) -> list[str]:
-    from sidecar.api import reference
+    from sidecar.api.reference_pages import md_text
 
     independent = "|" in layer
     names = [n.strip() for n in re.split(r"[|:]", layer)]
@@ -75,9 +75,7 @@ def _layer_row(number: int, layer: str, container: str) -> list[str]:
         siblings = "independent: none imports another"
     else:
         siblings = "may import each other"
-    about = "<br>".join(
-        f"`{n}`: " + reference.md_text(_about(f"{container}.{n}"), cell=True) for n in names
-    )
+    about = "<br>".join(f"`{n}`: " + md_text(_about(f"{container}.{n}"), cell=True) for n in names)
     return [str(number), about, siblings]
 
 
@@ -131,7 +129,7 @@ def _packages(top: Path) -> Iterator[Path]:
 
 
 def code_map() -> str:
-    from sidecar.api import reference
+    from sidecar.api.reference_pages import md_text
 
     lines: list[str] = []
     for package in _packages(PACKAGE):
@@ -140,7 +138,7 @@ def code_map() -> str:
         lines += ["| module | its job |", "|---|---|"]
         for module in sorted(package.glob("*.py")):
             if module.name != "__init__.py":
-                about = reference.md_text(first_sentence(_docstring(module)), cell=True)
+                about = md_text(first_sentence(_docstring(module)), cell=True)
                 lines.append(f"| `{module.stem}` | {about} |")
         lines.append("")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from sidecar.agent.registry import load_registry
-from sidecar.api import reference
+from sidecar.api import reference, reference_pages
 from sidecar.api.app import OPENAPI, create_app
 from sidecar.config import Config
 from sidecar.core.events import EventBus
@@ -103,8 +103,8 @@ def test_reference_names_every_route_and_shape_and_every_link_has_its_anchor(
     tokens = {"token": TOKEN, "view_token": VIEW_TOKEN} if secured else {}
     document = openapi_document(**tokens)
     ref = reference.read(document)
-    markdown = reference.markdown(ref)
-    page = reference.page(ref)
+    markdown = reference_pages.markdown(ref)
+    page = reference_pages.page(ref)
     for method, path in operations(document):
         assert f"`{method} {path}`" in markdown
         assert f"<code>{method} {path}</code>" in page
@@ -123,14 +123,14 @@ def test_reference_page_is_self_contained_and_shows_text_as_text() -> None:
     """A description holding markup is shown, never applied; nothing comes from elsewhere."""
     document = openapi_document()
     document["paths"]["/health"]["get"]["description"] = 'Try `<b>` and <script>alert("x")</script>'
-    page = reference.page(reference.read(document))
+    page = reference_pages.page(reference.read(document))
     assert "<script>" not in page
     assert "&lt;script&gt;" in page
     assert "<code>&lt;b&gt;</code>" in page
     anchors = Anchors()
     anchors.feed(page)
     assert anchors.external == []
-    markdown = reference.markdown(reference.read(document))
+    markdown = reference_pages.markdown(reference.read(document))
     assert "&lt;script>" in markdown  # Markdown passes raw HTML through: it is escaped too
     assert "`<b>`" in markdown  # code spans keep their text
 

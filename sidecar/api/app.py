@@ -16,7 +16,7 @@ from msgspec import UnsetType
 
 from sidecar.agent import approvals
 from sidecar.agent.input_delivery import NotRunning, StateMismatch
-from sidecar.api import httpio, reference
+from sidecar.api import httpio, reference, reference_pages
 from sidecar.api.agent import HookRefused, agent_operations
 from sidecar.api.approvals import approval_conflict, approval_operations
 from sidecar.api.events import events_operation
@@ -53,7 +53,7 @@ class ApiPage:
     def html(self) -> bytes:
         if self._html is None:
             spec = json.loads(self._document)
-            self._html = reference.page(reference.read(spec)).encode()
+            self._html = reference_pages.page(reference.read(spec)).encode()
         return self._html
 
 
