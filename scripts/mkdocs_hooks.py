@@ -97,12 +97,15 @@ def layers() -> str:
                 for i, layer in enumerate(contract["layers"], 1)
             ]
             lines.append("")
-        else:
+        elif contract["type"] == "forbidden":
             sources = ", ".join(f"`{m}`" for m in contract["source_modules"])
             forbidden = ", ".join(f"`{m}`" for m in contract["forbidden_modules"])
             indirect = not contract.get("allow_indirect_imports")
             how = "directly or through another module" if indirect else "directly"
             lines += [f"{sources} must not import ({how}): {forbidden}.", ""]
+        else:  # a kind this page does not know how to say: the build must not hide it
+            kind = contract["type"]
+            log.warning("architecture: contract %s of type %s is not shown", contract["id"], kind)
         for ignored in contract.get("ignore_imports", ()):
             lines += [f"- allowed exception: `{ignored}`"]
         if contract.get("ignore_imports"):
