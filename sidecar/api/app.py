@@ -16,7 +16,7 @@ from msgspec import UnsetType
 
 from sidecar.agent import approvals
 from sidecar.agent.input_delivery import NotRunning, StateMismatch
-from sidecar.api import httpio
+from sidecar.api import httpio, reference, reference_pages
 from sidecar.api.agent import HookRefused, agent_operations
 from sidecar.api.approvals import approval_conflict, approval_operations
 from sidecar.api.events import events_operation
@@ -39,6 +39,25 @@ log = logging.getLogger(__name__)
 
 SUPERVISOR = web.AppKey("supervisor", Supervisor)
 OPENAPI = web.AppKey("openapi", bytes)  # the document, encoded once
+
+
+class ApiPage:
+    """`GET /api`'s page, rendered from the encoded document on its first request: most
+    sidecars are never asked for it, rendering takes ~20 ms, and the decoded document is not
+    kept (it would cost memory every sidecar pays)."""
+
+    def __init__(self, document: bytes) -> None:
+        self._document = document
+        self._html: bytes | None = None
+
+    def html(self) -> bytes:
+        if self._html is None:
+            spec = json.loads(self._document)
+            self._html = reference_pages.page(reference.read(spec)).encode()
+        return self._html
+
+
+API_PAGE = web.AppKey("api_page", ApiPage)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -145,6 +164,12 @@ async def openapi(request: web.Request) -> web.Response:
     return httpio.raw_answer(request.app[OPENAPI])
 
 
+async def api_page(request: web.Request) -> web.Response:
+    return web.Response(
+        body=request.app[API_PAGE].html(), content_type="text/html", charset="utf-8"
+    )
+
+
 async def dashboard(request: web.Request) -> web.Response:
     page = resources.files("sidecar.api").joinpath("static/dashboard.html").read_bytes()
     return web.Response(
@@ -191,6 +216,17 @@ def page_operations() -> list[Operation]:
             "meta",
             "This description",
             {200: Media("OpenAPI 3.1 document", httpio.JSON, {"type": "object"})},
+        ),
+        Operation(
+            "GET",
+            "/api",
+            api_page,
+            "getApiReference",
+            "meta",
+            "This description as a web page: every route, its answers and the shapes",
+            {200: Media("the HTTP API reference, rendered from `/openapi.json`", HTML)},
+            description="Self-contained: no script, nothing from another origin. The "
+            "dashboard links to it.",
         ),
     ]
 
@@ -249,4 +285,5 @@ def create_app(sup: Supervisor) -> web.Application:
     app.middlewares.extend([make_answers(requests), guard])
     spec = document(operations, cli_names=sup.registry, secured=bool(cfg.token or cfg.view_token))
     app[OPENAPI] = json.dumps(spec).encode()
+    app[API_PAGE] = ApiPage(app[OPENAPI])
     return app
