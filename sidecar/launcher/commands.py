@@ -28,6 +28,7 @@ from sidecar.launcher.fsutil import LauncherError, locked, private_home
 from sidecar.launcher.plan import RunPlan, audit, home_mounts, passthrough_env
 from sidecar.launcher.slots import Project, Slot, SlotState, prepare_home_files
 from sidecar.launcher.state import Run, StateStore, running_slots
+from sidecar.security.tokens import TOKEN_VAR
 
 # A module only some subcommands need (the allowlists, Kubernetes and YAML, the HTTP client of
 # `ps`) is imported where it is used: every `sleeve` command pays for what it imports at start,
@@ -208,7 +209,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         )
         run = Run(launch.new_run_id(), project.key, slot.index, slot.id, runtime.name, plan.cli)
         run.port = plan.port
-        run.token = sleeve_tokens["SIDECAR_TOKEN"]  # for the owner: `sleeve ps --json`
+        run.token = sleeve_tokens[TOKEN_VAR]  # for the owner: `sleeve ps --json`
         command = runtime.command(run, plan, home, settings.env)
         if plan.egress is None:
             print(

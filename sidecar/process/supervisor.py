@@ -37,13 +37,13 @@ from sidecar.process.stats import SupervisorStats
 from sidecar.process.ttyd_runner import TtydRunner, stop_stale
 from sidecar.security import users
 from sidecar.security.acting import acting, workspace_owner
+from sidecar.security.tokens import TOKEN_VARS
 from sidecar.workspace import cstack_files
 from sidecar.workspace.watch import CurrentWatcher
 
 log = logging.getLogger(__name__)
 
 TICK = 1.0  # the only periodic work: one stat of CURRENT.md and of the tmux socket
-SECRET_VARS = ("SIDECAR_TOKEN", "SIDECAR_VIEW_TOKEN")
 
 
 class ResleeveBusy(Exception):
@@ -203,7 +203,7 @@ class Supervisor:
         begun a shutdown. Then nothing new is started. The state dir exists already (0700):
         `main` makes it before anything starts, so that an unusable one is a configuration
         error."""
-        for var in SECRET_VARS:
+        for var in TOKEN_VARS:
             # Children (tmux, the CLI, ttyd) must not inherit the API's tokens.
             os.environ.pop(var, None)
         record, found = persist.load(self.state_file)
