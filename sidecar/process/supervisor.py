@@ -21,10 +21,10 @@ from typing import Any
 from sidecar.agent.awareness import Awareness
 from sidecar.agent.registry import CLIDef
 from sidecar.config import Config
-from sidecar.core.contract import utc_now
+from sidecar.core.contract import rfc3339
+from sidecar.core.event_shapes import ErrorEvent, Resleeve
 from sidecar.core.events import EventBus
 from sidecar.core.proc import send_signal, start_time
-from sidecar.core.shapes import ErrorEvent, Resleeve
 from sidecar.core.states import ProcState, ProcStatus
 from sidecar.egress.service import Egress
 from sidecar.pane.tmux import PaneInfo, Tmux
@@ -84,7 +84,7 @@ class Supervisor:
         # The sidecar's start (init's), not this supervisor's: /health's uptime survives a crash.
         self.started = time.monotonic() if started is None else started
         self.restarts = restarts  # supervisors that ran before this one (crashed)
-        self.restarted_at = utc_now() if restarts else None
+        self.restarted_at = rfc3339() if restarts else None
         # Set when a task of ours failed: `main` then ends this supervisor without stopping
         # anything, and init starts a new one that adopts what runs (crash-only).
         self.crashed = asyncio.Event()

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import datetime as dt
 import hashlib
 import re
 import secrets
@@ -168,11 +167,6 @@ class ParseResult:
 
 def new_message_id() -> str:
     return f"msg-{secrets.token_hex(6)}"
-
-
-def utc_now() -> str:
-    """RFC 3339 UTC with a Z, whole seconds."""
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # ---------------------------------------------------------------- rendering (pure)
