@@ -3,9 +3,9 @@
 Pure: text in, messages plus warnings out, never an exception for a bad file; no file I/O. The
 files themselves (lock, journalled appends, atomic rewrites) are `sidecar.workspace.mailbox`'s job.
 
-Where each message begins and ends (the boundary rule, escaping, the blank line an append
-first writes) is `sidecar.workspace.needlecast_bounds`'s; this module reads and writes the
-headers and bodies it finds.
+The boundary rule (where each message begins and ends, how bodies are escaped, the blank line
+an append writes first) is written down and applied in `sidecar.workspace.needlecast_bounds`;
+this module reads and writes the headers and bodies, escaping body lines as the rule says.
 
 Header values are single-line strings (``to`` and ``thread`` may be absent); scalars are kept as
 written (no YAML 1.1 bools, numbers or dates). A header with no ``id`` gets a stable derived id
