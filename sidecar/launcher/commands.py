@@ -14,7 +14,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import logging
 import os
 import shlex
 import sys
@@ -32,8 +31,6 @@ from sidecar.security.tokens import TOKEN_VAR
 # A module only some subcommands need (the allowlists, Kubernetes and YAML) is imported where
 # it is used: every `sleeve` command pays for what it imports at start, and `sleeve slots` is
 # meant to answer within 100 ms (scripts/bench launcher.slots).
-
-logger = logging.getLogger(__name__)
 
 ICONS = {SlotState.AUTHENTICATED: "✔️ ", SlotState.UNAUTHENTICATED: "🔒", SlotState.DEAD: "💀"}
 
