@@ -246,10 +246,10 @@ def client_main(argv: list[str]) -> int:
     env = dict(os.environ)
     if args.command == "attach":
         return _attach(env)
-    client = SidecarClient.from_env(env)
-    if args.url:
-        client = SidecarClient(args.url, client.token)
     try:
+        client = SidecarClient.from_env(env)
+        if args.url:
+            client = SidecarClient(args.url, client.token)
         stream = STREAMS.get(args.command)
         if stream is not None:
             return stream(client, args)

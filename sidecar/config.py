@@ -154,8 +154,8 @@ def _ports(env: Mapping[str, str]) -> tuple[int, int | None]:
 
 def _tokens(env: Mapping[str, str]) -> tuple[str | None, str | None]:
     try:
-        token = tokens.resolve(env, "SIDECAR_TOKEN")
-        view_token = tokens.resolve(env, "SIDECAR_VIEW_TOKEN")
+        token = tokens.resolve(env, tokens.TOKEN_VAR)
+        view_token = tokens.resolve(env, tokens.VIEW_TOKEN_VAR)
     except tokens.TokenError as exc:
         raise ConfigError(str(exc)) from None
     if token is not None and token == view_token:

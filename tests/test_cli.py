@@ -15,13 +15,18 @@ TOKEN = "cli-token-abcdef123456"
 
 
 def sidecar_cmd(
-    sc: Sidecar, *args: str, stdin: str | None = None, token: str | None = TOKEN
+    sc: Sidecar,
+    *args: str,
+    stdin: str | None = None,
+    token: str | None = TOKEN,
+    env_extra: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": os.environ["PATH"],
         "PYTHONPATH": str(REPO),
         "SIDECAR_PORT": str(sc.port),
         "SIDECAR_STATE_DIR": str(sc.state_dir),
+        **(env_extra or {}),
     }
     if token:
         env["SIDECAR_TOKEN"] = token
@@ -79,6 +84,33 @@ def test_wrong_token_and_unreachable_sidecar_fail_with_one_clear_line(
     gone = sidecar_cmd(sc, "status")
     assert gone.returncode == 1
     assert "cannot reach the sidecar" in gone.stderr
+
+
+def test_the_client_reads_its_token_file_with_the_sidecars_checks(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    """A token file is read as the sidecar reads it: a good one (CRLF-ended) works; a FIFO,
+    a directory or both the variable and the file fail at once with one line naming them,
+    before any request (the FIFO is never read: nothing writes to it, so a read would hang)."""
+    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN}).start()
+    good = sc.tmp / "token"
+    good.write_text(TOKEN + "\r\n")
+    ok = sidecar_cmd(
+        sc, "status", "--json", token=None, env_extra={"SIDECAR_TOKEN_FILE": str(good)}
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["sleeve_id"] == "test-sleeve"
+    fifo = sc.tmp / "token-fifo"
+    os.mkfifo(fifo)
+    for extra, needle in [
+        ({"SIDECAR_TOKEN_FILE": str(fifo)}, "is not a regular file"),
+        ({"SIDECAR_TOKEN_FILE": str(sc.tmp)}, "is a directory"),
+        ({"SIDECAR_TOKEN_FILE": str(good), "SIDECAR_TOKEN": TOKEN}, "are both set"),
+    ]:
+        bad = sidecar_cmd(sc, "status", token=None, env_extra=extra)
+        assert bad.returncode == 1, bad.stdout
+        assert bad.stderr.startswith("sidecar status: SIDECAR_TOKEN"), bad.stderr
+        assert needle in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
 
 
 def test_send_inbox_outbox_and_resleeve(make_sidecar: Callable[..., Sidecar]) -> None:

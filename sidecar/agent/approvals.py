@@ -16,16 +16,13 @@ import unicodedata
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from sidecar.core.contract import utc_now
+from sidecar.core.contract import ApprovalSource, DecidedBy, Decision, rfc3339
 from sidecar.core.text import MAX_REASON
 
 log = logging.getLogger(__name__)
 
-Decision = Literal["allow", "deny"]
-By = Literal["api", "terminal", "timeout"]
-Source = Literal["hooks", "screen", "events"]
 REMEMBERED = 256  # resolved requests kept to tell a late answer who decided
 # Keys of a tool's input that say what it acts on, most telling first.
 SUMMARY_KEYS = ("command", "cmd", "file_path", "filePath", "notebook_path", "path", "url", "dialog")
@@ -63,7 +60,7 @@ def summary_of(tool: str, tool_input: Any) -> str:
 @dataclass(frozen=True)
 class Answer:
     decision: Decision
-    by: By
+    by: DecidedBy
     message: str | None = None  # told to the agent on deny
     remember: bool = False  # "don't ask again for this" where the CLI offers it
 
@@ -75,7 +72,7 @@ class Approval:
     summary: str
     input: Any
     since: str  # RFC 3339
-    source: Source
+    source: ApprovalSource
     key: str | None = None  # the CLI's own id for the request, where it has one
     started: float = field(default_factory=time.monotonic)
     answer: Answer | None = None
@@ -121,7 +118,7 @@ class Approvals:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         # For /metrics: requests so far, answers by (decision, by), seconds to an answer.
         self.requested = 0
-        self.decided: Counter[tuple[Decision, By]] = Counter()
+        self.decided: Counter[tuple[Decision, DecidedBy]] = Counter()
         self.wait_seconds = 0.0
 
     # ---- what is waiting -------------------------------------------------------------------
@@ -138,7 +135,7 @@ class Approvals:
     # ---- a source's side ---------------------------------------------------------------------
 
     def request(
-        self, tool: str, tool_input: Any, *, source: Source, key: str | None = None
+        self, tool: str, tool_input: Any, *, source: ApprovalSource, key: str | None = None
     ) -> Approval:
         """List a new permission request (`key`: the CLI's own id for it, if any)."""
         approval_id = secrets.token_hex(6)
@@ -149,7 +146,7 @@ class Approvals:
             tool=clean(tool, 100) or "tool",
             summary=summary_of(tool, tool_input),
             input=tool_input,
-            since=utc_now(),
+            since=rfc3339(),
             source=source,
             key=key,
             done=asyncio.get_running_loop().create_future(),

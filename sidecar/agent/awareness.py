@@ -27,8 +27,9 @@ from sidecar.agent.screen_approvals import ScreenApprovals
 from sidecar.agent.screen_source import ScreenSource
 from sidecar.agent.statefile import AgentFiles
 from sidecar.config import Config
+from sidecar.core.event_shapes import ApprovalRequested, ApprovalResolved
 from sidecar.core.events import EventBus
-from sidecar.core.shapes import ApprovalRequested, ApprovalResolved, InputAccepted, InputRequest
+from sidecar.core.shapes import InputAccepted, InputRequest
 from sidecar.core.states import ProcState
 from sidecar.pane.control import PaneActivity
 from sidecar.pane.screen import Screen, ScreenLook

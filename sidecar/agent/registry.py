@@ -9,14 +9,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 import yaml
 
 from sidecar.config import ConfigError
+from sidecar.core.contract import StateSource
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-StateSource = Literal["hooks", "events", "activity", "none"]
 STATE_SOURCES: tuple[str, ...] = get_args(StateSource)
 # The programs whose screens the sidecar knows (`sidecar.agent.screen_source.RECOGNIZERS`).
 SCREENS = {

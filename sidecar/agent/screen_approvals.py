@@ -13,12 +13,12 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from sidecar.agent.approvals import Approvals, Decision, NotFound, Withdrawn
+from sidecar.agent.approvals import Approvals, NotFound, Withdrawn
 from sidecar.agent.clis import claude_code, codex, gemini_cli, opencode
 from sidecar.agent.machine import AgentMachine
 from sidecar.agent.registry import CLIDef
 from sidecar.agent.screens import Seen
-from sidecar.core.contract import InputKey
+from sidecar.core.contract import Decision, InputKey
 from sidecar.core.shapes import InputAccepted, InputRequest
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
 """The OpenAPI 3.1 document served at `GET /openapi.json`, generated from the route table (each
-route module's `Operation`s) and the typed shapes in `sidecar.core.shapes`, so that the server and
-its description cannot drift. Built once per app: it describes this sidecar (its CLIs, its tokens).
+route module's `Operation`s) and the typed shapes (`sidecar.core.shapes`, `.event_shapes`), so
+that the server and its description cannot drift. Built once per app: it describes this sidecar
+(its CLIs, its tokens).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, get_args
 import msgspec
 
 from sidecar import __version__
-from sidecar.core import shapes
+from sidecar.core import event_shapes, shapes
 
 OPENAPI_VERSION = "3.1.0"
 JSON = "application/json"
@@ -152,7 +153,7 @@ def document(
     """The OpenAPI document for these routes. `cli_names` (the registry) become the enum of
     /resleeve's `cli`; `secured` (a token is set) adds the security schemes and 401s."""
     ops = list(operations)
-    used: list[Any] = [shapes.Error, *get_args(shapes.AnyEvent)]
+    used: list[Any] = [shapes.Error, *get_args(event_shapes.AnyEvent)]
     for op in ops:
         if op.body is not None:
             used.append(op.body)
@@ -177,7 +178,7 @@ def document(
         ]
     schemas["Event"] = {
         "description": "One line of `/events`: the object's `type` tells which.",
-        "oneOf": [_schema_of(t) for t in get_args(shapes.AnyEvent)],
+        "oneOf": [_schema_of(t) for t in get_args(event_shapes.AnyEvent)],
         "discriminator": {"propertyName": "type"},
     }
 

@@ -26,14 +26,32 @@ MAX_BODY_BYTES: Final = 256 * 1024
 MAX_NAME_CHARS: Final = 256
 
 
-def utc_now() -> str:
-    """RFC 3339 UTC time with milliseconds and a Z: the format of every time the API gives."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def rfc3339(ts: float | None = None, *, ms: bool = True) -> str:
+    """`ts` (seconds since the epoch; None: now) as RFC 3339 UTC time with a Z: the format of
+    every time the API gives. With milliseconds; `ms=False`: whole seconds (a message's `time`,
+    `last_activity`)."""
+    when = datetime.now(UTC) if ts is None else datetime.fromtimestamp(ts, UTC)
+    return when.isoformat(timespec="milliseconds" if ms else "seconds").replace("+00:00", "Z")
 
 
 #: What the agent is doing (`agent.state` in /status, `agent` in /health, `agent-state` events).
 AgentStateName = Literal["starting", "working", "waiting", "idle", "exited", "unknown"]
 AGENT_STATES: Final[tuple[str, ...]] = get_args(AgentStateName)
+
+#: How the sidecar learns the agent's state (`agent.source` in /status; a CLI's `state` in the
+#: registry): the CLI's hooks, its own server's event stream, or its pane's output.
+StateSource = Literal["hooks", "events", "activity", "none"]
+
+#: A permission request's answer, who gave it, and how the sidecar learnt of the request and
+#: answers it (/approvals, `approval-resolved` events).
+Decision = Literal["allow", "deny"]
+DecidedBy = Literal["api", "terminal", "timeout"]
+ApprovalSource = Literal["hooks", "screen", "events"]
+
+#: The CLI's network (`egress.mode` in /status), and how a refused attempt was made (`how` of
+#: `egress-denied` events).
+EgressMode = Literal["open", "allowlist"]
+EgressHow = Literal["proxy", "direct", "udp", "ipv6", "raw", "unix"]
 
 #: Key names `POST /input` accepts (`keys`).
 InputKey = Literal[

@@ -10,7 +10,7 @@ import logging
 
 import msgspec
 
-from sidecar.core.shapes import Event
+from sidecar.core.event_shapes import Event
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""Every JSON shape of the HTTP API, declared once: request bodies (validated on the way in),
-answers and `/events` lines (encoded from these on the way out), and the OpenAPI schemas
-(generated from these by `sidecar.api.openapi`). A new field is one edit here.
+"""Every request body and answer of the HTTP API, declared once: bodies are validated on the way
+in, answers encoded from these on the way out, and the OpenAPI schemas generated from these by
+`sidecar.api.openapi` (the `/events` lines: `sidecar.core.event_shapes`). A new field is one edit.
 """
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ from sidecar.core.contract import (
     MAX_INPUT_BYTES,
     MAX_NAME_CHARS,
     AgentStateName,
+    ApprovalSource,
+    DecidedBy,
+    Decision,
+    EgressMode,
     Health,
     InputKey,
     MessageType,
+    StateSource,
     Status,
-    utc_now,
 )
 from sidecar.core.states import ProcState
 
@@ -86,7 +90,7 @@ class AgentInfo(Answer):
         ),
     ]
     source: Annotated[
-        Literal["hooks", "events", "activity", "none"],
+        StateSource,
         Meta(
             description="`hooks`: the CLI reports its lifecycle; `events`: the CLI's own "
             "server's event stream (opencode); `activity`: pane output"
@@ -95,20 +99,10 @@ class AgentInfo(Answer):
     session_id: Annotated[str | None, Meta(description="the CLI's conversation id, when known")]
 
 
-EgressHow = Annotated[
-    Literal["proxy", "direct", "udp", "ipv6", "raw", "unix"],
-    Meta(
-        description="`proxy`: refused by the egress proxy; `direct`: a TCP connection around "
-        "it; `udp` (DNS included), `ipv6`, `raw`: sockets the enforcement refused; `unix`: a "
-        "unix socket leading out of the guard (the sidecar's tmux, a daemon's socket)"
-    ),
-]
-
-
 class EgressInfo(Answer):
     """The CLI's network: open, or the egress allowlist (`SIDECAR_EGRESS_ALLOW`)."""
 
-    mode: Literal["open", "allowlist"]
+    mode: EgressMode
     allow: Annotated[list[str], Meta(description="the allowed host patterns, as normalised")]
     denied: Annotated[int, Meta(ge=0, description="refused attempts since the supervisor started")]
 
@@ -291,9 +285,9 @@ class InputAccepted(Answer):
 # ---- approvals ---------------------------------------------------------------------------------
 
 MAX_APPROVAL_MESSAGE = 2048
-Decision = Annotated[Literal["allow", "deny"], Meta(description="allow or deny the request")]
-DecidedBy = Annotated[
-    Literal["api", "terminal", "timeout"],
+DecisionField = Annotated[Decision, Meta(description="allow or deny the request")]
+DecidedByField = Annotated[
+    DecidedBy,
     Meta(description="who answered: the API, a person in the terminal, or the timeout policy"),
 ]
 
@@ -313,7 +307,7 @@ class ApprovalItem(Struct):
     input: Annotated[object, Meta(description="the tool's arguments as the CLI gave them")]
     since: Timestamp
     source: Annotated[
-        Literal["hooks", "screen", "events"],
+        ApprovalSource,
         Meta(description="how the sidecar learnt of it and answers it"),
     ]
 
@@ -325,7 +319,7 @@ class ApprovalsAnswer(Answer):
 class ApprovalRequest(Request):
     """An answer to one permission request."""
 
-    decision: Decision
+    decision: DecisionField
     message: (
         Annotated[
             str,
@@ -354,15 +348,15 @@ class ApprovalConflict(Error):
     """409 of `POST /approvals/{id}`: the request was answered already, or withdrawn."""
 
     id: str
-    decision: Decision | None
-    by: DecidedBy | None
+    decision: DecisionField | None
+    by: DecidedByField | None
     reason: str | UnsetType = UNSET
 
 
 class ApprovalDecided(Answer):
     id: str
-    decision: Decision
-    by: DecidedBy
+    decision: DecisionField
+    by: DecidedByField
 
 
 # ---- screen ------------------------------------------------------------------------------------
@@ -397,121 +391,3 @@ class TerminalToken(Answer):
     """The token for ttyd's init message: always empty (the proxy authenticates)."""
 
     token: Annotated[str, Meta(max_length=0, description="always empty: the proxy authenticates")]
-
-
-# ---- /events lines -----------------------------------------------------------------------------
-
-
-class Event(Struct, tag_field="type", kw_only=True):
-    """One line of `/events`; `type` tells which."""
-
-    time: Timestamp = field(default_factory=utc_now)
-
-
-class Heartbeat(Event, tag="heartbeat"):
-    """The first line of every stream (but see `sidecar-restart`), and after 15 s of silence."""
-
-
-class SidecarRestart(Event, tag="sidecar-restart"):
-    """The first line of a stream from a supervisor that init started again after a crash (at
-    `time`). Streams of the dead one were cut; what happened in between is not replayed."""
-
-    restarts: Annotated[int, Meta(ge=1, description="supervisor crashes so far")]
-
-
-class ProgressUpdate(Event, tag="progress-update"):
-    """CURRENT.md's status, task or progress changed."""
-
-    status: Status
-    task: str | None
-    progress: Progress
-
-
-class Completion(Event, tag="completion"):
-    """CURRENT.md's status became `done`."""
-
-    task: str | None
-
-
-class CliExit(Event, tag="cli-exit"):
-    """The CLI ended by itself."""
-
-    cli: str
-    exit_code: int | None
-    pid: int | None
-
-
-class Resleeve(Event, tag="resleeve"):
-    """A resleeve started (`phase` `started`) or ended (`done`, with the new CLI's pid and
-    state)."""
-
-    phase: Literal["started", "done"]
-    previous: str
-    cli: str
-    pid: int | UnsetType | None = UNSET
-    state: ProcStateName | UnsetType = UNSET
-
-
-class ErrorEvent(Event, tag="error"):
-    """Something went wrong that the envoy may want to know about."""
-
-    message: str
-    cli: str | UnsetType = UNSET
-
-
-class AgentStateEvent(Event, tag="agent-state"):
-    """The agent's state (or the reason for it) changed."""
-
-    state: AgentStateField
-    previous: AgentStateField
-    reason: str | None
-
-
-class InboxNotified(Event, tag="inbox-notified"):
-    """A notice about new inbox messages was typed into the CLI."""
-
-    ids: Annotated[list[str], Meta(description="the messages it announced")]
-    text: Annotated[str, Meta(description="the line typed")]
-
-
-class ApprovalRequested(Event, tag="approval-requested"):
-    """The agent asks for permission (`GET /approvals` lists it until it is answered)."""
-
-    id: str
-    tool: str
-    summary: str
-
-
-class ApprovalResolved(Event, tag="approval-resolved"):
-    """A permission request was answered, or withdrawn unanswered (`decision` and `by` null,
-    `reason` says why: the turn was interrupted, the CLI exited, a resleeve)."""
-
-    id: str
-    decision: Decision | None
-    by: DecidedBy | None
-    reason: str | UnsetType = UNSET
-
-
-class EgressDenied(Event, tag="egress-denied"):
-    """The CLI tried to reach a host off the egress allowlist (one event per host and `how` a
-    minute; every attempt is counted in /status and /metrics)."""
-
-    host: Annotated[str, Meta(description="the host name asked for, or the address")]
-    port: Annotated[int, Meta(ge=0, le=65535)]
-    how: EgressHow
-
-
-AnyEvent = (
-    Heartbeat
-    | SidecarRestart
-    | ProgressUpdate
-    | Completion
-    | CliExit
-    | Resleeve
-    | AgentStateEvent
-    | InboxNotified
-    | ApprovalRequested
-    | ApprovalResolved
-    | EgressDenied
-    | ErrorEvent
-)

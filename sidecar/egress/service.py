@@ -13,11 +13,13 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import get_args
 
+from sidecar.core.contract import EgressHow, EgressMode
+from sidecar.core.event_shapes import EgressDenied
 from sidecar.core.events import EventBus
 from sidecar.core.loopback import loopback_url
-from sidecar.core.shapes import EgressDenied, EgressInfo
+from sidecar.core.shapes import EgressInfo
 from sidecar.egress.allowlist import Allowlist
 from sidecar.egress.guard import ReportListener, guard_argv
 from sidecar.egress.proxy import EgressProxy, Limits
@@ -25,8 +27,7 @@ from sidecar.security.acting import Owner
 
 log = logging.getLogger(__name__)
 
-How = Literal["proxy", "direct", "udp", "ipv6", "raw", "unix"]
-HOWS: tuple[How, ...] = ("proxy", "direct", "udp", "ipv6", "raw", "unix")
+HOWS: tuple[EgressHow, ...] = get_args(EgressHow)
 QUIET = 60.0  # one event per (host, how), one log line per host, in this many seconds
 MAX_REMEMBERED = 4096  # distinct hosts kept for the rate limits (an attacker picks names)
 PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
@@ -108,7 +109,7 @@ class Egress:
         return host.strip("[]"), self.api[1]
 
     @property
-    def mode(self) -> Literal["open", "allowlist"]:
+    def mode(self) -> EgressMode:
         return "open" if self.allow is None else "allowlist"
 
     @property
@@ -165,10 +166,10 @@ class Egress:
         self.allowed_by[pattern] = self.allowed_by.get(pattern, 0) + 1
 
     def denied(self, host: str, port: int, how: str) -> None:
-        """A refused attempt of the CLI's (`how`: proxy, direct, udp, ipv6, raw): counted,
+        """A refused attempt of the CLI's (`how`: an EgressHow, else counted as direct): counted,
         an `egress-denied` event once per (host, how) a minute, a log line once per host."""
         self.denied_total += 1
-        how_: How = how if how in HOWS else "direct"
+        how_: EgressHow = how if how in HOWS else "direct"
         self.denied_by_how[how_] += 1
         if self._events.due((host, how_)):
             self.bus.publish(EgressDenied(host=host, port=port, how=how_))

@@ -25,11 +25,13 @@ from sidecar.launcher.plan import (
     PASSTHROUGH_PREFIXES,
     SANDBOX_HOME,
     STATE_DIR,
+    TOKEN_FILES,
     TOKEN_SETTINGS,
     WORKSPACE,
     RunPlan,
     fixed_env,
 )
+from sidecar.security.tokens import TOKEN_VAR, VIEW_TOKEN_VAR
 
 Obj = dict[str, Any]
 
@@ -132,8 +134,8 @@ def pod_env(plan: RunPlan) -> list[Obj]:
     fixed = fixed_env(plan, port=CONTAINER_PORT, host="0.0.0.0")  # noqa: S104
     env.update(fixed)
     env["SIDECAR_STOP_GRACE"] = f"{stop_grace(host):g}"
-    env["SIDECAR_TOKEN_FILE"] = f"{TOKEN_DIR}/token"
-    env["SIDECAR_VIEW_TOKEN_FILE"] = f"{TOKEN_DIR}/view-token"
+    for var, name in TOKEN_FILES.items():  # the Secret's keys (token_secret), mounted as files
+        env[f"{var}_FILE"] = f"{TOKEN_DIR}/{name}"
     return [{"name": k, "value": env[k]} for k in sorted(env)]
 
 
@@ -281,12 +283,14 @@ def token_secret(target: Target, tokens: Tokens) -> Obj:
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
+    # Its keys are the names of the files the sleeve reads its tokens from (mounted at TOKEN_DIR).
+    files = {TOKEN_FILES[TOKEN_VAR]: tokens.token, TOKEN_FILES[VIEW_TOKEN_VAR]: tokens.view_token}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": _meta(target, f"{target.name}-tokens"),
         "type": "Opaque",
-        "data": {"token": b64(tokens.token), "view-token": b64(tokens.view_token)},
+        "data": {name: b64(value) for name, value in files.items()},
     }
 
 

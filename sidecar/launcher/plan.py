@@ -12,18 +12,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar.security.tokens import TOKEN_VARS
+from sidecar.core.contract import DEFAULT_PORT, DEFAULT_STATE_DIR, DEFAULT_WORKSPACE
+from sidecar.security.tokens import TOKEN_VAR, TOKEN_VARS, VIEW_TOKEN_VAR
 
 SANDBOX_HOME = "/home/sleeve"
 # The other CLIs' own folders in the slot (config, sign-in, conversations), kept like `.claude`:
 # Codex's, Gemini CLI's, opencode's data (its config is under `.config`).
 CLI_HOMES = (".codex", ".gemini", ".local/share/opencode")
-WORKSPACE = "/workspace"
-STATE_DIR = "/run/sidecar"
-CONTAINER_PORT = 8080  # the sidecar's default; docker publishes it on 127.0.0.1:<port>
+# Inside a sleeve the sidecar keeps the contract's defaults; docker publishes the port on
+# 127.0.0.1:<port>.
+WORKSPACE = DEFAULT_WORKSPACE
+STATE_DIR = DEFAULT_STATE_DIR
+CONTAINER_PORT = DEFAULT_PORT
 #: Inside a sleeve: the API token files (root's, 0700, in the container).
 TOKEN_DIR = "/run/sleeve"  # noqa: S105 - a path, not a password
-TOKEN_FILES = {"SIDECAR_TOKEN": "token", "SIDECAR_VIEW_TOKEN": "view-token"}
+TOKEN_FILES = {TOKEN_VAR: "token", VIEW_TOKEN_VAR: "view-token"}
 # Copied from the host when set. Values stay out of argv; `sleeve run --dry-run` names them.
 PASSTHROUGH = (
     "TERM",

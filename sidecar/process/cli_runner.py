@@ -25,8 +25,8 @@ from sidecar.agent.awareness import Awareness
 from sidecar.agent.clis import claude_code
 from sidecar.agent.registry import CLIDef
 from sidecar.config import Config, RestartPolicy
+from sidecar.core.event_shapes import CliExit, ErrorEvent
 from sidecar.core.events import EventBus
-from sidecar.core.shapes import CliExit, ErrorEvent
 from sidecar.core.states import (
     BACKOFF_RESET_AFTER,
     ProcessState,

@@ -21,10 +21,10 @@ from typing import Any
 from sidecar.agent.awareness import Awareness
 from sidecar.agent.registry import CLIDef
 from sidecar.config import Config
-from sidecar.core.contract import utc_now
+from sidecar.core.contract import rfc3339
+from sidecar.core.event_shapes import ErrorEvent, Resleeve
 from sidecar.core.events import EventBus
 from sidecar.core.proc import send_signal, start_time
-from sidecar.core.shapes import ErrorEvent, Resleeve
 from sidecar.core.states import ProcState, ProcStatus
 from sidecar.egress.service import Egress
 from sidecar.pane.tmux import PaneInfo, Tmux
@@ -37,13 +37,13 @@ from sidecar.process.stats import SupervisorStats
 from sidecar.process.ttyd_runner import TtydRunner, stop_stale
 from sidecar.security import users
 from sidecar.security.acting import acting, workspace_owner
+from sidecar.security.tokens import TOKEN_VARS
 from sidecar.workspace import cstack_files
 from sidecar.workspace.watch import CurrentWatcher
 
 log = logging.getLogger(__name__)
 
 TICK = 1.0  # the only periodic work: one stat of CURRENT.md and of the tmux socket
-SECRET_VARS = ("SIDECAR_TOKEN", "SIDECAR_VIEW_TOKEN")
 
 
 class ResleeveBusy(Exception):
@@ -84,7 +84,7 @@ class Supervisor:
         # The sidecar's start (init's), not this supervisor's: /health's uptime survives a crash.
         self.started = time.monotonic() if started is None else started
         self.restarts = restarts  # supervisors that ran before this one (crashed)
-        self.restarted_at = utc_now() if restarts else None
+        self.restarted_at = rfc3339() if restarts else None
         # Set when a task of ours failed: `main` then ends this supervisor without stopping
         # anything, and init starts a new one that adopts what runs (crash-only).
         self.crashed = asyncio.Event()
@@ -203,7 +203,7 @@ class Supervisor:
         begun a shutdown. Then nothing new is started. The state dir exists already (0700):
         `main` makes it before anything starts, so that an unusable one is a configuration
         error."""
-        for var in SECRET_VARS:
+        for var in TOKEN_VARS:
             # Children (tmux, the CLI, ttyd) must not inherit the API's tokens.
             os.environ.pop(var, None)
         record, found = persist.load(self.state_file)

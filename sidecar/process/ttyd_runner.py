@@ -14,10 +14,10 @@ from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
+from sidecar.core.event_shapes import ErrorEvent
 from sidecar.core.events import EventBus
 from sidecar.core.layout import Layout
 from sidecar.core.proc import cmdline, parent_death_signal, send_signal
-from sidecar.core.shapes import ErrorEvent
 from sidecar.core.states import (
     BACKOFF_RESET_AFTER,
     ProcessState,

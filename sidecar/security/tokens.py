@@ -16,7 +16,10 @@ import sys
 from collections.abc import Mapping
 from typing import NoReturn
 
+#: The admin token's variable and the read-only (view) token's; each may name a file instead
+#: (`<var>_FILE`).
 TOKEN_VARS = ("SIDECAR_TOKEN", "SIDECAR_VIEW_TOKEN")
+TOKEN_VAR, VIEW_TOKEN_VAR = TOKEN_VARS
 #: Internal: the descriptor of the memfd holding the tokens across the re-exec.
 HANDOVER_VAR = "SIDECAR_TOKENS_FD"
 MEMFD_NAME = "sidecar-tokens"

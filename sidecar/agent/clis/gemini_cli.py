@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.agent import hook_relay
-from sidecar.agent.approvals import Answer, Decision
+from sidecar.agent.approvals import Answer
 from sidecar.agent.hooks import SECRET_HEADER, HookEffect, HookLaunch, Launched, PermissionAsk
 from sidecar.agent.screens import Reading, Seen, dialog, nonblank, text_of
-from sidecar.core.contract import InputKey
+from sidecar.core.contract import Decision, InputKey
 from sidecar.core.text import one_line
 from sidecar.pane.screen import Screen
 

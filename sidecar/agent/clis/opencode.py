@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sidecar.agent.approvals import Answer, Decision
+from sidecar.agent.approvals import Answer
 from sidecar.agent.screens import Reading, Seen, dialog, nonblank
-from sidecar.core.contract import AgentStateName, InputKey
+from sidecar.core.contract import AgentStateName, Decision, InputKey
 from sidecar.core.text import one_line
 from sidecar.pane.screen import Screen
 

@@ -1,0 +1,144 @@
+"""Every line of `GET /events`, declared once: published on the bus (`sidecar.core.events`),
+encoded from these on the way out, and the stream's OpenAPI schema generated from them. A new
+kind of event is one class here and one entry of `AnyEvent`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from msgspec import UNSET, Meta, Struct, UnsetType, field
+
+from sidecar.core.contract import EgressHow, Status, rfc3339
+from sidecar.core.shapes import (
+    AgentStateField,
+    DecidedByField,
+    DecisionField,
+    ProcStateName,
+    Progress,
+    Timestamp,
+)
+
+EgressHowField = Annotated[
+    EgressHow,
+    Meta(
+        description="`proxy`: refused by the egress proxy; `direct`: a TCP connection around "
+        "it; `udp` (DNS included), `ipv6`, `raw`: sockets the enforcement refused; `unix`: a "
+        "unix socket leading out of the guard (the sidecar's tmux, a daemon's socket)"
+    ),
+]
+
+
+class Event(Struct, tag_field="type", kw_only=True):
+    """One line of `/events`; `type` tells which."""
+
+    time: Timestamp = field(default_factory=rfc3339)
+
+
+class Heartbeat(Event, tag="heartbeat"):
+    """The first line of every stream (but see `sidecar-restart`), and after 15 s of silence."""
+
+
+class SidecarRestart(Event, tag="sidecar-restart"):
+    """The first line of a stream from a supervisor that init started again after a crash (at
+    `time`). Streams of the dead one were cut; what happened in between is not replayed."""
+
+    restarts: Annotated[int, Meta(ge=1, description="supervisor crashes so far")]
+
+
+class ProgressUpdate(Event, tag="progress-update"):
+    """CURRENT.md's status, task or progress changed."""
+
+    status: Status
+    task: str | None
+    progress: Progress
+
+
+class Completion(Event, tag="completion"):
+    """CURRENT.md's status became `done`."""
+
+    task: str | None
+
+
+class CliExit(Event, tag="cli-exit"):
+    """The CLI ended by itself."""
+
+    cli: str
+    exit_code: int | None
+    pid: int | None
+
+
+class Resleeve(Event, tag="resleeve"):
+    """A resleeve started (`phase` `started`) or ended (`done`, with the new CLI's pid and
+    state)."""
+
+    phase: Literal["started", "done"]
+    previous: str
+    cli: str
+    pid: int | UnsetType | None = UNSET
+    state: ProcStateName | UnsetType = UNSET
+
+
+class ErrorEvent(Event, tag="error"):
+    """Something went wrong that the envoy may want to know about."""
+
+    message: str
+    cli: str | UnsetType = UNSET
+
+
+class AgentStateEvent(Event, tag="agent-state"):
+    """The agent's state (or the reason for it) changed."""
+
+    state: AgentStateField
+    previous: AgentStateField
+    reason: str | None
+
+
+class InboxNotified(Event, tag="inbox-notified"):
+    """A notice about new inbox messages was typed into the CLI."""
+
+    ids: Annotated[list[str], Meta(description="the messages it announced")]
+    text: Annotated[str, Meta(description="the line typed")]
+
+
+class ApprovalRequested(Event, tag="approval-requested"):
+    """The agent asks for permission (`GET /approvals` lists it until it is answered)."""
+
+    id: str
+    tool: str
+    summary: str
+
+
+class ApprovalResolved(Event, tag="approval-resolved"):
+    """A permission request was answered, or withdrawn unanswered (`decision` and `by` null,
+    `reason` says why: the turn was interrupted, the CLI exited, a resleeve)."""
+
+    id: str
+    decision: DecisionField | None
+    by: DecidedByField | None
+    reason: str | UnsetType = UNSET
+
+
+class EgressDenied(Event, tag="egress-denied"):
+    """The CLI tried to reach a host off the egress allowlist (one event per host and `how` a
+    minute; every attempt is counted in /status and /metrics)."""
+
+    host: Annotated[str, Meta(description="the host name asked for, or the address")]
+    port: Annotated[int, Meta(ge=0, le=65535)]
+    how: EgressHowField
+
+
+AnyEvent = (
+    Heartbeat
+    | SidecarRestart
+    | ProgressUpdate
+    | Completion
+    | CliExit
+    | Resleeve
+    | AgentStateEvent
+    | InboxNotified
+    | ApprovalRequested
+    | ApprovalResolved
+    | EgressDenied
+    | ErrorEvent
+)
