@@ -217,7 +217,7 @@ async def test_an_early_look_counts_only_a_whole_frame_of_a_known_shape() -> Non
             return shown
 
         source = ScreenSource(machine, look)
-        source.use(CLIDef("claude-code", ("claude",), screen="claude-code"))
+        source.use(CLIDef("claude-code", ("claude",), knowledge=claude_code.CLI))
         source.output()
         assert source._task is not None
         await source._task

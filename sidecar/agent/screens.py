@@ -13,9 +13,23 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 
 from sidecar.core.text import one_line
-from sidecar.pane.screen import Screen
+
+
+class Screen(Protocol):
+    """What a recognizer reads of a screen: its lines and the cursor (`sidecar.pane.screen`'s
+    snapshot is one; a recognizer needs nothing of tmux, so a CLI's package imports no pane)."""
+
+    @property
+    def lines(self) -> Sequence[str]: ...
+
+    @property
+    def cursor_row(self) -> int: ...
+
+    @property
+    def cursor_col(self) -> int: ...
 
 
 class Seen(Enum):
