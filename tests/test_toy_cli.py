@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.agenttools import EventLog, wait_agent
-from tests.harness import Sidecar, wait_for
+from tests.harness import Sidecar, run_until_exit, wait_for
 
 
 def toy_sidecar(make_sidecar: Callable[..., Sidecar]) -> Sidecar:
@@ -82,8 +82,6 @@ def test_a_cli_package_in_the_workspace_is_never_imported(
 ) -> None:
     """The agent writes the workspace: a package it planted there is refused before any of its
     code runs (its import would write the marker), and the sidecar does not start (exit 2)."""
-    from tests.harness import run_until_exit
-
     sc = make_sidecar(cli="planted")
     package = sc.workspace / "planted"
     package.mkdir(parents=True)

@@ -12,8 +12,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sidecar.agent.clis import claude_code, codex, gemini_cli, opencode, shell
 from sidecar.agent.knowledge import NAME_RE, STATE_SOURCES, CLIDef, Knowledge, StateSource
 from sidecar.config import ConfigError
@@ -185,6 +183,8 @@ def load_registry(
     except (OSError, UnicodeDecodeError) as exc:
         msg = f"SIDECAR_CLI_CONFIG: cannot read {source}: {exc}"
         raise ConfigError(msg) from None
+    import yaml  # here: `sleeve` reads the built-ins without a YAML file
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

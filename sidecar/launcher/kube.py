@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from sidecar import config
-from sidecar.launcher.homes import SEEDED
+from sidecar.launcher.homes import seeded
 from sidecar.launcher.plan import (
     CONTAINER_PORT,
     PASSTHROUGH_PREFIXES,
@@ -58,6 +58,7 @@ PROBES: dict[str, Obj] = {
 }
 # Copies a seeded sign-in file (the CLI package's `homes.sign_in`: an OAuth credentials file)
 # into the home volume once; later refreshes rewrite it.
+SEEDED = seeded()
 _SIGN_IN = PurePosixPath(SANDBOX_HOME) / str(SEEDED.sign_in)
 SEED_SCRIPT = f"""\
 set -eu
