@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -233,6 +234,19 @@ def egress_allowlist(env: Mapping[str, str]) -> Allowlist | None:
     return None
 
 
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def _modules(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """Dotted module paths, separated by commas or whitespace."""
+    found = tuple(dict.fromkeys((text(env, name) or "").replace(",", " ").split()))
+    bad = [m for m in found if not _MODULE.match(m)]
+    if bad:
+        msg = f"{name}: {bad[0]!r} is not a dotted module path (like my_clis.toy)"
+        raise ConfigError(msg)
+    return found
+
+
 def _path(env: Mapping[str, str], name: str, default: str) -> Path:
     return Path(text(env, name) or default).absolute()
 
@@ -258,6 +272,8 @@ class Config:
     # SIDECAR_USER_HOME: that user's HOME when its passwd entry does not give one.
     user_home: Path | None = None
     cli_config: Path | None = None
+    # SIDECAR_CLI_PACKAGES: CLI packages outside the sidecar (dotted module paths) to register.
+    cli_packages: tuple[str, ...] = ()
     restart: RestartPolicy = RestartPolicy.NO
     stop_grace: float = STOP_GRACE
     inbox_notify: InboxNotify = InboxNotify.IDLE
@@ -301,6 +317,7 @@ class Config:
             else None
         )
         cli_config = text(env, "SIDECAR_CLI_CONFIG")
+        cli_packages = _modules(env, "SIDECAR_CLI_PACKAGES")
         api_port, ttyd_port = _ports(env)
         token, view_token = _tokens(env)
         allowed_origins = _origins(env)
@@ -324,6 +341,7 @@ class Config:
             user_home=user_home if user is not None else None,
             allowed_origins=allowed_origins,
             cli_config=Path(cli_config) if cli_config else None,
+            cli_packages=cli_packages,
             restart=restart,
             stop_grace=grace,
             inbox_notify=inbox_notify,

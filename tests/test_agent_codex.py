@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import psutil
 import pytest
 
-from sidecar.agent.clis import codex
+from sidecar.agent.clis.codex import hooks as codex
 from tests.agenttools import EventLog, wait_agent
 from tests.e2e.tool_stub import codex_config, running
 from tests.harness import Sidecar, http, wait_for

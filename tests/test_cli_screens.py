@@ -19,9 +19,9 @@ from sidecar.pane.screen import Screen
 
 SCREENS = Path(__file__).parent / "screens"
 RECOGNIZERS: dict[str, Recognizer] = {
-    "codex": codex.read_screen,
-    "gemini-cli": gemini_cli.read_screen,
-    "opencode": opencode.read_screen,
+    known.name: known.screen.read
+    for known in (codex.CLI, gemini_cli.CLI, opencode.CLI)
+    if known.screen is not None
 }
 
 
@@ -48,10 +48,12 @@ def test_captured_screen_reads_as_recorded(path: Path) -> None:
 
 
 def test_every_cli_has_each_kind_of_screen() -> None:
-    """Each CLI's fixtures cover its prompt, work, a permission prompt and a dialog."""
-    for cli in RECOGNIZERS:
-        seen = {load(p)[1].seen for p in (SCREENS / cli).glob("*.txt")}
-        assert seen == set(Seen), cli
+    """Each CLI's fixtures cover its prompt, work, a permission prompt and a dialog: what its
+    package declares its screen shows (the keys it declares answer that permission prompt)."""
+    for known in (codex.CLI, gemini_cli.CLI, opencode.CLI):
+        seen = {load(p)[1].seen for p in (SCREENS / known.name).glob("*.txt")}
+        assert seen == set(Seen), known.name
+        assert known.screen is not None and known.screen.shows == seen, known.name
 
 
 # ---- shapes never seen: a dialog, never the prompt ------------------------------------------

@@ -166,7 +166,7 @@ def test_cli_config_adds_and_overrides_builtins(tmp_path: Path) -> None:
 
 
 def test_claude_resumes_only_when_it_has_history(tmp_path: Path) -> None:
-    from sidecar.agent.clis.claude_code import config_dir, has_history
+    from sidecar.agent.clis.claude_code.hooks import config_dir, has_history
 
     claude = load_registry(None)["claude-code"]
     workspace = Path("/workspace")

@@ -203,6 +203,11 @@ async def test_a_look_tmux_does_not_answer_keeps_the_last_state() -> None:
     assert (machine.state, machine.status().reason) == ("waiting", "Delete it? [y/N]")
 
 
+def test_claude_codes_fixtures_show_what_its_package_declares() -> None:
+    seen = {load(p)[1] for p in (SCREENS / "claude-code").glob("*.txt")}
+    assert claude_code.CLI.screen is not None and claude_code.CLI.screen.shows == seen
+
+
 async def test_an_early_look_counts_only_a_whole_frame_of_a_known_shape() -> None:
     """While the CLI has said nothing yet, output makes the sidecar look at once (a first-start
     dialog is `waiting` without waiting for the pane to settle), but only a complete reading
@@ -217,7 +222,7 @@ async def test_an_early_look_counts_only_a_whole_frame_of_a_known_shape() -> Non
             return shown
 
         source = ScreenSource(machine, look)
-        source.use(CLIDef("claude-code", ("claude",), screen="claude-code"))
+        source.use(CLIDef("claude-code", ("claude",), knowledge=claude_code.CLI))
         source.output()
         assert source._task is not None
         await source._task

@@ -265,7 +265,7 @@ def create_app(sup: Supervisor) -> web.Application:
         *page_operations(),
         *message_operations(app, cfg.workspace, sup.owner),
         *terminal_operations(app, sup),
-        *agent_operations(app, sup.awareness),
+        *agent_operations(app, sup.awareness, sup.registry),
         *approval_operations(sup.awareness.approvals),
     ]
     boxes = app[MAILBOXES]

@@ -14,12 +14,13 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 
 from sidecar import config
+from sidecar.launcher.homes import seeded
 from sidecar.launcher.plan import (
     CONTAINER_PORT,
     PASSTHROUGH_PREFIXES,
@@ -57,13 +58,16 @@ PROBES: dict[str, Obj] = {
     "livenessProbe": {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
     "readinessProbe": {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2},
 }
-# Copies a seeded OAuth credentials file into the home volume once; later refreshes rewrite it.
+# Copies a seeded sign-in file (the CLI package's `homes.sign_in`: an OAuth credentials file)
+# into the home volume once; later refreshes rewrite it.
+SEEDED = seeded()
+_SIGN_IN = PurePosixPath(SANDBOX_HOME) / str(SEEDED.sign_in)
 SEED_SCRIPT = f"""\
 set -eu
 seed={SEED_DIR}/credentials.json
-dest={SANDBOX_HOME}/.claude/.credentials.json
+dest={_SIGN_IN}
 if [ -f "$seed" ] && [ ! -e "$dest" ]; then
-  mkdir -p -m 700 {SANDBOX_HOME}/.claude
+  mkdir -p -m 700 {_SIGN_IN.parent}
   install -m 600 "$seed" "$dest"
   echo "seeded $dest"
 fi
@@ -200,10 +204,10 @@ def _volumes(target: Target) -> list[Obj]:
         {
             "name": "seed",
             "secret": {
-                "secretName": f"{target.name}-claude-credentials",
+                "secretName": f"{target.name}-{SEEDED.seed}",
                 "optional": True,
                 "defaultMode": 288,
-                "items": [{"key": ".credentials.json", "path": "credentials.json"}],
+                "items": [{"key": _SIGN_IN.name, "path": "credentials.json"}],
             },
         },
         {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": RUN_SIZE}},

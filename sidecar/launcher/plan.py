@@ -13,12 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sidecar.core.contract import DEFAULT_PORT, DEFAULT_STATE_DIR, DEFAULT_WORKSPACE
+from sidecar.launcher import homes
 from sidecar.security.tokens import TOKEN_VAR, TOKEN_VARS, VIEW_TOKEN_VAR
 
 SANDBOX_HOME = "/home/sleeve"
-# The other CLIs' own folders in the slot (config, sign-in, conversations), kept like `.claude`:
-# Codex's, Gemini CLI's, opencode's data (its config is under `.config`).
-CLI_HOMES = (".codex", ".gemini", ".local/share/opencode")
 # Inside a sleeve the sidecar keeps the contract's defaults; docker publishes the port on
 # 127.0.0.1:<port>.
 WORKSPACE = DEFAULT_WORKSPACE
@@ -104,20 +102,16 @@ class RunPlan:
 def home_mounts(plan: RunPlan) -> list[Mount]:
     """The shared mount plan, in order: later mounts sit on top of earlier ones.
 
-    The slot's `.claude/` is the CLI's config dir (read-write: OAuth refresh rewrites the
-    credentials file); the instance's `projects/` and `history.jsonl` go over the config dir's
-    own, so history belongs to the project and survives a hard resleeve.
+    The workspace, then what the slot keeps of each CLI (`sidecar.launcher.homes`): its config
+    dir read-write (an OAuth refresh rewrites the sign-in), and the instance's per-project paths
+    over it, so history belongs to the project and survives a hard resleeve.
     """
-    claude = f"{SANDBOX_HOME}/.claude"
     return [
         Mount(plan.workspace, WORKSPACE),
-        Mount(plan.slot_dir / ".claude", claude),
-        Mount(plan.instance_dir / "projects", f"{claude}/projects"),
-        Mount(plan.instance_dir / "history.jsonl", f"{claude}/history.jsonl"),
-        Mount(plan.slot_dir / ".claude.json", f"{SANDBOX_HOME}/.claude.json"),
-        Mount(plan.slot_dir / ".config", f"{SANDBOX_HOME}/.config"),
-        Mount(plan.slot_dir / ".cache", f"{SANDBOX_HOME}/.cache"),
-        *(Mount(plan.slot_dir / sub, f"{SANDBOX_HOME}/{sub}") for sub in CLI_HOMES),
+        *(
+            Mount(source, f"{SANDBOX_HOME}/{path}")
+            for source, path in homes.mounts(plan.slot_dir, plan.instance_dir)
+        ),
     ]
 
 

@@ -22,7 +22,6 @@ from typing import Any, NamedTuple
 import psutil
 
 from sidecar.agent.awareness import Awareness
-from sidecar.agent.clis import claude_code
 from sidecar.agent.registry import CLIDef
 from sidecar.config import Config, RestartPolicy
 from sidecar.core.event_shapes import CliExit, ErrorEvent
@@ -136,9 +135,7 @@ class CliRunner:
             )
             return LaunchPlan((), (), {}, fatal)
         with acting(self.owner):  # the history is the CLI user's, maybe private to it
-            history = claude_code.has_history(
-                claude_code.config_dir(self.env), self.config.workspace
-            )
+            history = cli.has_history(self.env, self.config.workspace)
         command = cli.argv(resume=resume, has_history=history)
         # Not as the CLI's user: the launch keeps the hook secret in the sidecar's own state
         # file (each CLI's own files are made as the user who reads them, where they are made).
