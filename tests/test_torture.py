@@ -1,11 +1,11 @@
 """The pane-output torture test: a CLI writes adversarial terminal output as fast as the pane takes
 it (tests/clis/torture.py: every escape-sequence family, invalid UTF-8, wide and combining
-characters) while the sidecar's control client is attached, /screen is read in a loop, /status
-is asked in a loop, the web terminal is attached and resized, and the window is resized. The
-tmux server must not die (tmux 3.3a's did, in its handling of pane output), the sidecar must log
-no error and /status must answer throughout. Two thirds in, the test SIGKILLs the tmux server:
-it is healed, and counted as a kill (`sidecar_tmux_server_deaths_total{signal="SIGKILL"}`),
-not a crash, and the torture goes on in the new server.
+characters) while the sidecar's control client is attached, /screen and /status are asked in a
+loop, the web terminal is attached and resized, the window is resized and the CLI is resleeved
+every 3 s (its pane respawned in the same server while the output pours out). No tmux server may
+die but the one the test SIGKILLs two thirds in, which is healed and counted as a kill
+(`sidecar_tmux_server_deaths_total{signal="SIGKILL"}`), not a crash, the torture going on in the
+new server; the sidecar must log no error and /status must answer throughout.
 
 The stream is the seed's alone: a failure prints the seed, and `TORTURE_SEED=N` replays it
 (`TORTURE_SECONDS` runs longer, to hunt). Real parts throughout: tmux, ttyd, the sidecar.
@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import aiohttp
 import pytest
@@ -41,66 +42,45 @@ HEAL_WITHIN = 15.0  # seconds a SIGKILLed server has to be replaced, under the t
 
 @dataclass
 class Tally:
-    """What the loops saw: answers by code, the slowest /status, the terminal's bytes."""
+    """What the loops saw: answers by path and code, the slowest of each path, the terminal's
+    bytes and attaches, and anything that should not have happened."""
 
-    screens: dict[int | str, int] = field(default_factory=dict)
-    statuses: dict[int | str, int] = field(default_factory=dict)
-    slowest_status: float = 0.0
+    answers: dict[str, dict[int | str, int]] = field(default_factory=dict)
+    slowest: dict[str, float] = field(default_factory=dict)
     terminal_bytes: int = 0
     terminal_attaches: int = 0
     resizes: int = 0
-    resleeves: dict[int | str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
-
-def count(where: dict[int | str, int], key: int | str) -> None:
-    where[key] = where.get(key, 0) + 1
-
-
-def read_screens(sc: Sidecar, tally: Tally, stop: threading.Event) -> None:
-    while not stop.is_set():
-        try:
-            code, body = http("GET", sc.url + "/screen", headers=AUTH, timeout=10)
-        except OSError as exc:
-            count(tally.screens, type(exc).__name__)
-            tally.problems.append(f"/screen: {exc!r}")
-            continue
-        count(tally.screens, code)
-        # 503: tmux could not be asked right now (busy past 1 s, or being replaced), as the
-        # contract allows; nothing else but 200
-        if code not in (200, 503):
-            tally.problems.append(f"/screen answered {code}: {body}")
+    def of(self, path: str, code: int | str) -> int:
+        return self.answers.get(path, {}).get(code, 0)
 
 
-def ask_status(sc: Sidecar, tally: Tally, stop: threading.Event) -> None:
-    while not stop.is_set():
+class Ask(NamedTuple):
+    """A request made in a loop, every `every` seconds; any code but `allowed` is a problem."""
+
+    method: str
+    path: str
+    body: object
+    allowed: tuple[int, ...]
+    every: float
+
+
+def ask_in_a_loop(sc: Sidecar, tally: Tally, stop: threading.Event, ask: Ask) -> None:
+    """`ask` until `stop`: each answer counted by code (an error by its name), the slowest
+    kept."""
+    counts = tally.answers.setdefault(ask.path, {})
+    while not stop.wait(ask.every):
         began = time.monotonic()
         try:
-            code, body = http("GET", sc.url + "/status", headers=AUTH, timeout=10)
+            code, answer = http(ask.method, sc.url + ask.path, ask.body, headers=AUTH, timeout=10)
         except OSError as exc:
-            count(tally.statuses, type(exc).__name__)
-            tally.problems.append(f"/status: {exc!r}")
-            continue
-        tally.slowest_status = max(tally.slowest_status, time.monotonic() - began)
-        count(tally.statuses, code)
-        if code != 200:
-            tally.problems.append(f"/status answered {code}: {body}")
-        stop.wait(0.05)
-
-
-def resleeve(sc: Sidecar, tally: Tally, stop: threading.Event) -> None:
-    """A resleeve to the same CLI every few seconds: the pane respawned in the same tmux server
-    while output pours out of it (tmux 3.3a kept stale offsets into the pane's buffer across a
-    respawn, and crashed reading past its end)."""
-    while not stop.wait(3.0):
-        try:
-            code, body = http("POST", sc.url + "/resleeve", {"cli": "torture"}, headers=AUTH)
-        except OSError as exc:
-            tally.problems.append(f"/resleeve: {exc!r}")
-            continue
-        count(tally.resleeves, code)
-        if code not in (202, 409):  # 409: one still under way (or the heal's)
-            tally.problems.append(f"/resleeve answered {code}: {body}")
+            code, answer = type(exc).__name__, repr(exc)
+        took = time.monotonic() - began
+        tally.slowest[ask.path] = max(tally.slowest.get(ask.path, 0.0), took)
+        counts[code] = counts.get(code, 0) + 1
+        if code not in ask.allowed:
+            tally.problems.append(f"{ask.method} {ask.path}: {code} {answer}")
 
 
 def resize_window(sc: Sidecar, rng: random.Random, tally: Tally, stop: threading.Event) -> None:
@@ -205,10 +185,16 @@ def test_tmux_and_the_sidecar_hold_under_adversarial_pane_output(
     rng = random.Random(seed)
     tally = Tally()
     stop = threading.Event()
+    # /screen: 503 is tmux that could not be asked right now (busy past 1 s, or being replaced),
+    # as the contract allows. A resleeve to the same CLI every 3 s respawns the pane in the same
+    # server while the output pours out (409: one still under way, or the heal).
+    asks = [
+        Ask("GET", "/screen", None, (200, 503), 0.0),
+        Ask("GET", "/status", None, (200,), 0.05),
+        Ask("POST", "/resleeve", {"cli": "torture"}, (202, 409), 3.0),
+    ]
     loops = [
-        threading.Thread(target=read_screens, args=(sc, tally, stop)),
-        threading.Thread(target=ask_status, args=(sc, tally, stop)),
-        threading.Thread(target=resleeve, args=(sc, tally, stop)),
+        *(threading.Thread(target=ask_in_a_loop, args=(sc, tally, stop, ask)) for ask in asks),
         threading.Thread(target=resize_window, args=(sc, random.Random(rng.random()), tally, stop)),
         threading.Thread(target=terminal, args=(sc, random.Random(rng.random()), tally, stop)),
     ]
@@ -251,14 +237,9 @@ def test_tmux_and_the_sidecar_hold_under_adversarial_pane_output(
         killed = f"tmux server {first.pid} was killed (SIGKILL); recreating the session"
         assert errors_logged(sc, lambda msg: msg == killed) == [], replay
         # It was a torture: the loops ran all along, and the terminal got the output.
-        screens = sum(tally.screens.values())
-        assert tally.screens.get(200, 0) >= max(10, screens // 2), (tally.screens, replay)
-        assert tally.statuses.get(200, 0) >= 20 and tally.slowest_status < 5, (tally, replay)
-        assert tally.resleeves.get(202, 0) >= 3, (tally.resleeves, replay)
+        screens = sum(tally.answers["/screen"].values())
+        assert tally.of("/screen", 200) >= max(10, screens // 2), (tally, replay)
+        assert tally.of("/status", 200) >= 20 and tally.slowest["/status"] < 5, (tally, replay)
+        assert tally.of("/resleeve", 202) >= 3, (tally, replay)
         assert tally.terminal_attaches >= 2 and tally.terminal_bytes > 1_000_000, (tally, replay)
-        print(
-            f"torture {seed}: {SECONDS:g} s, /screen {tally.screens}, /status {tally.statuses} "
-            f"(slowest {tally.slowest_status:.2f} s), resleeves {tally.resleeves}, terminal "
-            f"{tally.terminal_bytes} bytes in {tally.terminal_attaches} attaches, "
-            f"{tally.resizes} window resizes"
-        )
+        print(f"torture {seed}, {SECONDS:g} s: {tally}")
