@@ -95,6 +95,7 @@ async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarn
 
     from sidecar.api.app import create_app
     from sidecar.core.events import EventBus
+    from sidecar.process.deaths import REAPED
     from sidecar.process.supervisor import Supervisor
 
     stop = asyncio.Event()
@@ -105,6 +106,8 @@ async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarn
     loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP ignored"))
     # Now a SIGTERM has somewhere to go: the ones init held back since the fork arrive here.
     incarnation.release_signals()
+    if incarnation.reaped is not None:
+        REAPED.listen(incarnation.reaped)  # how init's orphans die: the tmux server is one
 
     sup = Supervisor(
         config,

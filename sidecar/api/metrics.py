@@ -92,6 +92,16 @@ def approvals(out: Exposition, book: Approvals) -> None:
     )
 
 
+# Always present, 0 until they happen, so that an alert on a crash sees the series from the start.
+TMUX_DEATH_SIGNALS = ("SIGSEGV", "SIGABRT", "SIGKILL", "SIGTERM")
+
+
+def tmux_deaths(seen: tuple[tuple[str, int], ...]) -> list[tuple[str, int]]:
+    counts = dict.fromkeys(TMUX_DEATH_SIGNALS, 0)
+    counts.update(seen)
+    return sorted(counts.items())
+
+
 class Metrics:
     """The handler behind `/metrics`: the supervisor's in-memory state at scrape time."""
 
@@ -186,6 +196,13 @@ class Metrics:
             "counter",
             "tmux servers recreated after dying",
             v.tmux_heals,
+        )
+        out.family(
+            "sidecar_tmux_server_deaths_total",
+            "counter",
+            "tmux servers that died under the sidecar, by the signal that killed them "
+            "(SIGSEGV, SIGABRT: a crash; SIGKILL, SIGTERM: a kill; none: it exited)",
+            [((("signal", name),), n) for name, n in tmux_deaths(v.tmux_deaths)],
         )
         out.summary(
             "sidecar_resleeve_duration_seconds",

@@ -41,6 +41,7 @@ class SupervisorView(NamedTuple):
     cli_exits: tuple[tuple[str, int], ...]  # CLI exits the sidecar did not cause, by code
     cli_restarts: int  # CLI starts by the restart policy
     tmux_heals: int  # tmux servers recreated after dying
+    tmux_deaths: tuple[tuple[str, int], ...]  # tmux server deaths, by signal
     resleeves: int  # finished resleeves
     resleeve_seconds: float  # their summed duration
     egress: EgressInfo
@@ -94,6 +95,7 @@ def of(sup: Supervisor) -> SupervisorView:
         tuple(stats.cli_exits.items()),
         stats.cli_restarts,
         stats.tmux_heals,
+        tuple(stats.tmux_deaths.items()),
         stats.resleeves,
         stats.resleeve_seconds,
         sup.egress.info(),

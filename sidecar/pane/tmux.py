@@ -161,6 +161,15 @@ class Tmux:
             msg = "tmux is not installed"
             raise TmuxError(msg) from None
 
+    def version(self) -> str | None:
+        """What `tmux -V` answers ("tmux 3.5a"); None when tmux cannot be run."""
+        try:
+            result = self.run_client(["-V"], timeout=10)
+        except (TmuxError, OSError, subprocess.TimeoutExpired):
+            return None
+        answer = result.stdout.decode(errors="replace").strip()
+        return answer if result.returncode == 0 and answer else None
+
     def _cmd_as_user(self, args: Sequence[str]) -> list[str]:
         result = self.run_client(args)
         if result.returncode != 0:

@@ -35,6 +35,7 @@ from sidecar.core.states import (
 )
 from sidecar.pane.tmux import PaneInfo, Tmux, TmuxError, fatal_pane_argv
 from sidecar.process import persist
+from sidecar.process.deaths import REAPED, of_shell_code
 from sidecar.process.persist import ProcRef
 from sidecar.process.pidfd import PidWatches
 from sidecar.process.proctree import stop_tree
@@ -248,7 +249,9 @@ class CliRunner:
         if gen != self.gen or self.status.state is not ProcState.RUNNING:
             return
         ran = time.monotonic() - (self.status.started_at or time.monotonic())
-        log.warning("CLI %s exited with %s after %.1fs", self.name, code, ran)
+        log.warning(
+            "CLI %s exited with %s%s after %.1fs", self.name, code, of_shell_code(code), ran
+        )
         self.stats.cli_exited(code)
         self.cli_ref = None
         # RUNNING -> EXITED: the CLI ended by itself.
@@ -315,8 +318,13 @@ class CliRunner:
             pane = self.server.pane
             if self.stopping or pane is None or pane.server_pid != server_pid:
                 return
-            log.error("tmux server %d died; recreating the session", server_pid)
-            self.bus.publish(ErrorEvent(message="tmux server died; session recreated"))
+            ref = self.server.ref
+            start = ref.start if ref is not None and ref.pid == server_pid else None
+            death = await REAPED.death_of(server_pid, start)
+            self.stats.tmux_deaths[death.label] += 1
+            how = f"tmux server {server_pid} {death.describe()}"
+            log.error("%s; recreating the session", how)
+            self.bus.publish(ErrorEvent(message=f"{how}; session recreated"))
             # Its pane's CLI got SIGHUP, but one that ignores it lives on as an orphan.
             await self.stop_pane_tree()
             self.stats.tmux_heals += 1

@@ -1,6 +1,7 @@
 """PID-1 duties in tini's model: a tiny init process reaps every orphan and forwards signals to
 the real work (the asyncio supervisor), which runs as its only direct child. It also starts a
-supervisor that crashed again (the crash-only part), and gives up after too many crashes.
+supervisor that crashed again (the crash-only part), and gives up after too many crashes. What
+it reaps it reports to the supervisor (`REPORT`): how an orphan such as the tmux server ended.
 
 Why split: a blanket `waitpid(-1)` in the supervisor would steal exit statuses from asyncio's
 child watcher and from `subprocess` (libtmux runs tmux through it). Here the reaper lives in a
@@ -17,6 +18,7 @@ import json
 import os
 import select
 import signal
+import struct
 import sys
 import time
 import traceback
@@ -59,6 +61,11 @@ RESTART_DELAYS = (0.0, 0.5, 1.0, 2.0)
 # most for the kernel to free them (a process stuck in an uninterruptible sleep must not hold
 # init up for ever).
 KILL_WAIT = 5.0
+# What init tells the supervisor of each process it reaps (the supervisor itself excepted), on a
+# pipe: pid, start time (`sidecar.core.proc.start_time`), wait status. The tmux server is init's
+# orphan, so this is how the supervisor learns which signal killed it (`sidecar.process.deaths`).
+# One record is one write far below PIPE_BUF: never split.
+REPORT = struct.Struct("=idi")
 
 
 def _log(level: str, message: str, **fields: object) -> None:
@@ -92,6 +99,7 @@ class Incarnation:
     stop: bool  # a stop was asked for (SIGTERM/SIGINT): adopt what runs, then shut down
     started: float  # time.monotonic() when init started: the sidecar's uptime
     sigmask: frozenset[int]  # the signal mask to restore once the loop's handlers are in place
+    reaped: int | None = None  # the read end of init's pipe of `REPORT`s
 
     def release_signals(self) -> None:
         """Unblock the signals init kept blocked: call once the loop's handlers are installed.
@@ -217,19 +225,42 @@ class _Init:
         self.crashes: deque[float] = deque()
         self.stop_requested = False
         self.restart_at = 0.0
+        self.reports: int | None = None  # the write end of the running supervisor's `REPORT`s
         # Looked up before any fork: the child only calls it.
         self.arm = parent_death_signal(signal.SIGTERM)
 
     def spawn(self) -> None:
-        incarnation = Incarnation(self.restarts, self.stop_requested, self.started, self.mask)
+        self._close_reports()
+        # Close-on-exec (Python's default): nothing the supervisor starts inherits either end.
+        reaped, reports = os.pipe()
+        incarnation = Incarnation(
+            self.restarts, self.stop_requested, self.started, self.mask, reaped
+        )
         parent = os.getpid()
         # Objects inherited across fork stay out of the child's collections, so its collector
         # does not write to (and unshare) every page it inherited from init.
         gc.freeze()
         child = os.fork()
         if child == 0:
+            os.close(reports)
             self._child(incarnation, parent)
+        os.close(reaped)
+        # Never blocks init: a supervisor that does not read loses only the reports.
+        os.set_blocking(reports, False)
+        self.reports = reports
         self.child = child
+
+    def _close_reports(self) -> None:
+        if self.reports is not None:
+            os.close(self.reports)
+            self.reports = None
+
+    def _report(self, pid: int, started: float | None, status: int) -> None:
+        if self.reports is None or started is None:
+            return
+        # A full pipe (a supervisor busy or hung) or a closed one (it died) drops the report.
+        with contextlib.suppress(BlockingIOError, BrokenPipeError):
+            os.write(self.reports, REPORT.pack(pid, started, status))
 
     def _child(self, incarnation: Incarnation, parent: int) -> NoReturn:
         code = 1
@@ -293,14 +324,20 @@ class _Init:
         # SIGCHLDs coalesce, so reap until there is nothing left to reap.
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                # Found first and reaped second: the start time of a zombie is still readable.
+                found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 break
-            if pid == 0:
+            if found is None:
                 break
+            started = start_time(found.si_pid)
+            pid, status = os.waitpid(found.si_pid, 0)
             if pid == self.child:
                 self.child = None
+                self._close_reports()
                 final = self.on_supervisor_exit(status)
+            else:
+                self._report(pid, started, status)
         return final
 
     def on_supervisor_exit(self, status: int) -> int | None:

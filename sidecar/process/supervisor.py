@@ -27,6 +27,7 @@ from sidecar.core.events import EventBus
 from sidecar.core.proc import send_signal, start_time
 from sidecar.core.states import ProcState, ProcStatus
 from sidecar.egress.service import Egress
+from sidecar.pane import tmux_version
 from sidecar.pane.tmux import PaneInfo, Tmux
 from sidecar.process import adopt, persist
 from sidecar.process.adopt import Plan
@@ -229,6 +230,10 @@ class Supervisor:
             )
         self.runner.egress_env = self.egress.env()
         await self._prepare_workspace(ours)
+        old_tmux = tmux_version.warning(await asyncio.to_thread(self.tmux.version))
+        if old_tmux is not None and old_tmux not in self.warnings:
+            log.warning("%s", old_tmux)
+            self.warnings.append(old_tmux)
         self.current.get()
         if self.restarts and (left := self.awareness.activity.stop_orphans(os.getppid())):
             log.warning("stopped %d tmux control clients a dead supervisor left", left)

@@ -25,6 +25,7 @@ from sidecar.core.states import (
     ProcStatus,
     backoff_delay,
 )
+from sidecar.process.deaths import Death
 from sidecar.process.persist import ProcRef
 from sidecar.process.proctree import wait_exited
 from sidecar.process.ttyd import Credential, TtydNotFound, Upstream, find_ttyd, port_free, ttyd_argv
@@ -257,7 +258,7 @@ class TtydRunner:
             where = self.socket_path or f"127.0.0.1:{self.port}"
             log.info("ttyd running as pid %d on %s", proc.pid, where)
         code = await proc.wait()
-        return code, f"exited with {code}"
+        return code, Death.of_returncode(code).describe()
 
     @staticmethod
     async def _forward_output(

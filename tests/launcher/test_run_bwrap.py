@@ -6,6 +6,7 @@ import contextlib
 import json
 import re
 import shlex
+import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -83,6 +84,12 @@ def test_bwrap_run_starts_a_sidecar_as_pid_1_that_ps_shows_and_stop_ends(
         assert bwrap.name() == "bwrap"
         assert ns_pid(init.pid) == "1", "the sidecar is PID 1 in its namespace"
         assert init.cmdline()[-3:] == ["-m", "sidecar", "run"]
+        # The sandbox runs the tmux the launcher's PATH has (the tests': scripts/build-tmux's).
+        servers = wait_for(
+            lambda: [p for p in init.children(recursive=True) if p.name() == "tmux: server"],
+            what="the sleeve's tmux server",
+        )
+        assert servers[0].cmdline()[0] == shutil.which("tmux")
 
         # Only the allow-list reaches the sandbox; the key's value is in no argv.
         inside = environ(init.pid)
