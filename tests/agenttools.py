@@ -1,10 +1,12 @@
 """Helpers for the agent-state tests: the real Claude Code CLI set up to run offline against the
-loopback API stub, an /events reader that keeps every line it saw, and the wait for a state."""
+loopback API stub, an /events reader that keeps every line it saw, the wait for a state, and the
+supervisor's once-a-second tick seen on /events."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -87,6 +89,25 @@ class EventLog:
             return next((e for e in list(self.lines) if predicate(e)), None)
 
         return wait_for(found, timeout, what=what)
+
+
+def wait_ticks(sc: Sidecar, events: EventLog, count: int) -> None:
+    """Wait until the supervisor's once-a-second tick has run `count` more times. The tick
+    that types inbox notices also reports CURRENT.md edits: each of `count` edits seen on
+    /events (`progress-update`) is one more tick, and the ticks come a second apart on the
+    supervisor's own event loop. For the tests that prove something did NOT happen, the signal
+    that it had its chances. Nothing may ask /status meanwhile: it reads CURRENT.md too, and
+    would report an edit in a tick's place."""
+    current = sc.workspace / ".cstack" / "CURRENT.md"
+    current.parent.mkdir(exist_ok=True)
+    for _ in range(count):
+        task = f"tick {secrets.token_hex(4)}"
+        current.write_text(f"# Current\n\n## Task\n{task}\n")
+
+        def reported(e: dict[str, Any], task: str = task) -> bool:
+            return e["type"] == "progress-update" and e["task"] == task
+
+        events.wait(reported, f"the tick that reports {task!r}")
 
 
 def wait_agent(sc: Sidecar, state: str, timeout: float = 30) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import aiohttp
 import psutil
 import pytest
 
+from tests.agenttools import EventLog, wait_ticks
 from tests.harness import (
     Sidecar,
     http,
@@ -566,14 +567,6 @@ def test_a_deleted_tmux_socket_is_recreated_within_2s_and_attach_works_again(
     attach_shows(sc, "pidfile ready")
 
 
-def never(predicate: Callable[[], object], within: float, what: str) -> None:
-    """Fail if `predicate` becomes true at any poll before `within` seconds have passed."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        assert not predicate(), what
-        time.sleep(0.05)  # sleep-ok: the polling interval of a deadline observation
-
-
 def test_restart_always_restarts_a_cli_that_exits_0(
     make_sidecar: Callable[..., Sidecar], short_tmp: Path
 ) -> None:
@@ -594,8 +587,10 @@ def test_restart_always_restarts_a_cli_that_exits_0(
 def test_restart_on_failure_leaves_a_cli_that_exits_0_stopped(
     make_sidecar: Callable[..., Sidecar], short_tmp: Path
 ) -> None:
-    """The first restart would come 1 s after the exit (the backoff), so 3 s without a second
-    start (and a state that stays `exited`) means none is coming."""
+    """The first restart would come 1 s after the exit (the backoff). Three ticks of the
+    supervisor's once-a-second loop, seen on /events after the exit, are past that moment on
+    the supervisor's own clock: no second start by then (and a state still `exited`) means
+    none is coming."""
     starts = short_tmp / "starts"
     config = write_cli_config(
         short_tmp / "clis.yaml", {"ok": py_cli("exit_with.py", "0", str(starts))}
@@ -603,15 +598,15 @@ def test_restart_on_failure_leaves_a_cli_that_exits_0_stopped(
     sc = make_sidecar(
         cli="ok", env_extra={"SIDECAR_CLI_CONFIG": str(config), "SIDECAR_RESTART": "on-failure"}
     ).start(wait_healthy=False)
+    events = EventLog(sc)
     status = sc.wait_status(lambda s: s["cli_state"] == "exited", "CLI exited")
     assert status["cli_exit_code"] == 0
     assert status["cli_running"] is False
     assert status["health"] == "degraded"
     assert sc.get("/health")[1]["status"] == "degraded"
-    never(
-        lambda: len(read_pids(starts)) > 1 or sc.status()["cli_state"] != "exited",
-        within=3.0,
-        what="a CLI that exited 0 was restarted under on-failure",
+    wait_ticks(sc, events, 3)
+    assert sc.status()["cli_state"] == "exited", (
+        "a CLI that exited 0 was restarted under on-failure"
     )
     assert len(read_pids(starts)) == 1
 
