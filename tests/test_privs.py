@@ -127,7 +127,7 @@ def test_keep_only_leaves_exactly_those_capabilities() -> None:
     if os.geteuid() != 0:
         missing("capabilities to drop need root")
     code = (
-        "import json; from sidecar import caps; caps.keep_only(caps.NEEDED_CAPS); "
+        "import json; from sidecar.security import caps; caps.keep_only(caps.NEEDED_CAPS); "
         "kinds = ('CapEff', 'CapPrm', 'CapBnd', 'CapInh', 'CapAmb'); "
         "print(json.dumps([sorted(caps.current_caps(k)) for k in kinds]))"
     )
