@@ -1,6 +1,6 @@
 """Helpers for the agent-state tests: the real Claude Code CLI set up to run offline against the
-loopback API stub, an /events reader that keeps every line it saw, the wait for a state, and the
-supervisor's once-a-second tick seen on /events."""
+loopback API stub, an /events reader that keeps every line it saw, the wait for a state, the
+running CLI's argv, and the supervisor's once-a-second tick seen on /events."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from sidecar.client import ClientError, SidecarClient
@@ -48,6 +49,22 @@ def claude_env(sc: Sidecar, stub: AnthropicStub) -> dict[str, str]:
         "DISABLE_AUTOUPDATER": "1",
         "PATH": f"{claude_binary().parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
     }
+
+
+def claude_sidecar(
+    make_sidecar: Callable[..., Sidecar], stub: AnthropicStub, *, trusted: bool = True, **env: str
+) -> Sidecar:
+    """A sidecar (not started) running the real Claude Code against `stub` (`claude_env`), with
+    `env` added; not `trusted`: a user's home past onboarding where this workspace was never
+    trusted, so the CLI starts at its trust dialog."""
+    sc = make_sidecar(cli="claude-code")
+    sc.env_extra.update(claude_env(sc, stub), **env)
+    if not trusted:
+        state = sc.tmp / "home" / ".claude.json"
+        config = json.loads(state.read_text())
+        config["projects"] = {}
+        state.write_text(json.dumps(config))
+    return sc
 
 
 class EventLog:
@@ -89,6 +106,17 @@ class EventLog:
             return next((e for e in list(self.lines) if predicate(e)), None)
 
         return wait_for(found, timeout, what=what)
+
+
+def agent_status(sc: Sidecar) -> dict[str, Any]:
+    """The agent's part of /status now."""
+    return dict(sc.status()["agent"])
+
+
+def cli_argv(sc: Sidecar) -> list[str]:
+    """The running CLI's argv (its pid as /status names it; an npm launcher's is node's, with
+    the script and the CLI's arguments after it)."""
+    return list(psutil.Process(sc.status()["cli_pid"]).cmdline())
 
 
 def wait_ticks(sc: Sidecar, events: EventLog, count: int) -> None:

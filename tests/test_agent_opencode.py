@@ -16,10 +16,10 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.agenttools import EventLog, wait_agent, wait_ticks
+from tests.agenttools import EventLog, cli_argv, wait_agent, wait_ticks
 from tests.e2e.tool_stub import opencode_config, running
 from tests.harness import Sidecar, free_ports, http, wait_for
-from tests.test_crash import kill_supervisor, restarted
+from tests.proctools import kill_supervisor, restarted
 from tests.tools import cli_bin
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -62,10 +62,6 @@ def opencode_sidecar(
 
 def user_file(sc: Sidecar) -> Path:
     return sc.tmp / "home" / ".config" / "opencode" / "opencode.json"
-
-
-def cli_argv(sc: Sidecar) -> list[str]:
-    return psutil.Process(sc.status()["cli_pid"]).cmdline()
 
 
 def opencode_server(sc: Sidecar) -> tuple[str, str]:

@@ -19,7 +19,7 @@ import pytest
 
 from tests.agenttools import EventLog, wait_agent
 from tests.harness import CLIS, Sidecar, wait_for, write_cli_config
-from tests.test_crash import supervisor_of
+from tests.proctools import supervisor_of
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,6 @@ input, and inbox notices: real sidecar processes with real tmux on private socke
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -14,14 +13,11 @@ from typing import Any
 import pytest
 
 from tests.agenttools import EventLog, wait_agent, wait_ticks
-from tests.harness import CLIS, REPO, Sidecar, wait_for, write_cli_config
+from tests.commands import sidecar_cmd
+from tests.harness import CLIS, Sidecar, wait_for, write_cli_config
 
 TOKEN = "agent-state-admin-0123456789"
 VIEW = "agent-state-view-0123456789"
-
-
-def agent(sc: Sidecar) -> dict[str, Any]:
-    return sc.status()["agent"]
 
 
 def prompt_cli(tmp: Path, **extra: Any) -> tuple[Path, Path]:
@@ -230,18 +226,9 @@ def test_sidecar_input_keys_and_wait_commands(
 ) -> None:
     config, typed = prompt_cli(short_tmp)
     sc = make_sidecar(cli="pcli", env_extra={**quick_idle(config), "SIDECAR_TOKEN": TOKEN}).start()
-    env = {
-        "PATH": os.environ["PATH"],
-        "PYTHONPATH": str(REPO),
-        "SIDECAR_PORT": str(sc.port),
-        "SIDECAR_TOKEN": TOKEN,
-    }
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "sidecar", *args],
-            env=env, capture_output=True, text=True, timeout=30, check=False,
-        )  # fmt: skip
+        return sidecar_cmd(sc, *args, token=TOKEN)
 
     waited = run("wait", "--state", "idle", "--timeout", "15")
     assert waited.returncode == 0 and waited.stdout.strip() == "idle", waited

@@ -13,10 +13,9 @@ import pytest
 
 from tests.agenttools import EventLog, wait_agent, wait_ticks
 from tests.harness import CLIS, Sidecar, wait_for, write_cli_config
-from tests.tools import missing
+from tests.tools import SYSTEM_PYTHON, missing
 
 UID = GID = 23457  # no passwd entry on purpose
-SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's interpreter may live under root's 0700 home
 
 
 @pytest.fixture

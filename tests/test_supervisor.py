@@ -34,20 +34,11 @@ from tests.harness import (
     wait_for,
     write_cli_config,
 )
+from tests.proctools import all_exited
 
 
 def read_pids(path: Path) -> list[int]:
     return [int(x) for x in path.read_text().split()]
-
-
-def gone(pids: list[int]) -> bool:
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            continue
-    return True
 
 
 def test_start_serves_health_status_and_terminal_with_the_shell_cli(
@@ -138,7 +129,7 @@ def test_resleeve_kills_a_tree_that_ignores_sighup_and_sigterm(
     status = sc.wait_status(
         lambda s: s["cli"] == "pidfile" and s["cli_running"] and not s["resleeving"], "new CLI up"
     )
-    assert wait_for(lambda: gone(old), what="old tree gone")
+    assert wait_for(lambda: all_exited(old), what="old tree gone")
     new_pid = int(wait_for(lambda: (short_tmp / "new.pid").read_text(), what="new CLI pid file"))
     assert status["cli_pid"] == new_pid
     assert new_pid not in old
@@ -160,7 +151,7 @@ def test_resleeve_of_a_polite_cli_restarts_it_in_place_and_keeps_the_workspace(
     assert sc.post("/resleeve")[0] == 202
     second = int(wait_for(lambda: pid_file.read_text(), what="second pid"))
     assert second != first
-    assert wait_for(lambda: gone([first]), what="first CLI gone")
+    assert wait_for(lambda: all_exited([first]), what="first CLI gone")
     assert sc.status()["current_task"] == "keep me"
     assert "SIGKILL" not in sc.log()
 
@@ -179,7 +170,7 @@ def test_kill_9_of_the_tmux_server_heals_session_and_cli(
     )
     assert server.pid not in [p.pid for p in psutil.Process(status["cli_pid"]).parents()]
     assert sc.get("/health")[1]["status"] == "healthy"
-    assert wait_for(lambda: gone([before]), what="old shell gone")
+    assert wait_for(lambda: all_exited([before]), what="old shell gone")
 
 
 def test_kill_9_of_ttyd_brings_it_back(make_sidecar: Callable[..., Sidecar]) -> None:
@@ -293,7 +284,7 @@ def test_sigterm_stops_everything_marks_killed_and_exits_0(
     started = time.monotonic()
     assert sc.stop() == 0
     assert time.monotonic() - started < 1 + 1.5
-    assert wait_for(lambda: gone(ours + cli_pids), timeout=3, what="nothing of ours left")
+    assert wait_for(lambda: all_exited(ours + cli_pids), timeout=3, what="nothing of ours left")
     text = (sc.workspace / ".cstack" / "CURRENT.md").read_text()
     assert "## Status\nkilled" in text
     assert not (sc.state_dir / "tmux.sock").exists()
@@ -491,7 +482,7 @@ async def test_kill_9_of_the_tmux_server_heals_within_2s_with_the_resume_argv(
     healed = time.monotonic() - killed
     assert healed <= 2.0, f"healthy again {healed:.2f}s after the kill"
     # (a) The old CLI and its child were stopped before the new session started.
-    assert gone(old), [psutil.Process(p).status() for p in old if psutil.pid_exists(p)]
+    assert all_exited(old), [psutil.Process(p).status() for p in old if psutil.pid_exists(p)]
     # (b) The new CLI was started with the resume argv.
     second = wait_for(lambda: stubborn_starts(record)[1:], what="second CLI recorded")[0]
     assert second["pid"] == status["cli_pid"]

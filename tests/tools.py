@@ -19,6 +19,9 @@ import pytest
 SETUP = "scripts/setup --test installs it"
 # Codex, Gemini CLI and opencode as image/clis/ pins them (scripts/setup --test links them here)
 CLI_BIN = Path(__file__).resolve().parent.parent / ".cache" / "clis" / "bin"
+# The system's Python, for what runs as an unprivileged uid: the venv's interpreter may live
+# under root's 0700 home.
+SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 def in_ci() -> bool:
