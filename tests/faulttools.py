@@ -17,8 +17,8 @@ from pathlib import Path
 
 from tests.harness import CLIS, Proc, Sidecar, live_processes, py_cli, wait_for, write_cli_config
 
-# Seconds from a fault until the sleeve is whole again: a CLI or ttyd killed again within 10 s
-# of its start doubles its backoff (1, 2, 4 s), and this covers three such kills.
+# Seconds from a fault until the sleeve is whole again. It covers the backoff of a CLI or ttyd
+# killed soon after each start (1, 2, 4 s: test_faults kills each at most three times).
 RECOVER_WITHIN = 20.0
 # The scripts of the fault CLIs (`fault_clis`): the processes running one are the CLI's.
 FAULT_SCRIPTS = (str(CLIS / "pidfile.py"), str(CLIS / "stubborn.py"))
