@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from sidecar.client import ClientError
-from tests.agenttools import EventLog, wait_agent
+from tests.agenttools import EventLog, cli_argv, wait_agent
 from tests.e2e.tool_stub import running
 from tests.harness import Sidecar, http, wait_for
 from tests.tools import cli_bin
@@ -221,10 +221,6 @@ def test_hook_to_events_latency(
     print(f"gemini hook -> agent-state: median {statistics.median(samples) * 1000:.0f} ms, "
           f"max {max(samples) * 1000:.0f} ms: {[round(s * 1000) for s in samples]}")  # fmt: skip
     assert statistics.median(samples) < 2.0
-
-
-def cli_argv(sc: Sidecar) -> list[str]:
-    return psutil.Process(sc.status()["cli_pid"]).cmdline()
 
 
 def test_resleeve_and_restart_resume_the_same_session_id(

@@ -13,7 +13,7 @@ import pytest
 from tests.agenttools import EventLog, claude_env, stub_factory, wait_agent
 from tests.e2e.anthropic_stub import AnthropicStub
 from tests.harness import Sidecar, wait_for
-from tests.test_crash import kill_supervisor, restarted
+from tests.proctools import kill_supervisor, restarted
 
 __all__ = ["stub_factory"]  # the fixture, imported for pytest
 

@@ -19,7 +19,7 @@ import pytest
 from sidecar.core.proc import start_time
 from sidecar.process.proctree import stop_tree
 from tests.harness import wait_for
-from tests.test_supervisor import gone
+from tests.proctools import all_exited
 
 FORKS_ON_SIGTERM = """
 import os, signal, sys
@@ -56,7 +56,7 @@ def test_a_child_forked_after_the_first_look_is_killed_with_the_tree(tmp_path: P
         forked = wait_for(lambda: children.exists() and children.read_text().split(), timeout=5)
         assert cli.wait(5) == -9
         # The child's parent is gone; whoever reaps it now, it must not be running.
-        wait_for(lambda: gone([int(forked[0])]), timeout=5, what="the late child gone")
+        wait_for(lambda: all_exited([int(forked[0])]), timeout=5, what="the late child gone")
     finally:
         for pid in [cli.pid, *map(int, children.read_text().split() if children.exists() else [])]:
             with contextlib.suppress(ProcessLookupError):

@@ -23,8 +23,8 @@ from sidecar.config import Config
 from sidecar.core.events import EventBus
 from sidecar.process.supervisor import Supervisor
 from tests.clis.screen_cli import ROWS, wide_line
+from tests.faulttools import only_server
 from tests.harness import CLIS, Sidecar, wait_for, write_cli_config
-from tests.test_faults import census
 
 TOKEN = "screen-admin-token-0123"
 VIEW = "screen-view-token-0123"
@@ -105,11 +105,6 @@ def test_an_exited_cli_shows_the_screen_tmux_kept(drawer: Callable[..., Sidecar]
     assert "ready>" in screen["lines"]
 
 
-def tmux_server(sc: Sidecar) -> int:
-    [server] = census(sc).servers
-    return server.pid
-
-
 def test_a_stopped_tmux_is_503_logged_once_and_the_next_look_is_right(
     drawer: Callable[..., Sidecar],
 ) -> None:
@@ -118,7 +113,7 @@ def test_a_stopped_tmux_is_503_logged_once_and_the_next_look_is_right(
     next look still gets its own answer."""
     sc = drawer().start()
     drawn(sc, MARKER)
-    server = tmux_server(sc)
+    server = only_server(sc)
     os.kill(server, signal.SIGSTOP)
     try:
         for _ in range(3):
@@ -138,7 +133,7 @@ def test_screen_right_after_tmux_is_killed_is_503_or_the_healed_screen(
     sc = drawer().start()
     first = sc.status()["cli_pid"]
     drawn(sc, MARKER)
-    os.kill(tmux_server(sc), signal.SIGKILL)
+    os.kill(only_server(sc), signal.SIGKILL)
     codes = set()
 
     def healed() -> bool:

@@ -1,6 +1,7 @@
 """Headless Chromium driven over the DevTools protocol: open a page, wait for a condition in it,
-take a screenshot. Chromium's one-shot `--screenshot` fires on the load event, before a
-WebSocket terminal has drawn anything, so a test that must see the terminal waits in the page.
+take a screenshot (kept where `fresh_artifact` says). Chromium's one-shot `--screenshot` fires
+on the load event, before a WebSocket terminal has drawn anything, so a test that must see the
+terminal waits in the page.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ import base64
 import contextlib
 import itertools
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from tests.harness import wait_for_async
+from tests.harness import REPO, wait_for_async
 
 # ttyd's page keeps its xterm.js Terminal in `window.term`: its buffer is the screen as text.
 TERMINAL_TEXT_JS = """
@@ -36,6 +38,15 @@ TERMINAL_TEXT_JS = """
 
 # Two animation frames: whatever the buffer holds has been painted.
 PAINTED_JS = "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(1))))"
+
+
+def fresh_artifact(name: str) -> Path:
+    """Where a screenshot is kept (SIDECAR_ARTIFACTS, else artifacts/), any old one removed."""
+    artifacts = Path(os.environ.get("SIDECAR_ARTIFACTS", REPO / "artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shot = artifacts / name
+    shot.unlink(missing_ok=True)
+    return shot
 
 
 class Browser:

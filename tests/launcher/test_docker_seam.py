@@ -25,9 +25,7 @@ from sidecar.launcher.launch import free_port
 from sidecar.launcher.slots import Project
 from sidecar.launcher.state import RUNNING, Run, StateStore
 
-from .helpers import Result
-
-SECRET = "sk-ant-api03-TESTKEY-abcdefghij0123456789"
+from .helpers import SECRET, Result
 
 
 @dataclass
