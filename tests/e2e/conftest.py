@@ -77,7 +77,7 @@ class Prepared:
         self.timings["engine_start"] = round(time.monotonic() - t0, 2)
         self.stack.callback(eng.stop)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        self.stack.callback(_save_logs_and_remove_containers, eng, ARTIFACTS)
+        self.stack.callback(_save_logs_and_remove_containers, eng)
         dockerenv.remove_all_containers(eng)
         return eng
 
