@@ -214,6 +214,9 @@ class CliRunner:
             if gen == self.gen and not self.stopping:
                 if counted:
                     self.stats.cli_restarts += 1
+                # What the ended CLI left in its pane's session (a child that ignores SIGHUP,
+                # which respawn-pane does not stop) goes first: never two CLIs at once.
+                await self.stop_pane_tree()
                 await self.launch(resume=resume)
 
     async def _on_tmux_exit(self, server_pid: int) -> None:
