@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -184,3 +185,22 @@ def spawns(trace: Path) -> list[str]:
     """The calls in the trace that start a process (a clone without CLONE_THREAD) or a program."""
     lines = trace.read_text(errors="replace").splitlines()
     return [line for line in lines if SPAWN.match(line) and "CLONE_THREAD" not in line]
+
+
+def test_the_clis_pane_is_reached_by_its_id_after_someone_swaps_panes(
+    drawer: Callable[..., Sidecar],
+) -> None:
+    """Someone at the terminal splits the window and swaps the two panes (tmux's own keys do
+    that): `main:0.0` is now the other pane, and /screen and POST /input still reach the CLI,
+    whose pane the sidecar names by its id."""
+    sc = drawer().start()
+    drawn(sc, MARKER)
+    tmux = ["tmux", "-S", str(sc.state_dir / "tmux.sock")]
+    other = "sh -c 'echo OTHER-PANE; exec sleep 600'"
+    subprocess.run([*tmux, "split-window", "-h", "-t", "main", other], check=True)
+    subprocess.run([*tmux, "swap-pane", "-s", "%0", "-t", "%1"], check=True)
+    where = [*tmux, "display-message", "-p", "-t", "main:0.0", "#{pane_id}"]
+    assert subprocess.run(where, capture_output=True, text=True, check=True).stdout == "%1\n"
+    assert sc.post("/input", {"text": "typed-after-the-swap"})[0] == 202
+    screen = drawn(sc, "ready> typed-after-the-swap")
+    assert MARKER in screen["lines"] and not any("OTHER-PANE" in line for line in screen["lines"])

@@ -32,7 +32,8 @@ from sidecar.core.contract import MAX_BODY_BYTES
 from sidecar.core.shapes import ResleeveAccepted, ResleeveRequest
 from sidecar.pane.protocol import ControlError
 from sidecar.pane.send import DeliveryError, InputError
-from sidecar.process.supervisor import ResleeveBusy, Supervisor, UnknownCLI
+from sidecar.process.resleeve import ResleeveBusy, UnknownCLI
+from sidecar.process.supervisor import Supervisor
 from sidecar.workspace import mailbox
 
 log = logging.getLogger(__name__)
