@@ -24,7 +24,7 @@ from sidecar.core.text import MAX_REASON
 log = logging.getLogger(__name__)
 
 Decision = Literal["allow", "deny"]
-By = Literal["api", "terminal", "timeout"]
+By = Literal["api", "terminal", "timeout", "link"]
 Source = Literal["hooks", "screen", "events"]
 REMEMBERED = 256  # resolved requests kept to tell a late answer who decided
 # Keys of a tool's input that say what it acts on, most telling first.
@@ -134,6 +134,11 @@ class Approvals:
 
     def by_key(self, key: str) -> Approval | None:
         return next((a for a in self._pending.values() if a.key == key), None)
+
+    def outcome(self, approval_id: str) -> tuple[Answer | None, str | None] | None:
+        """How a request that is no longer waiting went: (its answer, or None and why it was
+        withdrawn); None when no such request is remembered."""
+        return self._closed.get(approval_id)
 
     # ---- a source's side ---------------------------------------------------------------------
 
