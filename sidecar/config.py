@@ -11,12 +11,14 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from sidecar.core.contract import (
     DEFAULT_HOST,
@@ -32,12 +34,23 @@ from sidecar.security.users import User, UserError, parse_user
 
 ACTIVITY_QUIET = 3.0
 MAX_SECONDS = 3600.0
+#: What may notify (SIDECAR_NOTIFY_ON), and the defaults of the notification settings.
+NOTIFY_KINDS = ("waiting", "idle", "exited", "budget", "egress")
+NOTIFY_ON = frozenset({"waiting", "exited"})
+NOTIFY_DWELL = 5.0
+NOTIFY_COOLDOWN = 60.0
+MAX_URL = 2048
 
 E = TypeVar("E", bound=Enum)
 
 
 class ConfigError(Exception):
     """A configuration value is missing or malformed; the message names the variable."""
+
+
+class WebPush(Enum):
+    OFF = "off"
+    ON = "on"
 
 
 class InboxNotify(Enum):
@@ -115,6 +128,31 @@ def choice(env: Mapping[str, str], name: str, default: E) -> E:
         allowed = " or ".join(values) if len(values) == 2 else f"one of {', '.join(values)}"
         msg = f"{name} must be {allowed}; got {raw!r}"
         raise ConfigError(msg) from None
+
+
+def url(env: Mapping[str, str], name: str, *, plain: bool = False) -> str | None:
+    """An http(s) URL with a host (`plain`: and no user, query or fragment); None when unset."""
+    raw = text(env, name)
+    if raw is None:
+        return None
+    value = raw.strip()
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError:
+        parts = None
+    bad = (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or len(value) > MAX_URL
+        or any(c.isspace() or not c.isprintable() for c in value)
+        or (plain and (parts.query or parts.fragment or "@" in parts.netloc))
+    )
+    if bad:
+        msg = f"{name} must be an http:// or https:// URL with a host, got {raw!r}"
+        raise ConfigError(msg)
+    return value
 
 
 def stop_grace(env: Mapping[str, str]) -> float:
@@ -237,6 +275,74 @@ def _path(env: Mapping[str, str], name: str, default: str) -> Path:
     return Path(text(env, name) or default).absolute()
 
 
+def _secret_file(env: Mapping[str, str], name: str) -> str | None:
+    path = text(env, name)
+    if path is None:
+        return None
+    try:
+        return tokens.read_token_file(name, path)
+    except tokens.TokenError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    """SIDECAR_PUBLIC_URL and SIDECAR_NOTIFY_*: the channels, what notifies, and when."""
+
+    public_url: str | None = None  # without a trailing slash; links are built on it
+    webhook: str | None = None
+    webhook_secret: str = field(default="", repr=False)
+    ntfy: str | None = None  # the topic's URL
+    ntfy_token: str | None = field(default=None, repr=False)  # SIDECAR_NOTIFY_NTFY_TOKEN_FILE
+    webpush: bool = False
+    on: frozenset[str] = NOTIFY_ON
+    dwell: float = NOTIFY_DWELL
+    cooldown: float = NOTIFY_COOLDOWN
+
+    @property
+    def any_channel(self) -> bool:
+        return bool(self.webhook or self.ntfy or self.webpush)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> NotifyConfig:
+        public = url(env, "SIDECAR_PUBLIC_URL", plain=True)
+        webhook = url(env, "SIDECAR_NOTIFY_WEBHOOK")
+        secret = _secret_file(env, "SIDECAR_NOTIFY_WEBHOOK_SECRET_FILE")
+        if webhook is not None and secret is None:
+            msg = (
+                "SIDECAR_NOTIFY_WEBHOOK_SECRET_FILE is required with SIDECAR_NOTIFY_WEBHOOK: "
+                "name a file holding the secret its bodies are signed with"
+            )
+            raise ConfigError(msg)
+        ntfy = url(env, "SIDECAR_NOTIFY_NTFY", plain=True)
+        if ntfy is not None and not re.fullmatch(r"[-_A-Za-z0-9]{1,64}", ntfy.rsplit("/", 1)[-1]):
+            msg = (
+                "SIDECAR_NOTIFY_NTFY must be the URL of an ntfy topic, like "
+                f"https://ntfy.sh/my-topic (letters, digits, - and _), got {ntfy!r}"
+            )
+            raise ConfigError(msg)
+        webpush = choice(env, "SIDECAR_NOTIFY_WEBPUSH", WebPush.OFF) is WebPush.ON
+        if webpush and public is None:
+            msg = "SIDECAR_NOTIFY_WEBPUSH=on needs SIDECAR_PUBLIC_URL (the page people open)"
+            raise ConfigError(msg)
+        raw_on = text(env, "SIDECAR_NOTIFY_ON")
+        on = frozenset(raw_on.lower().replace(",", " ").split()) if raw_on else NOTIFY_ON
+        if not on or not on <= set(NOTIFY_KINDS):
+            msg = f"SIDECAR_NOTIFY_ON must list some of {', '.join(NOTIFY_KINDS)}; got {sorted(on)}"
+            raise ConfigError(msg)
+        return cls(
+            public_url=public.rstrip("/") if public else None,
+            webhook=webhook,
+            webhook_secret=secret or "",
+            ntfy=ntfy,
+            ntfy_token=_secret_file(env, "SIDECAR_NOTIFY_NTFY_TOKEN_FILE"),
+            webpush=webpush,
+            on=on,
+            dwell=seconds(env, "SIDECAR_NOTIFY_DWELL", NOTIFY_DWELL, 0),
+            cooldown=seconds(env, "SIDECAR_NOTIFY_COOLDOWN", NOTIFY_COOLDOWN, 0, 86400),
+        )
+
+
 @dataclass(frozen=True)
 class Config:
     sleeve_name: str
@@ -267,6 +373,8 @@ class Config:
     activity_quiet: float = ACTIVITY_QUIET
     # SIDECAR_EGRESS_ALLOW(_FILE): the hosts the CLI may reach; None: the network is open.
     egress: Allowlist | None = None
+    # SIDECAR_PUBLIC_URL, SIDECAR_NOTIFY_*: notifications (none without a channel).
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
     # The environment the CLI inherits (PATH, HOME, API keys, ...), captured once here.
     child_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -307,7 +415,8 @@ class Config:
         user = _user(text(env, "SIDECAR_USER"), os.geteuid() if euid is None else euid)
         user_home = _user_home(env)
         allowlist = egress_allowlist(env)
-        hidden = {*tokens.TOKEN_VARS, tokens.HANDOVER_VAR}
+        notify = NotifyConfig.from_env(env)
+        hidden = {*tokens.HIDDEN_VARS, tokens.HANDOVER_VAR}
         return cls(
             sleeve_name=name,
             cli=cli.strip(),
@@ -330,6 +439,13 @@ class Config:
             activity_quiet=quiet,
             approval_timeout=approval_timeout,
             egress=allowlist,
-            # The CLI never inherits the API's tokens.
-            child_env={k: v for k, v in env.items() if k not in hidden},
+            notify=notify,
+            # The CLI never inherits the API's tokens, nor where notifications go: a topic or
+            # a webhook's URL is often its only key, and the agent must not forge a
+            # notification with links of its own.
+            child_env={
+                k: v
+                for k, v in env.items()
+                if k not in hidden and not k.startswith("SIDECAR_NOTIFY_")
+            },
         )
