@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from sidecar.agent.machine import AgentStatus, seconds_in_states
 from sidecar.core.contract import AgentStateName
-from sidecar.core.shapes import EgressInfo
+from sidecar.core.shapes import EgressInfo, NotifyInfo
 from sidecar.core.states import ProcState, ProcStatus
 
 if TYPE_CHECKING:  # typing only: the snapshot sits below the supervisor, which may take it
@@ -46,6 +46,7 @@ class SupervisorView(NamedTuple):
     egress: EgressInfo
     egress_allowed: tuple[tuple[str, int], ...]  # connections allowed, by listed pattern
     egress_denied: tuple[tuple[str, int], ...]  # attempts refused, by how (never by host)
+    notify: NotifyInfo  # the notification channels and their counts
 
     def agent_seconds(self) -> dict[str, float]:
         """Seconds the agent spent in each state, up to the snapshot."""
@@ -99,4 +100,5 @@ def of(sup: Supervisor) -> SupervisorView:
         sup.egress.info(),
         tuple(sup.egress.allowed_by.items()),
         tuple(sup.egress.denied_by_how.items()),
+        sup.notifier.info(),
     )

@@ -27,6 +27,7 @@ from sidecar.core.proc import send_signal, start_time
 from sidecar.core.shapes import ErrorEvent, Resleeve
 from sidecar.core.states import ProcState, ProcStatus
 from sidecar.egress.service import Egress
+from sidecar.notify.service import Notifier
 from sidecar.pane.tmux import PaneInfo, Tmux
 from sidecar.process import adopt, persist
 from sidecar.process.adopt import Plan
@@ -63,6 +64,7 @@ class Supervisor:
         *,
         restarts: int = 0,
         started: float | None = None,
+        link_key: bytes | None = None,
     ) -> None:
         self.config = config
         self.registry = dict(registry)
@@ -98,6 +100,15 @@ class Supervisor:
         self.awareness = Awareness(config, bus, self.tmux, self.owner)
         # The CLI's egress allowlist: the proxy, and every refused attempt's one door.
         self.egress = Egress(config.egress, bus, (config.host, config.port))
+        # Notifications, from the bus; its links outlive a crash (`link_key` is init's).
+        self.notifier = Notifier(
+            config,
+            bus,
+            self.awareness.machine,
+            self.awareness.approvals,
+            link_key=link_key,
+            generation=restarts,
+        )
         self.resleeving = False
         self._resleeve_move: tuple[str, str] | None = None  # (from, to) while one is under way
         self._stopping = False
@@ -219,6 +230,8 @@ class Supervisor:
                 adopt.found_text(live),
             )
             return True
+        # Listening before anything is listed: approvals an adopted CLI waits on come early.
+        self.notifier.start()
         # Before the CLI: its environment names the proxy, on the port an adopted CLI knows.
         await self.egress.start(ours.egress_port if ours is not None else None)
         if self.egress.started:
@@ -387,6 +400,8 @@ class Supervisor:
             return
         self._stopping = True
         log.info("shutting down")
+        # First: the CLI stopped on purpose is nobody's news.
+        await self.notifier.close()
         # A supervisor that crashes from here on is started again only to finish this.
         self._save()
         run = self.runner
