@@ -38,7 +38,8 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: bytes
-    time: float = field(default_factory=time.monotonic)
+    at: float = field(default_factory=time.monotonic)
+    wall: float = field(default_factory=time.time)
     problems: list[str] = field(default_factory=list)  # what the checks found wrong
     payload: Any = None  # the decoded body (JSON; for a push, the decrypted JSON)
     ended: float | None = None  # when the sender hung up on a held answer
@@ -51,12 +52,34 @@ async def ok(request: web.Request, seen: Seen) -> web.StreamResponse:
     return web.json_response({"ok": True})
 
 
+def status(code: int, headers: dict[str, str] | None = None) -> Behaviour:
+    async def answer(request: web.Request, seen: Seen) -> web.StreamResponse:
+        return web.Response(status=code, text=f"status {code}", headers=headers)
+
+    return answer
+
+
+def held(seconds: float, then: int = 200) -> Behaviour:
+    """No answer for `seconds` (then `then`); `seen.ended` is when the sender hung up first."""
+
+    async def answer(request: web.Request, seen: Seen) -> web.StreamResponse:
+        try:
+            await asyncio.sleep(seconds)  # sleep-ok: a receiver that takes its time
+        except asyncio.CancelledError:
+            seen.ended = time.monotonic()  # the client went away (handler_cancellation)
+            raise
+        return web.Response(status=then)
+
+    return answer
+
+
 class Receiver:
     """An aiohttp server on 127.0.0.1 in its own thread. `answers`: how the next requests are
     answered, in order (the last one stays); each request is checked by `check` first."""
 
-    def __init__(self, answers: list[Behaviour] | None = None) -> None:
+    def __init__(self, answers: list[Behaviour] | None = None, host: str = "127.0.0.1") -> None:
         self.answers = list(answers or [ok])
+        self.host = host
         self.url = ""
         self._seen: list[Seen] = []
         self._lock = threading.Lock()
@@ -87,9 +110,9 @@ class Receiver:
             app.router.add_route("*", "/{tail:.*}", self._handle)
             self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
             await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            site = web.TCPSite(self._runner, self.host, 0)
             await site.start()
-            return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+            return f"http://{self.host}:{self._runner.addresses[0][1]}"
 
         self._thread.start()
         self.url = asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
@@ -117,7 +140,7 @@ class WebhookReceiver(Receiver):
     """Verifies `X-Sleeve-Signature: t=<unix>,v1=<hex HMAC-SHA256 of "t.body">` and that `t` is
     within five minutes, as a receiver is told to."""
 
-    def __init__(self, secret: str = WEBHOOK_SECRET, answers: list[Behaviour] | None = None):
+    def __init__(self, answers: list[Behaviour] | None = None, secret: str = WEBHOOK_SECRET):
         super().__init__(answers)
         self.secret = secret.encode()
 

@@ -214,8 +214,9 @@ class Supervisor:
         begun a shutdown. Then nothing new is started. The state dir exists already (0700):
         `main` makes it before anything starts, so that an unusable one is a configuration
         error."""
-        for var in SECRET_VARS:
-            # Children (tmux, the CLI, ttyd) must not inherit the API's tokens.
+        for var in [*SECRET_VARS, *(v for v in os.environ if v.startswith("SIDECAR_NOTIFY_"))]:
+            # Children (tmux, the CLI, ttyd) must not inherit the API's tokens, nor learn
+            # where notifications go.
             os.environ.pop(var, None)
         record, found = persist.load(self.state_file)
         ours = record if record is not None and record.init == self._init else None
