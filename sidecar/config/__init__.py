@@ -1,25 +1,31 @@
 """The sidecar's configuration, parsed once from the environment into a frozen dataclass.
 
 Nothing else in the package reads ``os.environ``: a bad or missing value raises ``ConfigError``
-naming the variable, and ``main`` turns that into one stderr line and exit code 2. One reader
-per kind of value (text, port, seconds, a choice); the launcher reads the stop grace with the
-same reader, to fit a pod's grace period to it.
+naming the variable, and ``main`` turns that into one stderr line and exit code 2. The readers
+(one per kind of value) are in `sidecar.config.read`, the notification settings in
+`sidecar.config.notify`; the values that take more than one reader are here.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
-from typing import TypeVar
-from urllib.parse import urlsplit
 
+from sidecar.config.notify import NotifyConfig
+from sidecar.config.read import (
+    ConfigError,
+    choice,
+    port,
+    required,
+    seconds,
+    stop_grace,
+    text,
+)
 from sidecar.core.contract import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -32,25 +38,9 @@ from sidecar.egress.allowlist import Allowlist, AllowlistError, parse_list, read
 from sidecar.security import tokens
 from sidecar.security.users import User, UserError, parse_user
 
+__all__ = ["Config", "ConfigError", "InboxNotify", "NotifyConfig", "RestartPolicy", "stop_grace"]
+
 ACTIVITY_QUIET = 3.0
-MAX_SECONDS = 3600.0
-#: What may notify (SIDECAR_NOTIFY_ON), and the defaults of the notification settings.
-NOTIFY_KINDS = ("waiting", "idle", "exited", "budget", "egress")
-NOTIFY_ON = frozenset({"waiting", "exited"})
-NOTIFY_DWELL = 5.0
-NOTIFY_COOLDOWN = 60.0
-MAX_URL = 2048
-
-E = TypeVar("E", bound=Enum)
-
-
-class ConfigError(Exception):
-    """A configuration value is missing or malformed; the message names the variable."""
-
-
-class WebPush(Enum):
-    OFF = "off"
-    ON = "on"
 
 
 class InboxNotify(Enum):
@@ -62,105 +52,6 @@ class RestartPolicy(Enum):
     NO = "no"
     ON_FAILURE = "on-failure"
     ALWAYS = "always"
-
-
-# ---- one reader per kind of value ----------------------------------------------------------
-
-
-def text(env: Mapping[str, str], name: str) -> str | None:
-    """`name`'s value; None when unset or blank."""
-    value = env.get(name)
-    if value is None or value.strip() == "":
-        return None
-    if "\x00" in value:
-        msg = f"{name} must not contain NUL bytes"
-        raise ConfigError(msg)
-    return value
-
-
-def required(env: Mapping[str, str], name: str) -> str:
-    value = text(env, name)
-    if value is None:
-        msg = f"{name} is required and must not be empty"
-        raise ConfigError(msg)
-    return value
-
-
-def port(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = text(env, name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw.strip(), 10)
-    except ValueError:
-        msg = f"{name} must be an integer port number, got {raw!r}"
-        raise ConfigError(msg) from None
-    if not 1 <= value <= 65535:
-        msg = f"{name} must be between 1 and 65535, got {value}"
-        raise ConfigError(msg)
-    return value
-
-
-def seconds(
-    env: Mapping[str, str], name: str, default: float, low: float, high: float = MAX_SECONDS
-) -> float:
-    raw = text(env, name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        msg = f"{name} must be a number of seconds, got {raw!r}"
-        raise ConfigError(msg) from None
-    if not math.isfinite(value) or not low <= value <= high:
-        msg = f"{name} must be between {low:g} and {high:g} seconds, got {raw!r}"
-        raise ConfigError(msg)
-    return value
-
-
-def choice(env: Mapping[str, str], name: str, default: E) -> E:
-    """One of the values of `default`'s enum, in any case."""
-    raw = (text(env, name) or default.value).strip().lower()
-    try:
-        return type(default)(raw)
-    except ValueError:
-        values = [str(member.value) for member in type(default)]
-        allowed = " or ".join(values) if len(values) == 2 else f"one of {', '.join(values)}"
-        msg = f"{name} must be {allowed}; got {raw!r}"
-        raise ConfigError(msg) from None
-
-
-def url(env: Mapping[str, str], name: str, *, plain: bool = False) -> str | None:
-    """An http(s) URL with a host (`plain`: and no user, query or fragment); None when unset."""
-    raw = text(env, name)
-    if raw is None:
-        return None
-    value = raw.strip()
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
-    except ValueError:
-        parts = None
-    bad = (
-        parts is None
-        or parts.scheme not in ("http", "https")
-        or not parts.hostname
-        or len(value) > MAX_URL
-        or any(c.isspace() or not c.isprintable() for c in value)
-        or (plain and (parts.query or parts.fragment or "@" in parts.netloc))
-    )
-    if bad:
-        msg = f"{name} must be an http:// or https:// URL with a host, got {raw!r}"
-        raise ConfigError(msg)
-    return value
-
-
-def stop_grace(env: Mapping[str, str]) -> float:
-    """SIDECAR_STOP_GRACE (the launcher reads it too, to fit a pod's grace period to it)."""
-    return seconds(env, "SIDECAR_STOP_GRACE", STOP_GRACE, 0)
-
-
-# ---- the values that are more than one reader ----------------------------------------------
 
 
 def _check_name(name: str) -> None:
@@ -273,74 +164,6 @@ def egress_allowlist(env: Mapping[str, str]) -> Allowlist | None:
 
 def _path(env: Mapping[str, str], name: str, default: str) -> Path:
     return Path(text(env, name) or default).absolute()
-
-
-def _secret_file(env: Mapping[str, str], name: str) -> str | None:
-    path = text(env, name)
-    if path is None:
-        return None
-    try:
-        return tokens.read_token_file(name, path)
-    except tokens.TokenError as exc:
-        raise ConfigError(str(exc)) from None
-
-
-@dataclass(frozen=True)
-class NotifyConfig:
-    """SIDECAR_PUBLIC_URL and SIDECAR_NOTIFY_*: the channels, what notifies, and when."""
-
-    public_url: str | None = None  # without a trailing slash; links are built on it
-    webhook: str | None = None
-    webhook_secret: str = field(default="", repr=False)
-    ntfy: str | None = None  # the topic's URL
-    ntfy_token: str | None = field(default=None, repr=False)  # SIDECAR_NOTIFY_NTFY_TOKEN_FILE
-    webpush: bool = False
-    on: frozenset[str] = NOTIFY_ON
-    dwell: float = NOTIFY_DWELL
-    cooldown: float = NOTIFY_COOLDOWN
-
-    @property
-    def any_channel(self) -> bool:
-        return bool(self.webhook or self.ntfy or self.webpush)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> NotifyConfig:
-        public = url(env, "SIDECAR_PUBLIC_URL", plain=True)
-        webhook = url(env, "SIDECAR_NOTIFY_WEBHOOK")
-        secret = _secret_file(env, "SIDECAR_NOTIFY_WEBHOOK_SECRET_FILE")
-        if webhook is not None and secret is None:
-            msg = (
-                "SIDECAR_NOTIFY_WEBHOOK_SECRET_FILE is required with SIDECAR_NOTIFY_WEBHOOK: "
-                "name a file holding the secret its bodies are signed with"
-            )
-            raise ConfigError(msg)
-        ntfy = url(env, "SIDECAR_NOTIFY_NTFY", plain=True)
-        if ntfy is not None and not re.fullmatch(r"[-_A-Za-z0-9]{1,64}", ntfy.rsplit("/", 1)[-1]):
-            msg = (
-                "SIDECAR_NOTIFY_NTFY must be the URL of an ntfy topic, like "
-                f"https://ntfy.sh/my-topic (letters, digits, - and _), got {ntfy!r}"
-            )
-            raise ConfigError(msg)
-        webpush = choice(env, "SIDECAR_NOTIFY_WEBPUSH", WebPush.OFF) is WebPush.ON
-        if webpush and public is None:
-            msg = "SIDECAR_NOTIFY_WEBPUSH=on needs SIDECAR_PUBLIC_URL (the page people open)"
-            raise ConfigError(msg)
-        raw_on = text(env, "SIDECAR_NOTIFY_ON")
-        on = frozenset(raw_on.lower().replace(",", " ").split()) if raw_on else NOTIFY_ON
-        if not on or not on <= set(NOTIFY_KINDS):
-            msg = f"SIDECAR_NOTIFY_ON must list some of {', '.join(NOTIFY_KINDS)}; got {sorted(on)}"
-            raise ConfigError(msg)
-        return cls(
-            public_url=public.rstrip("/") if public else None,
-            webhook=webhook,
-            webhook_secret=secret or "",
-            ntfy=ntfy,
-            ntfy_token=_secret_file(env, "SIDECAR_NOTIFY_NTFY_TOKEN_FILE"),
-            webpush=webpush,
-            on=on,
-            dwell=seconds(env, "SIDECAR_NOTIFY_DWELL", NOTIFY_DWELL, 0),
-            cooldown=seconds(env, "SIDECAR_NOTIFY_COOLDOWN", NOTIFY_COOLDOWN, 0, 86400),
-        )
 
 
 @dataclass(frozen=True)
