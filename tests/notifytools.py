@@ -16,15 +16,16 @@ import os
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 from aiohttp import web
 
-from tests.harness import wait_for
+from tests.harness import Sidecar, wait_for
 
 WEBHOOK_SECRET = "whsec-test-0123456789abcdef"
 Behaviour = Callable[[web.Request, "Seen"], Awaitable[web.StreamResponse]]
@@ -131,6 +132,26 @@ class Receiver:
             timeout,
             what=lambda: f"{count} {what} at {self.url} (got {len(self.seen)})",
         )
+
+
+@pytest.fixture
+def receivers() -> Iterator[list[Receiver]]:
+    """Receivers a test starts (`receivers.append(r.start())`), stopped after it."""
+    made: list[Receiver] = []
+    yield made
+    for r in made:
+        r.stop()
+
+
+def public(make_sidecar: Callable[..., Sidecar]) -> Callable[..., Sidecar]:
+    """`make_sidecar`, with SIDECAR_PUBLIC_URL the sidecar's own address (links point at it)."""
+
+    def make(**kw: Any) -> Sidecar:
+        sc = make_sidecar(**kw)
+        sc.env_extra["SIDECAR_PUBLIC_URL"] = sc.url
+        return sc
+
+    return make
 
 
 # ---- webhook -------------------------------------------------------------------------------------

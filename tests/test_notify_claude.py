@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.agenttools import EventLog, claude_env, stub_factory, wait_agent
+from tests.agenttools import EventLog, stub_factory, wait_agent
 from tests.e2e.anthropic_stub import AnthropicStub
 from tests.harness import Sidecar, http, wait_for
-from tests.notifytools import WebhookReceiver, webhook_env
+from tests.notifytools import WebhookReceiver, public, webhook_env
+from tests.test_approvals_claude import asking
 
 __all__ = ["stub_factory"]  # the fixture, imported for pytest
 
@@ -33,23 +34,18 @@ def epoch(rfc3339: str) -> float:
     return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
-def asking(
+def notifying(
     make_sidecar: Callable[..., Sidecar],
     stub: AnthropicStub,
     receiver: WebhookReceiver,
     tmp: Path,
     dwell: float,
 ) -> tuple[Sidecar, EventLog, dict[str, object]]:
-    sc = make_sidecar(cli="claude-code")
-    env = webhook_env(tmp, receiver, SIDECAR_NOTIFY_DWELL=str(dwell), SIDECAR_PUBLIC_URL=sc.url)
-    sc.env_extra.update(env, SIDECAR_NOTIFY_ON="waiting,idle")
-    sc.env_extra.update(claude_env(sc, stub))
-    sc.start()
-    events = EventLog(sc)
-    wait_agent(sc, "idle")
-    assert sc.post("/input", {"text": "run it", "if_state": ["idle"]}).status == 202
-    requested = events.wait(lambda e: e["type"] == "approval-requested", "approval-requested")
-    return sc, events, requested
+    """Claude Code asked to run the stub's command, with a webhook for `waiting` and `idle`."""
+    env = webhook_env(
+        tmp, receiver, SIDECAR_NOTIFY_DWELL=str(dwell), SIDECAR_NOTIFY_ON="waiting,idle"
+    )
+    return asking(public(make_sidecar), stub, **env)
 
 
 def test_a_permission_prompt_is_sent_after_the_dwell_and_its_allow_link_runs_the_tool(
@@ -60,7 +56,7 @@ def test_a_permission_prompt_is_sent_after_the_dwell_and_its_allow_link_runs_the
 ) -> None:
     dwell = 1.0
     stub = stub_factory(bash_command="touch by-link.txt")
-    sc, events, requested = asking(make_sidecar, stub, receiver, short_tmp, dwell)
+    sc, events, requested = notifying(make_sidecar, stub, receiver, short_tmp, dwell)
     (seen,) = receiver.wait(1, 10, what="the notification")
     assert seen.problems == []
     late = seen.wall - epoch(str(requested["time"]))
@@ -101,7 +97,7 @@ def test_a_prompt_answered_in_the_terminal_within_the_dwell_is_never_sent(
 ) -> None:
     dwell = 4.0
     stub = stub_factory(bash_command="touch by-hand.txt")
-    sc, events, requested = asking(make_sidecar, stub, receiver, short_tmp, dwell)
+    sc, events, requested = notifying(make_sidecar, stub, receiver, short_tmp, dwell)
     # A person at the terminal answers it (the key is held until the dialog takes it).
     assert sc.post("/input", {"keys": ["Enter"], "if_state": ["waiting"]}).status == 202
     resolved = events.wait(lambda e: e["type"] == "approval-resolved", "approval-resolved")

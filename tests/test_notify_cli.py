@@ -5,29 +5,22 @@ and a failing channel failing the command."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from tests.harness import Sidecar
-from tests.notifytools import (
+from tests.notifytools import (  # receivers: a fixture
     NtfyStandIn,
     Receiver,
     WebhookReceiver,
     ntfy_answer,
+    receivers,
     status,
     webhook_env,
 )
 from tests.test_cli import TOKEN, sidecar_cmd
 
-
-@pytest.fixture
-def receivers() -> Iterator[list[Receiver]]:
-    made: list[Receiver] = []
-    yield made
-    for r in made:
-        r.stop()
+__all__ = ["receivers"]  # the fixture, imported for pytest
 
 
 def test_each_channel_is_tried_and_a_failing_one_fails_the_command(

@@ -16,7 +16,7 @@ import pytest
 
 from sidecar.notify.links import LINK_TTL, Links
 from tests.harness import Sidecar, http, wait_for
-from tests.notifytools import WebhookReceiver, webhook_env
+from tests.notifytools import WebhookReceiver, public, webhook_env
 from tests.standin import waiting_sidecar
 from tests.test_crash import kill_supervisor, restarted
 
@@ -68,17 +68,6 @@ def receiver() -> Iterator[WebhookReceiver]:
     hook = WebhookReceiver().start()
     yield hook
     hook.stop()
-
-
-def public(make_sidecar: Callable[..., Sidecar]) -> Callable[..., Sidecar]:
-    """`make_sidecar`, with SIDECAR_PUBLIC_URL the sidecar's own address."""
-
-    def make(**kw: Any) -> Sidecar:
-        sc = make_sidecar(**kw)
-        sc.env_extra["SIDECAR_PUBLIC_URL"] = sc.url
-        return sc
-
-    return make
 
 
 def notified(

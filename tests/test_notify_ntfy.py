@@ -14,7 +14,7 @@ from sidecar.notify.channels import Ntfy
 from sidecar.notify.delivery import Http
 from sidecar.notify.notice import Notice
 from tests.harness import Sidecar, http
-from tests.notifytools import NtfyStandIn, ntfy_answer, ntfy_problems
+from tests.notifytools import NtfyStandIn, ntfy_answer, ntfy_problems, public
 from tests.standin import waiting_sidecar
 
 
@@ -29,13 +29,8 @@ def waiting(make_sidecar: Callable[..., Sidecar], tmp: Path, ntfy: NtfyStandIn) 
     token = tmp / "ntfy-token"
     token.write_text("tk_test0123456789\n")
 
-    def make(**kw: object) -> Sidecar:
-        sc = make_sidecar(**kw)
-        sc.env_extra["SIDECAR_PUBLIC_URL"] = sc.url
-        return sc
-
     return waiting_sidecar(
-        make,
+        public(make_sidecar),
         tmp,
         "rm -rf build",
         SIDECAR_NOTIFY_NTFY=f"{ntfy.url}/sleeve_alerts-1",

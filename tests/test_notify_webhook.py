@@ -11,7 +11,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +25,14 @@ from sidecar.core.events import EventBus
 from sidecar.notify.delivery import QUEUE
 from sidecar.notify.service import Notifier
 from tests.harness import Sidecar, running_sidecar, wait_for, write_cli_config
-from tests.notifytools import (
+from tests.notifytools import (  # receivers: a fixture
     WEBHOOK_SECRET,
     Receiver,
     Seen,
     WebhookReceiver,
     held,
     ok,
+    receivers,
     status,
     webhook_env,
 )
@@ -41,12 +42,7 @@ from tests.test_crash import init_of, supervisor_of
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def receivers() -> Iterator[list[Receiver]]:
-    made: list[Receiver] = []
-    yield made
-    for r in made:
-        r.stop()
+__all__ = ["receivers"]  # the fixture, imported for pytest
 
 
 def start(receivers: list[Receiver], receiver: Receiver) -> Any:

@@ -10,13 +10,12 @@ from __future__ import annotations
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiohttp import web
 
 from tests.harness import Sidecar, http, wait_for
-from tests.notifytools import PushService, Seen, created, gone
+from tests.notifytools import PushService, Seen, created, gone, public
 from tests.standin import HeldHook, waiting_sidecar
 from tests.test_crash import init_of, supervisor_of
 
@@ -33,13 +32,8 @@ def push() -> Iterator[PushService]:
 
 
 def waiting(make_sidecar: Callable[..., Sidecar], tmp: Path) -> Sidecar:
-    def make(**kw: Any) -> Sidecar:
-        sc = make_sidecar(**kw)
-        sc.env_extra["SIDECAR_PUBLIC_URL"] = sc.url
-        return sc
-
     return waiting_sidecar(
-        make,
+        public(make_sidecar),
         tmp,
         "make release",
         SIDECAR_NOTIFY_WEBPUSH="on",

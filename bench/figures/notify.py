@@ -19,6 +19,7 @@ import psutil
 from bench import rigs
 from bench.context import Context
 from bench.core import Baseline, Figure, at_most, interleave
+from bench.figures.approvals import TOOL, _started
 from bench.procs import (
     BenchError,
     children_of,
@@ -41,17 +42,7 @@ from tests.notifytools import (
 
 NAMES = ("notify.dialog_webhook", "notify.link_allow", "notify.idle_wakeups", "notify.memory")
 DWELL = 1.0
-STARTS = "starts.txt"  # each run of the tool appends the time it started
-TOOL = f"date +%s.%N >> {STARTS}"
 DIALOG = "Do you want to proceed"
-
-
-def _started(workspace: Path, runs: int) -> float | None:
-    try:
-        lines = (workspace / STARTS).read_text().split()
-    except FileNotFoundError:
-        return None
-    return float(lines[runs]) if len(lines) > runs else None
 
 
 def _claude(ctx: Context, hook: WebhookReceiver) -> rigs.SidecarRig:

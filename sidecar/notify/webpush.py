@@ -14,6 +14,7 @@ import binascii
 import ipaddress
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -135,14 +136,16 @@ class VapidKeys:
         self.public_path = public
         self.subject = subject  # the `sub` claim: the sidecar's public origin
         self._signer: Vapid02 | None = None
+        self._making = threading.Lock()  # two first requests must not make two pairs
 
     def public_key(self) -> str:
         """The public key, made (with the private one) the first time (blocking: call it in a
-        thread the first time)."""
-        known = read_regular(self.public_path, 1024)
-        if known is not None and read_regular(self.key_path, 4096) is not None:
-            return known.decode().strip()
-        return self._make()
+        thread)."""
+        with self._making:
+            known = read_regular(self.public_path, 1024)
+            if known is not None and read_regular(self.key_path, 4096) is not None:
+                return known.decode().strip()
+            return self._make()
 
     def _make(self) -> str:
         from cryptography.hazmat.primitives import serialization
@@ -215,7 +218,7 @@ class WebPush(Channel):
         is forgotten."""
         try:
             ready = await asyncio.to_thread(self._prepare, device, message, urgent)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # keys the crypto refuses: this device fails, not the others
             return Result(False, f"cannot make the push: {exc}")
         result = await self.http.send("POST", device.endpoint, ready["body"], ready["headers"])
         if result.status in (404, 410):
