@@ -55,7 +55,7 @@ class EventBus:
         self._subs.discard(sub)
 
     def listen(self, listener: Callable[[Event], None]) -> None:
-        """Call `listener` with every event published from now on, before the streams get it.
+        """Call `listener` with every event published from now on, once the streams have it.
         It must be quick and must not raise (a listener that does is logged and kept)."""
         self._listeners.append(listener)
 
@@ -64,21 +64,21 @@ class EventBus:
         return len(self._subs)
 
     def publish(self, event: Event) -> Event:
+        if self._subs:
+            line = encode_line(event)
+            for sub in list(self._subs):
+                try:
+                    sub.queue.put_nowait(line)
+                except asyncio.QueueFull:
+                    # A reader this far behind is not reading: drop it and wake its handler.
+                    log.warning("dropping an /events subscriber that stopped reading")
+                    self._end(sub)
+        # After the streams: what a listener publishes in turn comes after this event.
         for listener in self._listeners:
             try:
                 listener(event)
             except Exception:  # a listener's bug must not cost the event its other readers
                 log.exception("event listener failed on %s", type(event).__name__)
-        if not self._subs:
-            return event
-        line = encode_line(event)
-        for sub in list(self._subs):
-            try:
-                sub.queue.put_nowait(line)
-            except asyncio.QueueFull:
-                # A reader this far behind is not reading: drop it and wake its handler.
-                log.warning("dropping an /events subscriber that stopped reading")
-                self._end(sub)
         return event
 
     def close(self) -> None:
