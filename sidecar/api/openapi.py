@@ -74,8 +74,8 @@ WEBHOOK = {
         "description": "Signed: `X-Sleeve-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 over "
         '"<t>.<body>">` with the secret in SIDECAR_NOTIFY_WEBHOOK_SECRET_FILE. Any 2xx is '
         "success; a 5xx, a network error or no answer within 10 s is tried again (3 tries in "
-        "all), a 4xx or a "
-        "redirect is not. `X-Sleeve-Delivery` is the notification's id on every try.",
+        "all), a 4xx or a redirect is not. `X-Sleeve-Delivery` is the notification's id on "
+        "every try.",
         "requestBody": {
             "required": True,
             "content": {JSON: {"schema": {"$ref": REF.format(name="WebhookNotification")}}},
