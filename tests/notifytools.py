@@ -109,7 +109,10 @@ class Receiver:
         async def start() -> str:
             app = web.Application(client_max_size=1024 * 1024)
             app.router.add_route("*", "/{tail:.*}", self._handle)
-            self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+            # A handler still holding its answer is not waited for at the end (shutdown_timeout).
+            self._runner = web.AppRunner(
+                app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+            )
             await self._runner.setup()
             site = web.TCPSite(self._runner, self.host, 0)
             await site.start()
@@ -120,8 +123,12 @@ class Receiver:
         return self
 
     def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        async def cleanup() -> None:
+            if self._runner is not None:
+                await self._runner.cleanup()
+            await asyncio.sleep(0)  # the closed connections' sockets go on the next turn
+
+        asyncio.run_coroutine_threadsafe(cleanup(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()

@@ -98,6 +98,8 @@ class Http:
         if self._session is not None:
             await self._session.close()
             self._session = None
+            # A closed connection's socket goes on the loop's next turn (aiohttp's advice).
+            await asyncio.sleep(0)
 
 
 async def with_retries(
