@@ -117,11 +117,13 @@ async def serve(
     registry: dict[str, CLIDef],
     incarnation: Incarnation,
     listening: list[socket.socket],
+    link_key: bytes,
 ) -> int:
     """Run until SIGTERM/SIGINT: API first (so /health answers at once, on init's `listening`
     sockets), then the processes (started, or after a crash adopted). A task of the supervisor
     that fails ends it with 1 and nothing stopped: init starts a new one, which adopts what
-    runs."""
+    runs. `link_key`: what notification links are signed with, init's (so a restarted
+    supervisor knows old links)."""
     import asyncio
     import signal
 
@@ -149,6 +151,7 @@ async def serve(
         EventBus(),
         restarts=incarnation.restarts,
         started=incarnation.started,
+        link_key=link_key,
     )
     # handler_cancellation: a handler whose client went away is cancelled at once instead of
     # holding its buffers; shutdown_timeout bounds how long shutdown waits for the rest (open
@@ -226,6 +229,10 @@ def run(env: dict[str, str]) -> int:
         known = ", ".join(sorted(registry))
         print(f"sidecar: SLEEVE_CLI: unknown CLI {config.cli!r}; known: {known}", file=sys.stderr)
 
+    # Made here, in init, before the first fork: every supervisor init starts inherits it, so
+    # links survive a crash, and it exists in memory only (never on disk or in an environment).
+    link_key = os.urandom(32)
+
     def work(incarnation: Incarnation) -> int:
         import asyncio
 
@@ -233,7 +240,7 @@ def run(env: dict[str, str]) -> int:
 
         setup_logging()
         try:
-            return asyncio.run(serve(config, registry, incarnation, listening))
+            return asyncio.run(serve(config, registry, incarnation, listening, link_key))
         except Exception:  # a bug: one JSON log line with the traceback, then init's restart
             log.critical("supervisor crashed", exc_info=True)
             return 1

@@ -162,3 +162,19 @@ def stub_factory() -> Iterator[Callable[..., AnthropicStub]]:
     yield make
     for stub in made:
         stub.stop()
+
+
+def asking(
+    make_sidecar: Callable[..., Sidecar],
+    stub: AnthropicStub,
+    **env: str,
+) -> tuple[Sidecar, EventLog, dict[str, object]]:
+    """A sidecar whose Claude Code was asked to run the stub's command: the request listed."""
+    sc = make_sidecar(cli="claude-code", env_extra=env)
+    sc.env_extra.update(claude_env(sc, stub))
+    sc.start()
+    events = EventLog(sc)
+    wait_agent(sc, "idle")
+    assert sc.post("/input", {"text": "run it", "if_state": ["idle"]}).status == 202
+    requested = events.wait(lambda e: e["type"] == "approval-requested", "approval-requested")
+    return sc, events, requested

@@ -99,7 +99,7 @@ async def test_only_the_brokers_well_formed_reports_are_denials(tmp_path: Path) 
     send = (
         "import socket, sys\n"
         "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
-        "s.sendto(b'{\"host\": \"forged\", \"port\": 1, \"how\": \"direct\"}', sys.argv[1])\n"
+        's.sendto(b\'{"host": "forged", "port": 1, "how": "direct"}\', sys.argv[1])\n'
     )
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:

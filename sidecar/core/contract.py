@@ -46,7 +46,7 @@ StateSource = Literal["hooks", "events", "activity", "none"]
 #: A permission request's answer, who gave it, and how the sidecar learnt of the request and
 #: answers it (/approvals, `approval-resolved` events).
 Decision = Literal["allow", "deny"]
-DecidedBy = Literal["api", "terminal", "timeout"]
+DecidedBy = Literal["api", "terminal", "timeout", "link"]
 ApprovalSource = Literal["hooks", "screen", "events"]
 
 #: The CLI's network (`egress.mode` in /status), and how a refused attempt was made (`how` of

@@ -12,8 +12,10 @@ from msgspec import UNSET, Meta, Struct, UnsetType, field
 from sidecar.core.contract import EgressHow, Status, rfc3339
 from sidecar.core.shapes import (
     AgentStateField,
+    ChannelName,
     DecidedByField,
     DecisionField,
+    NotifyKind,
     ProcStateName,
     Progress,
     Timestamp,
@@ -128,6 +130,18 @@ class EgressDenied(Event, tag="egress-denied"):
     how: EgressHowField
 
 
+class NotificationEvent(Event, tag="notification"):
+    """A notification was handed to the channels (`sent`), held back (`suppressed`: `why` says
+    `cooldown`, `typing` or `over`), or withdrawn (no longer true: the approval was answered)."""
+
+    id: str
+    event: NotifyKind
+    outcome: Literal["sent", "suppressed", "withdrawn"]
+    approval: Annotated[str | None, Meta(description="the approval it is about")] = None
+    why: str | UnsetType = UNSET
+    channels: list[ChannelName] = field(default_factory=list)
+
+
 AnyEvent = (
     Heartbeat
     | SidecarRestart
@@ -140,5 +154,6 @@ AnyEvent = (
     | ApprovalRequested
     | ApprovalResolved
     | EgressDenied
+    | NotificationEvent
     | ErrorEvent
 )

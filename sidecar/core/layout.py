@@ -34,11 +34,27 @@ class Layout:
         return self.state_dir / "agent.json"
 
     @property
+    def vapid_key(self) -> Path:
+        """Web Push's VAPID private key (PEM, 0600), made the first time it is needed."""
+        return self.state_dir / "vapid.pem"
+
+    @property
+    def vapid_public(self) -> Path:
+        """Its public key, base64url, so that serving it needs no crypto library."""
+        return self.state_dir / "vapid.pub"
+
+    @property
+    def push_devices(self) -> Path:
+        """The browsers' Web Push subscriptions (0600)."""
+        return self.state_dir / "webpush.json"
+
+    @property
     def private_files(self) -> tuple[Path, ...]:
         """What the CLI may neither read nor change, ever: the one list of the sidecar's
-        secrets (the agent's hook secret is in `agent_state`). A new private file goes here;
-        the egress guard (`sidecar.egress.fence`) keeps the CLI from it."""
-        return (self.supervisor_state, self.agent_state)
+        secrets (the agent's hook secret is in `agent_state`; Web Push's key and the browsers'
+        subscriptions in theirs). A new private file goes here; the egress guard
+        (`sidecar.egress.fence`) keeps the CLI from it."""
+        return (self.supervisor_state, self.agent_state, self.vapid_key, self.push_devices)
 
     @property
     def tmux_conf(self) -> Path:

@@ -30,6 +30,7 @@ from sidecar.core.proc import send_signal
 from sidecar.core.states import ProcState, ProcStatus
 from sidecar.egress.fence import fence_of
 from sidecar.egress.service import Egress
+from sidecar.notify.service import Notifier
 from sidecar.pane import tmux_version
 from sidecar.pane.tmux import PaneInfo, Tmux
 from sidecar.process import adopt, cli_status, persist, takeover
@@ -59,6 +60,7 @@ class Supervisor:
         *,
         restarts: int = 0,
         started: float | None = None,
+        link_key: bytes | None = None,
     ) -> None:
         self.config = config
         self.registry = dict(registry)
@@ -97,6 +99,15 @@ class Supervisor:
         self.awareness = Awareness(config, bus, self.tmux, self.owner)
         # The CLI's egress allowlist: the proxy, and every refused attempt's one door.
         self.egress = Egress(config.egress, bus, (config.host, config.port))
+        # Notifications, from the bus; its links outlive a crash (`link_key` is init's).
+        self.notifier = Notifier(
+            config,
+            bus,
+            self.awareness.machine,
+            self.awareness.approvals,
+            link_key=link_key,
+            generation=restarts,
+        )
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.state_file = persist.StateFile(config.paths.supervisor_state)
@@ -184,9 +195,11 @@ class Supervisor:
         begun a shutdown. Then nothing new is started. The state dir exists already (0700):
         `main` makes it before anything starts, so that an unusable one is a configuration
         error."""
-        for var in [*TOKEN_VARS, *filter(loader_env.is_loader_var, os.environ)]:
-            # Children (tmux, the CLI, ttyd) must not inherit the API's tokens, nor (but for
-            # the CLI itself, which gets them through its launch) the loader variables.
+        notify_vars = (v for v in os.environ if v.startswith("SIDECAR_NOTIFY_"))
+        for var in [*TOKEN_VARS, *notify_vars, *filter(loader_env.is_loader_var, os.environ)]:
+            # Children (tmux, the CLI, ttyd) must not inherit the API's tokens, nor learn where
+            # notifications go, nor (but for the CLI itself, which gets them through its
+            # launch) the loader variables.
             os.environ.pop(var, None)
         record, found = persist.load(self.state_file.path)
         ours = record if record is not None and record.init == self._init else None
@@ -201,6 +214,8 @@ class Supervisor:
                 adopt.found_text(live),
             )
             return True
+        # Listening before anything is listed: approvals an adopted CLI waits on come early.
+        self.notifier.start()
         # Before the CLI: its environment names the proxy, on the port an adopted CLI knows.
         await self.egress.start(ours.egress_port if ours is not None else None)
         if self.egress.started:
@@ -334,6 +349,8 @@ class Supervisor:
             return
         self._stopping = True
         log.info("shutting down")
+        # First: the CLI stopped on purpose is nobody's news.
+        await self.notifier.close()
         # A supervisor that crashes from here on is started again only to finish this.
         self._save()
         run = self.runner

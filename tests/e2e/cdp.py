@@ -56,6 +56,7 @@ class Browser:
         self._session = session
         self._ws = ws
         self._ids = itertools.count(1)
+        self.events: list[dict[str, Any]] = []  # what the browser told meanwhile (if enabled)
 
     @classmethod
     async def start(cls, chromium: str, profile: Path, size: tuple[int, int]) -> Browser:
@@ -91,21 +92,31 @@ class Browser:
             raise
         return cls(proc, session, ws)
 
-    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+    async def call(self, method: str, session: str | None = None, **params: Any) -> dict[str, Any]:
+        """`session`: a target attached with `flatten` (a service worker), else the page."""
         msg_id = next(self._ids)
-        await self._ws.send_str(json.dumps({"id": msg_id, "method": method, "params": params}))
+        message: dict[str, Any] = {"id": msg_id, "method": method, "params": params}
+        if session is not None:
+            message["sessionId"] = session
+        await self._ws.send_str(json.dumps(message))
         async for msg in self._ws:
             data = json.loads(msg.data)
-            if data.get("id") == msg_id:  # events in between are not needed here
+            if "method" in data:
+                self.events.append(data)
+            elif data.get("id") == msg_id:
                 if "error" in data:
                     raise RuntimeError(f"{method}: {data['error']}")
                 return dict(data.get("result", {}))
         msg = "DevTools connection closed"
         raise RuntimeError(msg)
 
-    async def evaluate(self, expression: str) -> Any:
+    async def evaluate(self, expression: str, session: str | None = None) -> Any:
         result = await self.call(
-            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+            "Runtime.evaluate",
+            session,
+            expression=expression,
+            returnByValue=True,
+            awaitPromise=True,
         )
         return result.get("result", {}).get("value")
 
