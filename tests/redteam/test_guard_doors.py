@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,7 @@ import pytest
 from sidecar.core.layout import Layout
 from sidecar.egress.fence import RESOLVER_FILES, fence_of
 from sidecar.egress.guard import guard_argv
+from sidecar.egress.heads import Refusal, parse_head
 from sidecar.egress.reports import ReportListener
 from tests.harness import wait_for_async
 from tests.tools import SYSTEM_PYTHON
@@ -169,36 +170,15 @@ def test_a_root_cli_keeps_no_capability_and_cannot_change_the_resolver(tmp_path:
     assert done.returncode != 0 and "Operation not permitted" in done.stderr
 
 
-@pytest.fixture(scope="module")
-def preload(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The agent's library (tests/redteam/preload.c, built with gcc) and the log each process
-    that loads it appends "pid seccomp-mode" to."""
-    if shutil.which("gcc") is None:
-        pytest.fail("gcc is needed to build the attacker's library")
-    out = tmp_path_factory.mktemp("preload")
-    lib, log = out / "libmark.so", out / "loaded.log"
-    cmd = [
-        "gcc",
-        "-shared",
-        "-fPIC",
-        "-o",
-        str(lib),
-        f'-DMARK_LOG="{log}"',
-        str(HERE / "preload.c"),
-    ]
-    subprocess.run(cmd, check=True)
-    return lib, log
-
-
 def test_loader_variables_reach_the_guarded_cli_alone(
-    preload: tuple[Path, Path], tmp_path: Path
+    preload: Callable[[Path], Path], tmp_path: Path
 ) -> None:
     """Finding 3: the waiter exported the CLI's variables and then started the broker, which
     loaded the agent's LD_PRELOAD library with no filter of its own. Now they go in the env
     file the guard reads and reach the CLI only, after its filter: every process that loads
     the library is under seccomp (mode 2), the broker none."""
-    lib, log = preload
-    log.unlink(missing_ok=True)
+    log = tmp_path / "loaded.log"
+    lib = preload(log)
     env_file = tmp_path / "cli.env"
     env_file.write_text(f"LD_PRELOAD={lib}\nGCONV_PATH={tmp_path}\nMARKED=1\n")
     script = "import os; print(os.environ.get('LD_PRELOAD'), os.environ.get('MARKED'))"
@@ -238,3 +218,15 @@ async def test_the_agent_can_neither_forge_nor_hide_a_report(tmp_path: Path) -> 
         assert transport.dropped == 0  # nothing else even arrived
     finally:
         transport.close()
+
+
+@pytest.mark.parametrize("inside", ["\n", "\r", "\0", "\x1b"], ids=["LF", "CR", "NUL", "ESC"])
+def test_a_control_character_inside_a_head_line_is_refused(inside: str) -> None:
+    """Finding 5: a bare LF put a second `Host` past the proxy's check to the allowed upstream
+    (which splits lines on LF alone). Any control character inside a line is now a 400."""
+    allowed = "GET http://a.example/ HTTP/1.1\r\nHost: a.example"  # a head, blank line off
+    assert parse_head(allowed.encode()).host == "a.example"
+    with pytest.raises(Refusal) as refused:
+        parse_head(f"{allowed}{inside}Host: evil.example".encode())
+    assert str(refused.value) == "a control character inside a line of the request head"
+    assert refused.value.status == 400
