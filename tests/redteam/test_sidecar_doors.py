@@ -4,8 +4,13 @@ supervisor has crashed. Loopback only."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
+import os
+import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -88,3 +93,58 @@ def test_the_api_port_is_never_free_while_a_supervisor_restarts(tmp_path: Path) 
         assert tries and set(tries) == {errno.EADDRINUSE}, f"{tries.count(0)} binds got the port"
         assert sc.get("/health")[0] == 200
         assert sc.stop() == 0
+
+
+def test_a_daemon_renaming_everything_it_can_while_resleeves_run_gets_nowhere(
+    tmp_path: Path,
+) -> None:
+    """A CLI forks a daemon and exits; the daemon renames every entry of the workspace and of
+    the state dir (where tmux's socket, the env file and the report socket live) 100 times a
+    second while five resleeves run. The workspace's entries move; nothing in the state dir
+    does (the guard's fence, which the daemon keeps across relaunches); the sidecar serves
+    throughout and its tmux socket is the one it made."""
+    ws = tmp_path / "workspace"
+    ws.mkdir(exist_ok=True)
+    (ws / "notes.md").write_text("the agent's own file\n")
+    out, stop = ws / "storm.json", ws / "storm.stop"
+    state = tmp_path / "state"
+    storm = Path(__file__).resolve().parent / "storm.py"
+    script = f"[ -e {out} ] || {sys.executable} {storm} {out} {stop} {ws} {state}; exec sleep 600"
+    clis = write_cli_config(tmp_path / "clis.yaml", {"storm": {"command": ["sh", "-c", script]}})
+    extra = {"SIDECAR_CLI_CONFIG": str(clis), "SIDECAR_EGRESS_ALLOW": "none"}
+    daemon: int | None = None
+    with running_sidecar(tmp_path, cli="storm", env_extra=extra) as sc:
+        try:
+            sc.start()
+            daemon = wait_for(lambda: out.exists() and json.loads(out.read_text())["pid"])
+            socket_inode = (state / "tmux.sock").stat().st_ino
+            for n in range(5):
+                assert sc.post("/resleeve", {})[0] in {200, 202}
+                sc.wait_status(
+                    lambda s: s["cli_running"] and not s["resleeving"],
+                    f"resleeve {n + 1} done with the CLI running",
+                    timeout=15,
+                )
+                assert sc.get("/health")[0] == 200
+            os.kill(daemon, 0)  # it raced every relaunch (ProcessLookupError if it had not)
+            stop.touch()
+            counts = wait_for(lambda: _settled(out), what="the daemon's last round")
+            assert counts[str(ws)]["renamed"] > 0  # it did run, and could move its own files
+            assert counts[str(state)] == {"renamed": 0, "refused": counts[str(state)]["refused"]}
+            assert counts[str(state)]["refused"] > 0
+            assert (state / "tmux.sock").stat().st_ino == socket_inode
+            assert sc.stop() == 0
+        finally:
+            if daemon:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(daemon, signal.SIGKILL)
+
+
+def _settled(out: Path) -> dict[str, dict[str, int]] | None:
+    """The daemon's counts once its process is gone."""
+    data = json.loads(out.read_text())
+    try:
+        os.kill(data["pid"], 0)
+    except ProcessLookupError:
+        return data["counts"]  # type: ignore[no-any-return]
+    return None
