@@ -78,6 +78,16 @@ def _errno(err: int) -> _Insn:
     return _ret(SECCOMP_RET_ERRNO | err)
 
 
+def _endings(*errnos: int) -> tuple[_Insn, ...]:
+    """Where a program's jumps end: "allow", "kill", and a label per errno (its name in lower
+    case, "eperm") that fails the call with it."""
+    out: list[_Insn] = [("label", "allow"), _ret(SECCOMP_RET_ALLOW)]
+    out += [("label", "kill"), _ret(SECCOMP_RET_KILL_PROCESS)]
+    for err in errnos:
+        out += [("label", errno.errorcode[err].lower()), _errno(err)]
+    return tuple(out)
+
+
 PROGRAM: tuple[_Insn, ...] = (
     (_LD, _ARCH),
     (_JEQ, AUDIT_ARCH_X86_64, None, "kill"),  # the 32-bit ABI would skip every rule below
@@ -126,10 +136,10 @@ PROGRAM: tuple[_Insn, ...] = (
     (_JEQ, NETLINK_ROUTE, "allow", "notify"),
     ("label", "flags3"),
     (_LD, _arg(3)),
-    (_JSET, MSG_FASTOPEN, "eopnotsupp", "allow"),
+    (_JSET, MSG_FASTOPEN, "enotsup", "allow"),
     ("label", "flags2"),
     (_LD, _arg(2)),
-    (_JSET, MSG_FASTOPEN, "eopnotsupp", "allow"),
+    (_JSET, MSG_FASTOPEN, "enotsup", "allow"),
     # The broker connects the caller's own socket: what it was told before (a deferred connect
     # taking its address from a later sendmsg, a source route, a device) would go with it.
     ("label", "sockopt"),
@@ -152,20 +162,7 @@ PROGRAM: tuple[_Insn, ...] = (
     (_JSET, SECCOMP_FILTER_FLAG_NEW_LISTENER, "eperm", "allow"),
     ("label", "notify"),
     _ret(SECCOMP_RET_USER_NOTIF),
-    ("label", "allow"),
-    _ret(SECCOMP_RET_ALLOW),
-    ("label", "kill"),
-    _ret(SECCOMP_RET_KILL_PROCESS),
-    ("label", "enosys"),
-    _errno(errno.ENOSYS),
-    ("label", "eopnotsupp"),
-    _errno(errno.EOPNOTSUPP),
-    ("label", "enoprotoopt"),
-    _errno(errno.ENOPROTOOPT),
-    ("label", "eperm"),
-    _errno(errno.EPERM),
-    ("label", "eacces"),
-    _errno(errno.EACCES),
+    *_endings(errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOPROTOOPT, errno.EPERM, errno.EACCES),
 )
 
 
@@ -342,14 +339,7 @@ def broker_program() -> tuple[_Insn, ...]:
         (_LD, _arg(0)),
         (_JEQ, 0, "eperm", None),
         (_JSET, 0x80000000, "eperm", "allow"),
-        ("label", "allow"),
-        _ret(SECCOMP_RET_ALLOW),
-        ("label", "kill"),
-        _ret(SECCOMP_RET_KILL_PROCESS),
-        ("label", "enosys"),
-        _errno(errno.ENOSYS),
-        ("label", "eperm"),
-        _errno(errno.EPERM),
+        *_endings(errno.ENOSYS, errno.EPERM),
     )
 
 
