@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -97,26 +96,44 @@ def _tmux_env() -> dict[str, str]:
     return {"PATH": os.environ["PATH"], "HOME": "/", "TERM": "xterm"}
 
 
+LISTEN = (
+    "import os, signal, socket, sys\n"
+    "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o777)\n"
+    "s.listen(16); print('ready', flush=True); signal.pause()\n"
+)
+
+
 @contextlib.contextmanager
-def listener(path: Path) -> Iterator[socket.socket]:
-    """A unix stream listener outside the guard, every uid allowed by its mode: where ttyd,
-    another root tmux server or any daemon of the trusted side would listen."""
-    with socket.socket(socket.AF_UNIX) as s:
-        s.bind(str(path))
-        path.chmod(0o777)
-        s.listen(16)
-        yield s
+def listener(path: Path, owner: int) -> Iterator[None]:
+    """A unix stream listener of `owner`'s outside the guard, every uid allowed by its mode:
+    where ttyd, another root tmux server or any daemon of the trusted side would listen."""
+    kw: dict[str, object] = {"user": owner, "group": owner, "extra_groups": []} if owner else {}
+    with subprocess.Popen(
+        [SYSTEM_PYTHON, "-c", LISTEN, str(path)],
+        stdout=subprocess.PIPE,
+        **kw,  # type: ignore[call-overload]
+    ) as proc:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+            yield
+        finally:
+            proc.kill()
 
 
-@UIDS
+@pytest.mark.parametrize(
+    ("owner", "uid"),
+    [(0, 0), (NOBODY, NOBODY), (0, NOBODY)],
+    ids=["same-uid-root", "one-uid-unprivileged", "other-uid"],
+)
 def test_no_unix_listener_outside_the_guard_is_reachable_by_any_path(
-    uid: int, shared: Path
+    owner: int, uid: int, shared: Path
 ) -> None:
     """Findings 2 and 4: ttyd's socket (no credential on it) and every root-owned socket were
     reachable; a deny list of paths misses a hard link, a rename, a symlink. A listener that
-    no guarded process made is refused, whatever names it."""
+    no guarded process made is refused, whatever names it, whoever owns it (the restricted
+    pod's one unprivileged uid included)."""
     sock = shared / "ttyd.sock"
-    with listener(sock):
+    with listener(sock, owner):
         os.link(sock, shared / "hard.sock")
         (shared / "soft.sock").symlink_to(shared / "hard.sock")
         paths = [sock, shared / "hard.sock", shared / "soft.sock"]
