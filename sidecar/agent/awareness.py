@@ -115,7 +115,10 @@ class Awareness:
             return self.events.launch(cli, argv)
         return argv, added
 
-    def process_changed(self, state: ProcState, cli: CLIDef | None) -> None:
+    def process_changed(
+        self, state: ProcState, cli: CLIDef | None, *, why: str | None = None
+    ) -> None:
+        """The CLI's process changed state (`why`: why it does not run, when it does not)."""
         if self._cli is None and cli is not None and state is ProcState.RUNNING:
             # A CLI this supervisor did not launch (adopted after a restart): same source.
             self.quiet.adopted(active=cli.state == "activity")
@@ -123,7 +126,7 @@ class Awareness:
         if state is ProcState.STOPPING and self.files.record.hook_secret is not None:
             # Hooks of a CLI being stopped are refused from here on (a resleeve's old CLI).
             self.hooks.revoke()
-        self.machine.process_changed(state)
+        self.machine.process_changed(state, why)
         self.events.process_changed(state)
         if state is not ProcState.RUNNING:
             self.approvals.withdraw_all(f"the CLI is {state.value}")

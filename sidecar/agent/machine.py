@@ -39,6 +39,7 @@ class AgentMachine:
         self.source: StateSource = "none"
         self._session_id: str | None = None
         self._process = ProcState.STOPPED
+        self._process_why: str | None = None  # why the CLI does not run: `exited`'s reason
         # starting: launched, no sign yet; exited: the CLI process is not running (the
         # supervisor's word beats any source's); unknown: the CLI gives no signal.
         self._seen: AgentStateName = "starting"  # what the source last said
@@ -80,9 +81,10 @@ class AgentMachine:
         self.source = source
         self._status = self._make_status()
 
-    def process_changed(self, state: ProcState) -> None:
-        """The supervisor's state of the CLI process changed."""
+    def process_changed(self, state: ProcState, why: str | None = None) -> None:
+        """The supervisor's state of the CLI process changed (`why`: why it does not run)."""
         self._process = state
+        self._process_why = one_line(why) if why else None
         self._apply()
 
     def report(self, state: AgentStateName, reason: str | None = None) -> None:
@@ -115,7 +117,7 @@ class AgentMachine:
         if self._process is ProcState.STARTING:
             return "starting", None
         # Whatever the source says: a CLI that is not running is doing nothing.
-        return "exited", None
+        return "exited", self._process_why
 
     def _combined(self) -> tuple[AgentStateName, str | None]:
         """The source's word, as the screen confirms or corrects it: a dialog on screen is

@@ -20,6 +20,7 @@ from sidecar.launcher.slots import COUNTER_FILE, Project, slot_chain
 from sidecar.launcher.state import RUNNING, Run, StateStore
 
 from .helpers import Result, mount_fields
+from .test_run_bwrap import RUN_ID
 
 SECRET = "sk-ant-api03-TESTKEY-abcdefghij0123456789"
 
@@ -49,7 +50,9 @@ def test_docker_argv_names_container_labels_and_publishes_on_loopback(
     assert f"sleeve.project={key}" in argv and "sleeve.slot=1" in argv
     assert argv[-1] == "sleeve:latest"
     envs = [b for a, b in itertools.pairwise(argv) if a == "--env"]
-    assert f"SLEEVE_NAME={crc1}" in envs and "SLEEVE_CLI=claude-code" in envs
+    # The sleeve is named by its run, as `sleeve ps` names it (its dashboard shows that name).
+    names = [e.removeprefix("SLEEVE_NAME=") for e in envs if e.startswith("SLEEVE_NAME=")]
+    assert len(names) == 1 and RUN_ID.fullmatch(names[0]) and "SLEEVE_CLI=claude-code" in envs
     assert "SLEEVE_GOAL=fix $(rm -rf /) `x`" in envs
     assert "ANTHROPIC_API_KEY" in envs  # by name: docker takes the value from its own env
     assert SECRET not in " ".join(argv) and SECRET not in audit
