@@ -25,7 +25,7 @@ from sidecar.api.httpio import BadRequest, error
 from sidecar.api.messages import MAILBOXES, message_operations
 from sidecar.api.metrics import Metrics, RequestCounter
 from sidecar.api.openapi import HTML, Media, Operation, document
-from sidecar.api.screen import NoScreen, screen_operation
+from sidecar.api.screen import NoScreen, screen_operations
 from sidecar.api.status import status_operations
 from sidecar.api.terminal import terminal_operations
 from sidecar.core.contract import MAX_BODY_BYTES
@@ -259,7 +259,7 @@ def create_app(sup: Supervisor) -> web.Application:
     app.on_shutdown.append(end_event_streams)
     operations = [
         *status_operations(sup),
-        screen_operation(sup),
+        *screen_operations(sup),
         resleeve_operation(),
         events_operation(sup),
         *page_operations(),

@@ -128,6 +128,14 @@ class EgressDenied(Event, tag="egress-denied"):
     how: EgressHowField
 
 
+class ScreenResized(Event, tag="screen-resized"):
+    """The CLI's screen changed size (`PUT /screen/size`, or tmux's own): a viewer fits its
+    terminal to it."""
+
+    cols: Annotated[int, Meta(ge=1)]
+    rows: Annotated[int, Meta(ge=1)]
+
+
 AnyEvent = (
     Heartbeat
     | SidecarRestart
@@ -140,5 +148,6 @@ AnyEvent = (
     | ApprovalRequested
     | ApprovalResolved
     | EgressDenied
+    | ScreenResized
     | ErrorEvent
 )
