@@ -16,7 +16,7 @@ from msgspec import UnsetType
 
 from sidecar.agent import approvals
 from sidecar.agent.input_delivery import NotRunning, StateMismatch
-from sidecar.api import httpio, reference, reference_pages
+from sidecar.api import errorpage, httpio, reference, reference_pages
 from sidecar.api.agent import HookRefused, agent_operations
 from sidecar.api.approvals import approval_conflict, approval_operations
 from sidecar.api.events import events_operation
@@ -143,6 +143,9 @@ def make_answers(requests: RequestCounter | None = None) -> typedefs.Middleware:
             response = await handler(request)
         except Exception as exc:
             response = error_answer(request, exc)
+        if errorpage.wanted(request, response):
+            assert isinstance(response, web.Response)
+            response = errorpage.page(request, response)  # a person's browser: words
         if requests is not None:
             requests.count(request, response)
         return response

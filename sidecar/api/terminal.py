@@ -183,7 +183,9 @@ async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-    await client.close()
+    # ttyd gone (or the client, whose close is answered as it came): not a normal end of the
+    # session, which would leave ttyd's page waiting for a key. 1001: its page reconnects.
+    await client.close(code=WSCloseCode.GOING_AWAY, message=b"the terminal went away")
     log.info("terminal client disconnected")
     return client
 
