@@ -79,7 +79,9 @@ class Awareness:
         self.events = EventSource(
             self.machine, self.files, self.approvals, self.notices.check, self._fall_back
         )
-        self.input = InputDelivery(self.machine, self.activity, pane, lock, self.seen.read_now)
+        self.input = InputDelivery(
+            self.machine, self.activity, pane, lock, self.seen.read_now, look=self.seen.look_now
+        )
         self.on_screen = ScreenApprovals(self.machine, self.approvals, self.input.deliver)
         self.machine.on_look = self.on_screen.looked
         self.hooks.released = self.on_screen.take

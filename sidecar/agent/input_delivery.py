@@ -28,6 +28,9 @@ from sidecar.pane.send import PaneInput, check_text
 # than HOLD_MAX.
 HOLD_MIN, HOLD_QUIET, HOLD_MAX = 0.6, 0.5, 3.0
 CONFIRM = 2.0  # seconds to watch for the agent leaving `waiting` after keys were sent
+# While it watches, the screen is looked at this often: the pane's output notices pause for up
+# to `control.SAMPLE` after the dialog's last redraw, so waiting for one would be late.
+LOOK_EVERY = 0.02
 HOLD_POLL = 0.05  # polling interval of the hold (it only runs while keys wait)
 
 
@@ -47,12 +50,15 @@ class InputDelivery:
         pane: PaneInput,
         lock: asyncio.Lock,
         read: Callable[[], Awaitable[Reading]],
+        *,
+        look: Callable[[], None],
     ) -> None:
         self.machine = machine
         self.activity = activity
         self.pane = pane
         self.lock = lock  # one writer to the pane at a time: inputs and notices
         self.read = read  # the screen as the running CLI's recognizer reads it, now
+        self.look = look  # have the screen looked at (it tells the machine what it shows)
         self.keys_after: float | None = None  # the running CLI's (`ScreenKnowledge`)
 
     def _require_running(self) -> None:
@@ -153,6 +159,8 @@ class InputDelivery:
         deadline = time.monotonic() + CONFIRM
         while self.machine.state == "waiting":
             left = deadline - time.monotonic()
-            if left <= 0 or not await self.machine.wait_change(left):
-                return self.machine.state != "waiting"
+            if left <= 0:
+                return False
+            self.look()  # did the dialog take the keys? Its screen says so first
+            await self.machine.wait_change(min(left, LOOK_EVERY))
         return True
