@@ -26,6 +26,12 @@ from sidecar.security.users import User, spawn_credentials
 
 log = logging.getLogger(__name__)
 
+#: The CLI's pane, targeted by its id: `new-session` makes it the first pane of a server we
+#: start, which tmux numbers %0, and respawn-pane keeps the id. Unlike a position
+#: (`main:0.0`), it stays the CLI's pane when someone at the terminal splits the window and
+#: swaps panes. (In a command line tmux parses, quote it: a word starting with % is a directive.)
+PANE = "%0"
+
 # Options are in a config file read when the server starts, so they are in force before the
 # first pane exists (history-limit only applies to panes created after it is set, and
 # remain-on-exit must be on before a fast-failing CLI exits).
@@ -244,7 +250,7 @@ class Tmux:
             "respawn-pane",
             "-k",
             "-t",
-            f"{TMUX_SESSION}:0.0",
+            PANE,
             "-c",
             str(cwd),
             *self._pane_command(argv, env),
@@ -277,7 +283,7 @@ class Tmux:
         # A printable separator: for a client it takes for non-UTF-8 (LC_ALL=C), tmux 3.3a
         # prints a tab as "_". No field holds a "|" (numbers and the pane's tty path).
         fmt = "|".join(f"#{{{name}}}" for name in fields)
-        out = self._cmd("display-message", "-p", "-t", f"{TMUX_SESSION}:0.0", fmt)
+        out = self._cmd("display-message", "-p", "-t", PANE, fmt)
         if not out:
             msg = "tmux display-message printed nothing"
             raise TmuxError(msg)
