@@ -453,6 +453,9 @@ async def test_viewer_sees_output_but_its_input_never_reaches_the_pane(secured: 
     assert f"writer-{marker}" in text
     assert f"viewer-{marker}" not in text
     assert "view-only" in secured.log()
+    # Its view's size (allowed: its client ignores size) never reshapes the CLI's window.
+    size = tmux(secured, "display-message", "-p", "-t", "main", "#{window_width}x#{window_height}")
+    assert size.strip() == "200x50"
 
 
 async def test_terminal_needs_a_token_when_one_is_set(secured: Sidecar) -> None:
