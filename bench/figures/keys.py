@@ -76,7 +76,7 @@ def run(ctx: Context) -> list[Figure]:
         return both
 
     try:
-        got = interleave(ctx.pick(3, 10), {name: cycle(rig) for name, rig in arms.items()})
+        got = interleave(ctx.pick(1, 10), {name: cycle(rig) for name, rig in arms.items()})
     finally:
         for rig in arms.values():
             rig.close()
