@@ -22,10 +22,11 @@ SHUTDOWN_TIMEOUT = 2.0  # seconds the API waits for requests still running at sh
 log = logging.getLogger("sidecar")
 
 
-def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
+def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef], int]:
+    """The configuration, the registry, and the state dir's lock (a descriptor to keep open)."""
     from sidecar.agent.registry import load_registry, packages
     from sidecar.config import Config
-    from sidecar.process import statedir
+    from sidecar.process import statedir, statelock
     from sidecar.security.acting import Owner
 
     config = Config.from_env(env)
@@ -38,9 +39,12 @@ def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
     login_shell = shell if os.path.isabs(shell) else "/bin/bash"
     registry = load_registry(config.cli_config, login_shell, extra, reader=owner)
     statedir.prepare(config)
+    # Before anything in the state dir is used: a second sidecar there would kill this one's
+    # tmux server, and this one its.
+    lock = statelock.take(config.paths.lock, config.port)
     if config.egress is not None:
         _check_egress(config)
-    return config, dict(registry)
+    return config, dict(registry), lock
 
 
 def _check_egress(config: Config) -> None:
@@ -202,7 +206,8 @@ def run(env: dict[str, str]) -> int:
     handed = tokens.take_over(env)  # also takes the descriptor's variable out of env
     env = {**env, **handed}
     try:
-        config, registry = _load(env)
+        # The lock's descriptor is never closed: init holds it, and every supervisor it forks.
+        config, registry, _lock = _load(env)
     except ConfigError as exc:
         print(f"sidecar: {exc}", file=sys.stderr)
         return 2

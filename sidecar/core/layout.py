@@ -34,6 +34,12 @@ class Layout:
         return self.state_dir / "agent.json"
 
     @property
+    def lock(self) -> Path:
+        """The state dir's lock, held for the sidecar's life, with the holder's pid and port
+        (`sidecar.process.statelock`)."""
+        return self.state_dir / "sidecar.lock"
+
+    @property
     def vapid_key(self) -> Path:
         """Web Push's VAPID private key (PEM, 0600), made the first time it is needed."""
         return self.state_dir / "vapid.pem"

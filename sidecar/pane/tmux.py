@@ -19,7 +19,7 @@ from typing import Any
 import libtmux
 from libtmux import exc as tmux_exc
 
-from sidecar.core.contract import TMUX_SESSION
+from sidecar.core.contract import SCREEN_START, TMUX_SESSION
 from sidecar.core.env_file import text as env_file_text
 from sidecar.core.files import read_regular, write_new
 from sidecar.core.layout import Layout
@@ -27,7 +27,6 @@ from sidecar.security.users import User, spawn_credentials
 
 log = logging.getLogger(__name__)
 
-WIDTH, HEIGHT = 200, 50
 #: The CLI's pane, targeted by its id: `new-session` makes it the first pane of a server we
 #: start, which tmux numbers %0, and respawn-pane keeps the id. Unlike a position
 #: (`main:0.0`), it stays the CLI's pane when someone at the terminal splits the window and
@@ -120,6 +119,8 @@ class Tmux:
         self.env_file = paths.cli_env
         self.run_as = run_as
         self.env = dict(env) if env is not None else None
+        # The window's size: a new server (a heal, a resleeve) starts at the last one set.
+        self.size: tuple[int, int] = SCREEN_START
         self.server = libtmux.Server(
             socket_path=str(self.socket_path), config_file=str(self.conf_path)
         )
@@ -206,6 +207,7 @@ class Tmux:
         `pane_argv`); any old server is killed."""
         self.kill_server()
         self.clear_status()
+        width, height = self.size
         # 0644: with SIDECAR_USER the server reads it as that user.
         write_new(self.conf_path, TMUX_CONF.encode(), 0o644)
         # The server's global environment is the sidecar's own (secrets were removed from it
@@ -217,15 +219,17 @@ class Tmux:
             "-s",
             TMUX_SESSION,
             "-x",
-            str(WIDTH),
+            str(width),
             "-y",
-            str(HEIGHT),
+            str(height),
             "-c",
             str(cwd),
             *self._pane_command(argv, env, export=export),
-            # Attached web clients must never resize the window the CLI draws in. (tmux 3.3a
-            # crashes when window-size/default-size come from the config file before the first
-            # session exists, so they are set right after it, in the same command list.)
+            # Attached clients never resize the window the CLI draws in: the sidecar does
+            # (`PUT /screen/size`). A client larger than the window sees blanks around it, not
+            # tmux's dots. (tmux 3.3a crashes when window-size/default-size come from the config
+            # file before the first session exists, so they are set right after it, in the same
+            # command list.)
             ";",
             "set-option",
             "-g",
@@ -235,7 +239,12 @@ class Tmux:
             "set-option",
             "-g",
             "default-size",
-            f"{WIDTH}x{HEIGHT}",
+            f"{width}x{height}",
+            ";",
+            "set-option",
+            "-g",
+            "fill-character",
+            " ",
         )
         return self.pane_info()
 

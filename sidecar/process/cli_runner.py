@@ -96,7 +96,9 @@ class CliRunner:
     def _changed(self, old: CliStatus, new: CliStatus, restored: bool) -> None:
         """Every change of the CLI's record: the agent machine hears of it, its event goes out
         (not again for one taken over after a crash), and the state file records it."""
-        self.awareness.process_changed(new.state, self.registry.get(new.cli))
+        self.awareness.process_changed(
+            new.state, self.registry.get(new.cli), why=new.why_not_running
+        )
         if not restored and new.state is ProcState.EXITED:
             self.bus.publish(CliExit(cli=new.cli, exit_code=new.exit_code, pid=new.pid))
         elif not restored and new.state is ProcState.FATAL and new.reason:

@@ -54,15 +54,21 @@ def _existing(state: Path, config: Config, euid: int, egid: int) -> None:
         raise ConfigError(msg)
 
 
-def _make(state: Path, user: User | None) -> None:
+def _make(state: Path, user: User | None) -> bool:
+    """Make the state dir; False when another process made it first (a second sidecar started
+    at the same moment: the state dir's lock decides which one runs)."""
     state.parent.mkdir(parents=True, exist_ok=True)
-    os.mkdir(state, 0o700)
+    try:
+        os.mkdir(state, 0o700)
+    except FileExistsError:
+        return False
     if user is not None:
         # The user passes through to session/ and reads tmux.conf; it lists nothing.
         os.chown(state, -1, user.gid)
         os.chmod(state, 0o710)  # noqa: S103 - search only, for the user's group
     else:
         os.chmod(state, 0o700)  # a umask may take bits even from 0700
+    return True
 
 
 def _session(config: Config, user: User, euid: int) -> None:
@@ -100,10 +106,8 @@ def prepare(config: Config, *, euid: int | None = None, egid: int | None = None)
     user = config.user
     _apart(state, config.workspace)
     try:
-        if state.exists():
+        if state.exists() or not _make(state, user):
             _existing(state, config, euid, egid)
-        else:
-            _make(state, user)
         probe = state / f".probe-{os.getpid()}"
         probe.touch()
         probe.unlink()
