@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tests.harness import Sidecar, wait_for
-from tests.test_crash import kill_supervisor, restarted
+from tests.proctools import kill_supervisor, restarted
 
 
 def twin(make_sidecar: Callable[..., Sidecar], first: Sidecar) -> Sidecar:
