@@ -24,6 +24,7 @@ from sidecar.core.contract import (
     DEFAULT_PORT,
     DEFAULT_STATE_DIR,
     DEFAULT_WORKSPACE,
+    RECORD_MAX_MB,
     STOP_GRACE,
 )
 from sidecar.core.layout import Layout
@@ -43,6 +44,11 @@ class ConfigError(Exception):
 
 class InboxNotify(Enum):
     IDLE = "idle"  # type a notice into an idle CLI marked `prompt: true`
+    OFF = "off"
+
+
+class Record(Enum):
+    ON = "on"
     OFF = "off"
 
 
@@ -102,6 +108,25 @@ def seconds(
         raise ConfigError(msg) from None
     if not math.isfinite(value) or not low <= value <= high:
         msg = f"{name} must be between {low:g} and {high:g} seconds, got {raw!r}"
+        raise ConfigError(msg)
+    return value
+
+
+def number(
+    env: Mapping[str, str], name: str, what: str, *, low: float, high: float, integer: bool = False
+) -> float | None:
+    """A positive number (`integer`: a whole one) between `low` and `high`; None when unset."""
+    raw = text(env, name)
+    if raw is None:
+        return None
+    try:
+        value = float(int(raw.strip(), 10)) if integer else float(raw)
+    except ValueError:
+        kind = "a whole number" if integer else "a number"
+        msg = f"{name} must be {kind} of {what}, got {raw!r}"
+        raise ConfigError(msg) from None
+    if not math.isfinite(value) or not low <= value <= high:
+        msg = f"{name} must be between {low:g} and {high:g} {what}, got {raw!r}"
         raise ConfigError(msg)
     return value
 
@@ -234,6 +259,36 @@ def egress_allowlist(env: Mapping[str, str]) -> Allowlist | None:
     return None
 
 
+@dataclass(frozen=True)
+class Recording:
+    """SIDECAR_RECORD, _DIR and _MAX_MB (`sidecar.record`)."""
+
+    on: bool = True
+    dir: Path | None = None  # None: `Layout.recordings`
+    max_bytes: int = RECORD_MAX_MB * 1024 * 1024
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Recording:
+        on = choice(env, "SIDECAR_RECORD", Record.ON) is Record.ON
+        raw_dir = text(env, "SIDECAR_RECORD_DIR")
+        if raw_dir is not None and not Path(raw_dir).is_absolute():
+            msg = f"SIDECAR_RECORD_DIR must be an absolute path, got {raw_dir!r}"
+            raise ConfigError(msg)
+        mib = number(env, "SIDECAR_RECORD_MAX_MB", "MiB", low=0.1, high=1024 * 1024)
+        return cls(
+            on=on,
+            dir=Path(raw_dir) if raw_dir is not None else None,
+            max_bytes=int((mib or RECORD_MAX_MB) * 1024 * 1024),
+        )
+
+
+def _budget(env: Mapping[str, str]) -> tuple[float | None, int | None]:
+    """SIDECAR_BUDGET_USD and SIDECAR_BUDGET_TOKENS (the agent's spending limit)."""
+    usd = number(env, "SIDECAR_BUDGET_USD", "US dollars", low=0.000001, high=1e9)
+    tokens = number(env, "SIDECAR_BUDGET_TOKENS", "tokens", low=1, high=1e15, integer=True)
+    return usd, None if tokens is None else int(tokens)
+
+
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -283,6 +338,11 @@ class Config:
     activity_quiet: float = ACTIVITY_QUIET
     # SIDECAR_EGRESS_ALLOW(_FILE): the hosts the CLI may reach; None: the network is open.
     egress: Allowlist | None = None
+    # SIDECAR_RECORD*: a recording of each CLI run.
+    recording: Recording = Recording()
+    # SIDECAR_BUDGET_USD, _TOKENS: the agent's spending limit (None: no limit of that kind).
+    budget_usd: float | None = None
+    budget_tokens: int | None = None
     # The environment the CLI inherits (PATH, HOME, API keys, ...), captured once here.
     child_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -290,6 +350,10 @@ class Config:
     def paths(self) -> Layout:
         """Every path in the state dir (with SIDECAR_USER, the CLI's in its session dir)."""
         return Layout(self.state_dir, for_user=self.user is not None)
+
+    @property
+    def record_dir(self) -> Path:
+        return self.recording.dir or self.paths.recordings
 
     @property
     def cli_home(self) -> Path | None:
@@ -324,6 +388,8 @@ class Config:
         user = _user(text(env, "SIDECAR_USER"), os.geteuid() if euid is None else euid)
         user_home = _user_home(env)
         allowlist = egress_allowlist(env)
+        recording = Recording.from_env(env)
+        budget_usd, budget_tokens = _budget(env)
         hidden = {*tokens.TOKEN_VARS, tokens.HANDOVER_VAR}
         return cls(
             sleeve_name=name,
@@ -348,6 +414,9 @@ class Config:
             activity_quiet=quiet,
             approval_timeout=approval_timeout,
             egress=allowlist,
+            recording=recording,
+            budget_usd=budget_usd,
+            budget_tokens=budget_tokens,
             # The CLI never inherits the API's tokens.
             child_env={k: v for k, v in env.items() if k not in hidden},
         )

@@ -45,7 +45,7 @@ StateSource = Literal["hooks", "events", "activity", "none"]
 #: A permission request's answer, who gave it, and how the sidecar learnt of the request and
 #: answers it (/approvals, `approval-resolved` events).
 Decision = Literal["allow", "deny"]
-DecidedBy = Literal["api", "terminal", "timeout"]
+DecidedBy = Literal["api", "terminal", "timeout", "budget"]
 ApprovalSource = Literal["hooks", "screen", "events"]
 
 #: The CLI's network (`egress.mode` in /status), and how a refused attempt was made (`how` of
@@ -70,6 +70,11 @@ DEFAULT_STATE_DIR: Final = "/run/sidecar"
 #: `SIDECAR_STOP_GRACE`: seconds between SIGTERM and SIGKILL for the CLI's tree (and, in a pod,
 #: what `terminationGracePeriodSeconds` must exceed).
 STOP_GRACE: Final = 5.0
+
+#: `SIDECAR_RECORD_MAX_MB`: the recordings' total size cap, in MiB (oldest removed first).
+RECORD_MAX_MB: Final = 200
+#: The share of a budget (`SIDECAR_BUDGET_*`) at which a `budget` event warns.
+BUDGET_WARN_AT: Final = 0.8
 
 #: The tmux session that hosts the CLI (`sidecar attach` attaches to it).
 TMUX_SESSION: Final = "main"

@@ -34,6 +34,16 @@ class Layout:
         return self.state_dir / "agent.json"
 
     @property
+    def usage_state(self) -> Path:
+        """The agent's usage and budget (`sidecar.usage.ledger`), kept across a crash."""
+        return self.state_dir / "usage.json"
+
+    @property
+    def recordings(self) -> Path:
+        """Where recordings go unless SIDECAR_RECORD_DIR says otherwise (`sidecar.record`)."""
+        return self.state_dir / "recordings"
+
+    @property
     def tmux_conf(self) -> Path:
         return self.state_dir / "tmux.conf"
 
