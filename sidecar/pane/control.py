@@ -1,7 +1,8 @@
 """The sidecar's one tmux control-mode client (`tmux -C attach`), its channel to the CLI's pane:
 an `%output` line tells when the pane writes (one wakeup per burst, nothing while it is quiet;
-why not the tty's mtime or `capture-pane`: docs/benchmarks.md), and `ask` sends commands through
-it and reads their replies, with no process per command (how `sidecar.pane.screen` looks).
+why not the tty's mtime or `capture-pane`: docs/benchmarks.md), `ask` sends commands through
+it and reads their replies, with no process per command (how `sidecar.pane.screen` looks), and
+while a `sink` is set it hands over every byte the CLI's pane writes (the recorder's tap).
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ import psutil
 
 from sidecar.core.contract import TMUX_SESSION
 from sidecar.pane.protocol import ControlReader, NoAnswer, NotAttached, Reply
-from sidecar.pane.tmux import Tmux
+from sidecar.pane.tmux import PANE, Tmux
 
 log = logging.getLogger(__name__)
 
 # On the first `%output` the client pauses the pane for itself (`refresh-client -A %N:pause`:
 # tmux keeps reading the pane and drops only this client's copy) and continues it SAMPLE seconds
 # later: output is known to within SAMPLE, what the `activity` source and POST /input's hold need.
+# With a sink every byte is needed: the pane is never paused, and `on_output` is called at most
+# once per SAMPLE instead (and once more at the end of a window in which the pane wrote).
 SAMPLE = 0.25  # seconds the pane stays paused for this client after output
 ENDS_WITHIN = 1.0  # seconds a control client whose output closed gets to exit by itself
 
@@ -70,6 +73,12 @@ class PaneActivity:
         self._waiting: deque[asyncio.Future[Reply | None] | None] = deque()
         self._stop = False
         self._wake = asyncio.Event()
+        # What the CLI's pane writes, unescaped, as it comes (None: nobody wants it). Called in
+        # the reader's loop: it must return at once (tmux keeps a client that falls behind
+        # from the pane's output, and can slow the pane for it).
+        self.sink: Callable[[bytes], None] | None = None
+        self._window_ends = 0.0  # with a sink: on_output's next call is due after this
+        self._trailing: asyncio.TimerHandle | None = None
 
     def client_argv(self) -> list[str]:
         attach = ("attach-session", "-f", "ignore-size", "-t", TMUX_SESSION)
@@ -132,9 +141,13 @@ class PaneActivity:
             self.on_attach()
         assert proc.stdout is not None
         reader = ControlReader()
+        pane = PANE.encode()
         try:
             while chunk := await proc.stdout.read(1 << 16):
-                panes, replies = reader.feed(chunk)
+                sink = self.sink
+                panes, replies, wrote = reader.feed(chunk, pane if sink is not None else None)
+                if wrote and sink is not None:
+                    sink(wrote)
                 if panes:
                     self._seen(panes)
                 for reply in replies:
@@ -174,6 +187,9 @@ class PaneActivity:
     def _seen(self, panes: set[bytes]) -> None:
         now = time.monotonic()
         self.last_output = now
+        if self.sink is not None:
+            self._seen_unpaused(now)
+            return
         fresh = panes - self._paused
         if fresh:
             # Pause this client's copy of the pane's output; continue it SAMPLE s later.
@@ -181,6 +197,30 @@ class PaneActivity:
             self._paused |= fresh
             asyncio.get_running_loop().call_later(SAMPLE, self._resume, fresh)
         self.on_output(now)
+
+    def tap(self, sink: Callable[[bytes], None] | None) -> None:
+        """Hand every byte the CLI's pane writes to `sink` from now on (None: stop). A pane
+        paused for this client is continued at once: its bytes are wanted."""
+        self.sink = sink
+        if sink is not None and self._paused:
+            self._resume(set(self._paused))
+
+    def _seen_unpaused(self, now: float) -> None:
+        """Output while a sink takes every byte: `on_output` at most once per SAMPLE, as the
+        pause would allow, and at the end of a window in which the pane went on writing."""
+        if now >= self._window_ends:
+            self._window_ends = now + SAMPLE
+            self.on_output(now)
+        elif self._trailing is None:
+            delay = self._window_ends - now
+            self._trailing = asyncio.get_running_loop().call_later(delay, self._window_end)
+
+    def _window_end(self) -> None:
+        self._trailing = None
+        last = self.last_output
+        if last is not None:
+            self._window_ends = time.monotonic() + SAMPLE
+            self.on_output(last)
 
     def _resume(self, panes: set[bytes]) -> None:
         self._paused -= panes
@@ -205,6 +245,8 @@ class PaneActivity:
     async def stop(self) -> None:
         self._stop = True
         self._wake.set()
+        if self._trailing is not None:
+            self._trailing.cancel()
         proc = self._proc
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):

@@ -26,6 +26,8 @@ SIZE = f"display-message -p -t {TARGET} '{SIZE_FORMAT}'"
 # text is the pane's UTF-8. In control mode tmux writes it as it is: nothing is escaped.
 CAPTURE = f"capture-pane -p -t {TARGET}"
 LOOK = (SIZE, CAPTURE)
+# The same with colours and attributes (-e: SGR escapes), for a recording's frame.
+STYLED = (SIZE, f"capture-pane -p -e -t {TARGET}")
 
 Ask = Callable[[Sequence[str], float], Awaitable[list[Reply]]]
 
@@ -53,6 +55,12 @@ def parse_screen(size: Reply, capture: Reply) -> Screen:
     lines = [line.decode("utf-8", "replace") for line in capture.lines[:rows]]
     lines += [""] * (rows - len(lines))
     return Screen(rows, cols, tuple(lines), row, col)
+
+
+async def look_styled(ask: Ask) -> Screen:
+    """The screen with its SGR escapes in the lines. Raises ControlError."""
+    size, capture = await ask(STYLED, LOOK_TIMEOUT)
+    return parse_screen(size, capture)
 
 
 class ScreenLook:

@@ -27,6 +27,11 @@ from sidecar.security.users import User, spawn_credentials
 log = logging.getLogger(__name__)
 
 WIDTH, HEIGHT = 200, 50
+#: The CLI's pane, targeted by its id: `new-session` makes it the first pane of a server we
+#: start, which tmux numbers %0, and respawn-pane keeps the id. Unlike a position
+#: (`main:0.0`), it stays the CLI's pane when someone at the terminal splits the window and
+#: swaps panes. (In a command line tmux parses, quote it: a word starting with % is a directive.)
+PANE = "%0"
 
 # Options are in a config file read when the server starts, so they are in force before the
 # first pane exists (history-limit only applies to panes created after it is set, and
