@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from msgspec import UnsetType
 
@@ -43,6 +43,8 @@ class InputDelivery:
         self.activity = activity
         self.pane = pane
         self.lock = lock  # one writer to the pane at a time: inputs and notices
+        # Why text is refused whatever the state (the budget is spent); None: it is not.
+        self.refuse_text: Callable[[], str | None] = lambda: None
 
     def _require_running(self) -> None:
         if self.machine.process is not ProcState.RUNNING:
@@ -55,6 +57,9 @@ class InputDelivery:
         keys = None if isinstance(request.keys, UnsetType) else list(request.keys)
         wanted = None if isinstance(request.if_state, UnsetType) else set(request.if_state)
         data = check_text(text) if text is not None else b""
+        refused = self.refuse_text() if text is not None else None
+        if refused is not None:
+            raise StateMismatch(refused)
         async with self.lock:
             self._require_running()
             held = 0.0

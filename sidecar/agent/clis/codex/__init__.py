@@ -24,4 +24,5 @@ CLI = Knowledge(
         ApprovalKeys(once=("y",), always=("Down", "Enter"), deny=("Escape",)),
     ),
     homes=Homes(dirs=(".codex",)),  # config, sign-in, conversations
+    interrupt=("Escape",),  # "esc to interrupt" while a turn runs
 )

@@ -23,4 +23,5 @@ CLI = Knowledge(
         ApprovalKeys(once=("1",), always=("2",), deny=("3",)),
     ),
     homes=Homes(dirs=(".gemini",)),  # config, sign-in, conversations
+    interrupt=("Escape",),  # "esc to cancel" while a turn runs
 )

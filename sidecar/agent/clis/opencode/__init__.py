@@ -28,4 +28,6 @@ CLI = Knowledge(
     ),
     # Its data (sign-in, conversations); its config is under `.config`, which every slot keeps.
     homes=Homes(dirs=(".local/share/opencode",)),
+    # "esc interrupt", then "esc again to interrupt": the second Escape stops the turn.
+    interrupt=("Escape", "Escape"),
 )
