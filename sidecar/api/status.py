@@ -77,6 +77,7 @@ def status_answer(v: SupervisorView, current: CurrentState, config: Config) -> S
         sidecar_restarts=v.restarts,
         agent=agent_info(v),
         egress=v.egress,
+        usage=v.usage,
     )
 
 
