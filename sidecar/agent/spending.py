@@ -48,7 +48,7 @@ def _counts(c: Counts) -> TokenCounts:
         output_tokens=c.output_tokens,
         cache_read_tokens=c.cache_read_tokens,
         cache_creation_tokens=c.cache_creation_tokens,
-        cost_usd=round(c.cost_usd, 6),
+        cost_usd=round(c.cost_usd, 9),
         requests=c.requests,
     )
 
@@ -145,7 +145,7 @@ class Spending:
                     output_tokens=usage.output,
                     cache_read_tokens=usage.cache_read,
                     cache_creation_tokens=usage.cache_creation,
-                    cost_usd=round(cost, 6),
+                    cost_usd=round(cost, 9),
                     cost_from=source,
                 )
             )
@@ -195,7 +195,7 @@ class Spending:
             BudgetEvent(
                 level=level,
                 message=message,
-                spent_usd=round(usd, 6),
+                spent_usd=round(usd, 9),
                 spent_tokens=tokens,
                 usd=state.usd,
                 tokens=state.tokens,
@@ -267,7 +267,7 @@ class Spending:
         return BudgetInfo(
             usd=state.usd,
             tokens=state.tokens,
-            spent_usd=round(usd, 6),
+            spent_usd=round(usd, 9),
             spent_tokens=tokens,
             state=self._level(),
         )
