@@ -86,9 +86,6 @@ class Recorder:
             self._warn(f"not recording {cli}: {exc}")
             self.files.update(recording=None)
             return
-        if self._problem is not None:
-            log.info("recording again: %s", recording.id)
-            self._problem = None
         self.current = recording
         self.files.update(recording=recording.id)
         self.activity.tap(self._output)
@@ -113,6 +110,11 @@ class Recorder:
         recording.output(data)
         if recording.failed is not None:
             self._stop(recording, recording.failed)
+        elif recording.cut:
+            self.activity.tap(None)  # nothing more goes in: the pane needs no decoding
+        elif self._problem is not None and recording.written > recording.first:
+            log.info("recording again: %s", recording.id)  # the disk takes it: a new warning
+            self._problem = None  # will be said when it refuses again
 
     def _event(self, event: Event) -> None:
         recording = self.current

@@ -7,14 +7,11 @@ a `write` call handed to the kernel stay in the page cache when the process dies
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import threading
 from collections import deque
 
 from sidecar.core.files import write_all
-
-log = logging.getLogger(__name__)
 
 BEHIND = 8 * 1024 * 1024  # bytes waiting for the disk past which more are dropped
 
@@ -54,6 +51,11 @@ class Spool:
             self._wake.notify()
 
     @property
+    def written(self) -> int:
+        """Bytes the file holds now."""
+        return self._size
+
+    @property
     def done(self) -> bool:
         """The file is written and closed."""
         return not self._thread.is_alive()
@@ -88,4 +90,3 @@ class Spool:
             self.failed = exc.strerror or str(exc)
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, end)
-            log.warning("recording %s: writing stopped: %s", self._path, self.failed)

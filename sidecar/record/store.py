@@ -21,7 +21,8 @@ from sidecar.record import asciicast
 log = logging.getLogger(__name__)
 
 SUFFIX = ".cast"
-ID_RE = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{6}$")
+# When it began (UTC, to the microsecond: ids sort oldest first), and a random part.
+ID_RE = re.compile(r"^[0-9]{8}T[0-9]{6}\.[0-9]{6}Z-[0-9a-f]{6}$")
 _OPEN = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -74,9 +75,9 @@ class RecordStore:
         return self.dir / f"{rec_id}{SUFFIX}"
 
     @staticmethod
-    def new_id(now: float | None = None) -> str:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-        return f"{stamp}-{secrets.token_hex(3)}"
+    def new_id(now: float) -> str:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+        return f"{stamp}.{int(now % 1 * 1_000_000):06d}Z-{secrets.token_hex(3)}"
 
     def create(self, rec_id: str) -> int:
         """A new, empty file for `rec_id`, opened for appending. Raises OSError."""
