@@ -18,7 +18,7 @@ from sidecar.core.events import EventBus
 from sidecar.core.states import ProcState
 from sidecar.pane.control import PaneActivity
 from sidecar.pane.protocol import ControlError
-from sidecar.pane.screen import look_styled
+from sidecar.pane.screen import Screen, look_styled
 from sidecar.pane.tmux import HEIGHT, WIDTH
 from sidecar.record import markers
 from sidecar.record.recording import Recording
@@ -88,7 +88,7 @@ class Recorder:
             return
         self.current = recording
         self.files.update(recording=recording.id)
-        self.activity.tap(self._output)
+        self.activity.tap(self)
         self.attached()  # the screen as it is now: what the pane showed before the tap
 
     def _end(self, recording: Recording) -> None:
@@ -97,13 +97,18 @@ class Recorder:
         self.current = None
         self.activity.tap(None)
         recording.end()
+        if self._problem is not None and recording.failed is None:
+            # A whole run recorded: the next refusal is news again.
+            log.info("recording works again (%s)", recording.id)
+            self._problem = None
         self._closing = [r for r in self._closing if not r.done]
         self._closing.append(recording)
         self.files.update(recording=None)
 
     # ---- what goes in ----------------------------------------------------------------------
 
-    def _output(self, data: bytes) -> None:
+    def wrote(self, data: bytes) -> None:
+        """The CLI's pane wrote (the control client's tap: returns at once)."""
         recording = self.current
         if recording is None:
             return
@@ -112,9 +117,16 @@ class Recorder:
             self._stop(recording, recording.failed)
         elif recording.cut:
             self.activity.tap(None)  # nothing more goes in: the pane needs no decoding
-        elif self._problem is not None and recording.written > recording.first:
-            log.info("recording again: %s", recording.id)  # the disk takes it: a new warning
-            self._problem = None  # will be said when it refuses again
+
+    def skipped(self, screen: Screen | None, *, first: bool) -> None:
+        """The pane wrote too fast to be tapped byte for byte: a frame of it instead."""
+        recording = self.current
+        if recording is None:
+            return
+        if first:
+            recording.marker("output too fast to record byte for byte: a frame a second")
+        if screen is not None:
+            recording.frame(list(screen.lines), screen.cursor_row, screen.cursor_col)
 
     def _event(self, event: Event) -> None:
         recording = self.current

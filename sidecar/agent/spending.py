@@ -303,3 +303,4 @@ class Spending:
 
     async def close(self) -> None:
         await self.relay.close()
+        self.ledger.close()

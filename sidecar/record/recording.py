@@ -40,7 +40,6 @@ class Recording:
         self.store = store
         self.id = rec_id
         self.bytes = size
-        self.first = size  # what the file held before its first event (the header written)
         self.markers = markers
         self.cut = False  # over the cap: nothing more is written
         self.ended = False
@@ -80,7 +79,6 @@ class Recording:
             store, rec_id, fd, timestamp=header.timestamp, size=0, markers=0, secrets=secrets
         )
         recording._put(line)
-        recording.first = recording.bytes
         return recording
 
     @classmethod
@@ -143,11 +141,6 @@ class Recording:
     def failed(self) -> str | None:
         """Why the disk stopped taking this recording (None: it takes it)."""
         return self._spool.failed
-
-    @property
-    def written(self) -> int:
-        """Bytes the disk has taken so far."""
-        return self._spool.written
 
     def live(self) -> Live:
         return Live(self.id, self.bytes, self.markers)

@@ -1,7 +1,9 @@
 """A recording's writes, made by a thread of its own: the event loop that reads tmux's control
 client only appends bytes here and never waits for a disk. Each `put` is whole lines, written
-with no other write between them: after a crash the file ends with a complete line (the bytes
-a `write` call handed to the kernel stay in the page cache when the process dies).
+with no other write between them: the bytes a `write` call handed to the kernel stay in the page
+cache when the process dies, so a crash leaves every event but at most the last one whole (a
+process killed during a write of several pages may leave that one cut: whoever reads the file
+stops at its last newline, `store.reopen` removes the rest).
 """
 
 from __future__ import annotations
@@ -49,11 +51,6 @@ class Spool:
         with self._wake:
             self._queue.append(None)
             self._wake.notify()
-
-    @property
-    def written(self) -> int:
-        """Bytes the file holds now."""
-        return self._size
 
     @property
     def done(self) -> bool:
