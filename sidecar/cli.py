@@ -1,6 +1,7 @@
 """`sidecar status|screen|outbox|inbox|send|resleeve|events|attach|input|keys|wait|approvals|
-approve|deny|recordings`: debugging from `docker exec`, through the local API (address and token
-from the same environment the sidecar reads); human output by default, `--json` for machines.
+approve|deny|recordings|notify test`: debugging from `docker exec`, through the local API (address
+and token from the same environment the sidecar reads); human output by default, `--json` for
+machines.
 """
 
 from __future__ import annotations
@@ -120,6 +121,15 @@ def _print_decided(result: dict[str, Any]) -> None:
     print(f"{done} {result.get('id')}")
 
 
+def _print_notify_test(body: dict[str, Any]) -> None:
+    results = body.get("results") or []
+    if not results:
+        print("(no notification channel is configured: SIDECAR_NOTIFY_*)")
+    for r in results:
+        outcome = "ok" if r.get("ok") else "FAILED"
+        print(f"{r.get('channel', '?'):8}  {outcome:6}  {r.get('detail')}")
+
+
 def _attach(env: dict[str, str]) -> int:
     tmux = shutil.which("tmux")
     if tmux is None:
@@ -206,6 +216,9 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("recordings", help="list the recorded CLI runs, or print one by its id")
     sp.add_argument("id", nargs="?", help="a recording's id: its asciicast file on stdout")
     sp.add_argument("--json", action="store_true", help="print the list as JSON")
+    sp = sub.add_parser("notify", help="notifications: `notify test` sends one to each channel")
+    sp.add_argument("action", choices=["test"])
+    sp.add_argument("--json", action="store_true")
     sub.add_parser("attach", help="attach this terminal to the tmux session")
     sub.add_parser("run", help="run the supervisor (the container entrypoint)")
     return p
@@ -270,6 +283,7 @@ REQUESTS: dict[str, tuple[Call, Callable[[dict[str, Any]], None]]] = {
         _print_decided,
     ),
     "deny": (lambda client, args: client.deny(args.id, message=args.message), _print_decided),
+    "notify": (lambda client, _: client.notify_test(), _print_notify_test),
 }
 
 
@@ -296,4 +310,6 @@ def client_main(argv: list[str]) -> int:
         print(json.dumps(result, indent=2))
     else:
         show(result)
+    if args.command == "notify" and not all(r.get("ok") for r in result.get("results", [])):
+        return 1  # a channel that failed the test fails the command
     return 0

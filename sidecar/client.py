@@ -65,9 +65,9 @@ class SidecarClient:
             req.add_header("Authorization", f"Bearer {self.token}")
         return urllib.request.urlopen(req, timeout=timeout or self.timeout)  # noqa: S310
 
-    def call(self, method: str, path: str, body: Any = None) -> Any:
+    def call(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
         try:
-            with self._request(method, path, body) as resp:
+            with self._request(method, path, body, timeout) as resp:
                 return json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as exc:
             try:
@@ -174,6 +174,11 @@ class SidecarClient:
             raise ClientError(f"GET {path}: {exc.code} {exc.reason}", exc.code) from None
         except (urllib.error.URLError, OSError) as exc:
             raise ClientError(f"cannot reach the sidecar at {self.base_url}: {exc}") from None
+
+    def notify_test(self) -> dict[str, Any]:
+        """A test notification to each channel: `results`, each `channel`, `ok`, `detail`. One
+        try per channel, ~10 s at most."""
+        return dict(self.call("POST", "/notify/test", timeout=max(self.timeout, 30.0)))
 
     def wait_state(self, states: list[str], timeout: float | None = None) -> str | None:
         """Wait until the agent is in one of `states`; its state, or None on timeout. Follows

@@ -83,10 +83,13 @@ def _drop_privileges(config: Config) -> None:
     caps.keep_only(keep)
 
 
-async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarnation) -> int:
+async def serve(
+    config: Config, registry: dict[str, CLIDef], incarnation: Incarnation, link_key: bytes
+) -> int:
     """Run until SIGTERM/SIGINT: API first (so /health answers at once), then the processes
     (started, or after a crash adopted). A task of the supervisor that fails ends it with 1
-    and nothing stopped: init starts a new one, which adopts what runs."""
+    and nothing stopped: init starts a new one, which adopts what runs. `link_key`: what
+    notification links are signed with, init's (so a restarted supervisor knows old links)."""
     import asyncio
     import errno
     import signal
@@ -115,6 +118,7 @@ async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarn
         EventBus(),
         restarts=incarnation.restarts,
         started=incarnation.started,
+        link_key=link_key,
     )
     # handler_cancellation: a handler whose client went away is cancelled at once instead of
     # holding its buffers; shutdown_timeout bounds how long shutdown waits for the rest (open
@@ -191,6 +195,10 @@ def run(env: dict[str, str]) -> int:
         known = ", ".join(sorted(registry))
         print(f"sidecar: SLEEVE_CLI: unknown CLI {config.cli!r}; known: {known}", file=sys.stderr)
 
+    # Made here, in init, before the first fork: every supervisor init starts inherits it, so
+    # links survive a crash, and it exists in memory only (never on disk or in an environment).
+    link_key = os.urandom(32)
+
     def work(incarnation: Incarnation) -> int:
         import asyncio
 
@@ -198,7 +206,7 @@ def run(env: dict[str, str]) -> int:
 
         setup_logging()
         try:
-            return asyncio.run(serve(config, registry, incarnation))
+            return asyncio.run(serve(config, registry, incarnation, link_key))
         except Exception:  # a bug: one JSON log line with the traceback, then init's restart
             log.critical("supervisor crashed", exc_info=True)
             return 1

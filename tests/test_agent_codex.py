@@ -9,11 +9,10 @@ import json
 import os
 from collections.abc import Callable, Iterator
 
-import psutil
 import pytest
 
 from sidecar.agent.clis.codex import hooks as codex
-from tests.agenttools import EventLog, wait_agent
+from tests.agenttools import EventLog, agent_status, cli_argv, wait_agent
 from tests.e2e.tool_stub import codex_config, running
 from tests.harness import Sidecar, http, wait_for
 from tests.tools import cli_bin
@@ -66,15 +65,6 @@ def codex_sidecar(
     return sc
 
 
-def agent(sc: Sidecar) -> dict:
-    return sc.status()["agent"]
-
-
-def cli_argv(sc: Sidecar) -> list[str]:
-    """The argv of the Codex process (the npm launcher runs node with the script and args)."""
-    return psutil.Process(sc.status()["cli_pid"]).cmdline()
-
-
 def rollout(sc: Sidecar, session: str) -> str:
     found = list((sc.tmp / "home" / ".codex" / "sessions").rglob(f"rollout-*-{session}.jsonl"))
     assert len(found) == 1, found
@@ -108,7 +98,7 @@ def test_prompt_approval_deny_and_resume_with_the_real_codex(
     assert wait_agent(sc, "idle", 60)["source"] == "hooks"
 
     approval = prompt_until_waiting(sc, "please run the command")
-    session = agent(sc)["session_id"]
+    session = agent_status(sc)["session_id"]
     assert session and len(session) == 36
     code, body = sc.post(f"/approvals/{approval['id']}", {"decision": "allow"})
     assert code == 200 and body["by"] == "api", body
@@ -129,7 +119,7 @@ def test_prompt_approval_deny_and_resume_with_the_real_codex(
         )  # fmt: skip
         assert code == 403
     assert sc.get("/approvals")[1]["approvals"] == []
-    assert agent(sc)["state"] == "idle"
+    assert agent_status(sc)["state"] == "idle"
 
     (sc.workspace / "ran.txt").unlink()
     approval = prompt_until_waiting(sc, "run it once more")
@@ -186,7 +176,7 @@ def test_fresh_codex_with_nothing_configured_reads_as_waiting(
         30,
         what="the sign-in screen",
     )
-    assert agent(sc)["state"] == "waiting"
+    assert agent_status(sc)["state"] == "waiting"
     states = events.states()
     assert "idle" not in states[states.index("waiting") :], states
 

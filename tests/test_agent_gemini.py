@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from sidecar.client import ClientError
-from tests.agenttools import EventLog, wait_agent
+from tests.agenttools import EventLog, cli_argv, wait_agent
 from tests.e2e.tool_stub import running
 from tests.harness import Sidecar, http, wait_for
 from tests.tools import cli_bin
@@ -223,10 +223,6 @@ def test_hook_to_events_latency(
     assert statistics.median(samples) < 2.0
 
 
-def cli_argv(sc: Sidecar) -> list[str]:
-    return psutil.Process(sc.status()["cli_pid"]).cmdline()
-
-
 def test_resleeve_and_restart_resume_the_same_session_id(
     run_dir: Callable[[], Path],  # first: removed after the sidecars are gone
     make_sidecar: Callable[..., Sidecar],
@@ -298,13 +294,17 @@ def test_first_start_screens_are_waiting_never_idle(
     stub_for: Callable[[str], str],
 ) -> None:
     """A HOME with nothing configured: the trust dialog, then (answered) the auth choice, read
-    as `waiting` with the dialog's question, never `idle`."""
+    as `waiting` with the dialog's question, never `idle`. (Before the trust dialog Gemini may
+    show its "Waiting for authentication..." spinner for a moment, longer on a loaded machine:
+    that reads `waiting` too, so the test waits for the trust dialog's own reason.)"""
     sc = gemini_sidecar(
         make_sidecar, stub_for("touch stub-was-here"), run_dir(), configured=False
     ).start()
     events = EventLog(sc)
-    trust = wait_agent(sc, "waiting", 60)
-    assert "trust" in trust["reason"].lower(), trust
+    trust = sc.wait_status(
+        lambda s: "trust" in (s["agent"]["reason"] or "").lower(), "the trust dialog", 60
+    )["agent"]
+    assert trust["state"] == "waiting", trust
     assert sc.post("/input", {"keys": ["1"], "if_state": ["waiting"]})[0] == 202
     auth = sc.wait_status(
         lambda s: "authenticate" in (s["agent"]["reason"] or ""), "the auth choice", 60

@@ -19,7 +19,8 @@ from sidecar.agent.knowledge import ApprovalKeys, Homes, Knowledge, KnowledgeErr
 from sidecar.agent.registry import BUILTINS, load_registry, packages
 from sidecar.agent.screens import Reading, Seen
 from sidecar.config import Config, ConfigError
-from tests.harness import Sidecar, run_until_exit
+from tests.commands import run_until_exit
+from tests.harness import Sidecar
 
 KEYS = ApprovalKeys(once=("y",), always=("2",), deny=("n",))
 

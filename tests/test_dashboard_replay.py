@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.api.recordings import PLAYER_DIR, PLAYER_FILES
-from tests.e2e.cdp import Browser
+from tests.e2e.cdp import Browser, fresh_artifact
 from tests.harness import Sidecar, wait_for
-from tests.test_dashboard import fresh_artifact
 from tests.tools import missing
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(120)]

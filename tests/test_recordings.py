@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.harness import REPO, Sidecar, http, py_cli, wait_for, write_cli_config
+from tests.proctools import kill_supervisor, restarted
 from tests.recordtools import asciinema_cat, markers, recording_lines
-from tests.test_crash import kill_supervisor, restarted
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 TOKEN = "recordings-admin-token-0123456789"

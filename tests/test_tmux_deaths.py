@@ -24,9 +24,9 @@ import pytest
 
 from sidecar.process.deaths import UNKNOWN, Death, Reaped, of_shell_code
 from sidecar.process.init import REPORT
+from tests.faulttools import census, explained
 from tests.harness import Sidecar, wait_for
-from tests.test_faults import census, explained
-from tests.test_metrics import TOKEN, scrape, value
+from tests.metricstools import TOKEN, scrape, value
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -113,7 +113,7 @@ async def test_without_init_a_death_is_unknown_at_once() -> None:
 
 async def _until(predicate: Callable[[], bool]) -> None:
     while not predicate():
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.005)  # sleep-ok: a poll, bounded by the caller's wait_for
 
 
 # ---- a real sidecar ----------------------------------------------------------------------------

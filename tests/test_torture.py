@@ -30,9 +30,9 @@ from typing import NamedTuple
 import aiohttp
 import pytest
 
+from tests.faulttools import census, explained
 from tests.harness import CLIS, Sidecar, http, wait_for, write_cli_config
-from tests.test_faults import census, explained
-from tests.test_metrics import TOKEN, scrape, value
+from tests.metricstools import TOKEN, scrape, value
 
 SECONDS = float(os.environ.get("TORTURE_SECONDS") or 30)  # the torture's length; ≤ 60 s in CI
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(max(120, SECONDS + 90))]

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.agenttools import EventLog, wait_agent
-from tests.harness import Sidecar, run_until_exit, wait_for
+from tests.commands import run_until_exit
+from tests.harness import Sidecar, wait_for
 
 
 def toy_sidecar(make_sidecar: Callable[..., Sidecar]) -> Sidecar:

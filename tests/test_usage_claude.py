@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.agenttools import EventLog, claude_env, stub_factory, wait_agent
 from tests.e2e.anthropic_stub import REPLY_TEXT, AnthropicStub
 from tests.harness import Sidecar, http, wait_for
+from tests.proctools import kill_supervisor, restarted
 from tests.recordtools import OtlpReceiver, asciinema_cat, markers
-from tests.test_crash import kill_supervisor, restarted
 
 __all__ = ["stub_factory"]  # the fixture, imported for pytest
 

@@ -134,6 +134,11 @@ class Approvals:
     def by_key(self, key: str) -> Approval | None:
         return next((a for a in self._pending.values() if a.key == key), None)
 
+    def outcome(self, approval_id: str) -> tuple[Answer | None, str | None] | None:
+        """How a request that is no longer waiting went: (its answer, or None and why it was
+        withdrawn); None when no such request is remembered."""
+        return self._closed.get(approval_id)
+
     # ---- a source's side ---------------------------------------------------------------------
 
     def request(

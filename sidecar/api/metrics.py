@@ -76,11 +76,11 @@ def approvals(out: Exposition, book: Approvals) -> None:
     out.family(
         "sidecar_approvals_decided_total",
         "counter",
-        "Permission requests answered, by decision and by whom (api, terminal, timeout)",
+        "Permission requests answered, by decision and by whom (api, terminal, timeout, link)",
         [
             ((("decision", decision), ("by", by)), book.decided[decision, by])
             for decision in ("allow", "deny")
-            for by in ("api", "terminal", "timeout")
+            for by in ("api", "terminal", "timeout", "link")
         ],
     )
     out.one(
@@ -265,6 +265,17 @@ class Metrics:
             [((("how", how),), n) for how, n in v.egress_denied] if v.egress.mode != "open" else [],
         )
         usage(out, v.usage)
+        out.family(
+            "sidecar_notifications_total",
+            "counter",
+            "Notifications by channel and outcome: sent (delivered), failed (after its retries), "
+            "suppressed (held back: cooldown, a person typing)",
+            [
+                ((("channel", c.name), ("outcome", outcome)), getattr(c, outcome))
+                for c in v.notify.channels
+                for outcome in ("sent", "failed", "suppressed")
+            ],
+        )
         process_metrics(out, self.started)
         return out
 

@@ -78,6 +78,7 @@ def status_answer(v: SupervisorView, current: CurrentState, config: Config) -> S
         agent=agent_info(v),
         egress=v.egress,
         usage=v.usage,
+        notify=v.notify,
     )
 
 

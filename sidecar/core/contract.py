@@ -6,6 +6,7 @@ OpenAPI document, the client commands. Standard library only (the launcher impor
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Final, Literal, get_args
 
@@ -45,7 +46,7 @@ StateSource = Literal["hooks", "events", "activity", "none"]
 #: A permission request's answer, who gave it, and how the sidecar learnt of the request and
 #: answers it (/approvals, `approval-resolved` events).
 Decision = Literal["allow", "deny"]
-DecidedBy = Literal["api", "terminal", "timeout", "budget"]
+DecidedBy = Literal["api", "terminal", "timeout", "link", "budget"]
 ApprovalSource = Literal["hooks", "screen", "events"]
 
 #: The CLI's network (`egress.mode` in /status), and how a refused attempt was made (`how` of
@@ -67,9 +68,20 @@ DEFAULT_PORT: Final = 8080
 DEFAULT_HOST: Final = "0.0.0.0"  # noqa: S104 - the container's API is meant to be published
 DEFAULT_WORKSPACE: Final = "/workspace"
 DEFAULT_STATE_DIR: Final = "/run/sidecar"
-#: `SIDECAR_STOP_GRACE`: seconds between SIGTERM and SIGKILL for the CLI's tree (and, in a pod,
-#: what `terminationGracePeriodSeconds` must exceed).
+#: `SIDECAR_STOP_GRACE`: seconds between SIGTERM and SIGKILL for the CLI's tree.
 STOP_GRACE: Final = 5.0
+#: Seconds the sidecar's own shutdown may take after the CLI's grace: ttyd (up to 2 s), the tmux
+#: server (up to 2 s), CURRENT.md.
+SHUTDOWN_MARGIN: Final = 5
+
+
+def runtime_grace(stop_grace: float = STOP_GRACE) -> int:
+    """The stop-grace rule: seconds whatever runs a sleeve gives it between its SIGTERM and its
+    SIGKILL (`docker create --stop-timeout`, `sleeve stop` for docker and bwrap, a pod's
+    `terminationGracePeriodSeconds` at least, the Helm chart's check of it): the CLI's grace
+    (`stop_grace`, SIDECAR_STOP_GRACE) rounded up, and the sidecar's shutdown after it."""
+    return math.ceil(stop_grace) + SHUTDOWN_MARGIN
+
 
 #: `SIDECAR_RECORD_MAX_MB`: the recordings' total size cap, in MiB (oldest removed first).
 RECORD_MAX_MB: Final = 200

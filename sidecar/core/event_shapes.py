@@ -12,8 +12,10 @@ from msgspec import UNSET, Meta, Struct, UnsetType, field
 from sidecar.core.contract import EgressHow, Status, rfc3339
 from sidecar.core.shapes import (
     AgentStateField,
+    ChannelName,
     DecidedByField,
     DecisionField,
+    NotifyKind,
     ProcStateName,
     Progress,
     Timestamp,
@@ -159,6 +161,18 @@ class BudgetEvent(Event, tag="budget"):
     tokens: Annotated[int | None, Meta(description="the limit in tokens")]
 
 
+class NotificationEvent(Event, tag="notification"):
+    """A notification was handed to the channels (`sent`), held back (`suppressed`: `why` says
+    `cooldown`, `typing` or `over`), or withdrawn (no longer true: the approval was answered)."""
+
+    id: str
+    event: NotifyKind
+    outcome: Literal["sent", "suppressed", "withdrawn"]
+    approval: Annotated[str | None, Meta(description="the approval it is about")] = None
+    why: str | UnsetType = UNSET
+    channels: list[ChannelName] = field(default_factory=list)
+
+
 AnyEvent = (
     Heartbeat
     | SidecarRestart
@@ -173,5 +187,6 @@ AnyEvent = (
     | EgressDenied
     | UsageEvent
     | BudgetEvent
+    | NotificationEvent
     | ErrorEvent
 )

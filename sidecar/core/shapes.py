@@ -146,6 +146,7 @@ class StatusAnswer(Answer):
     # Always sent; a default, so that the schema does not require it of answers made before it.
     egress: EgressInfo = field(default_factory=lambda: EgressInfo(mode="open", allow=[], denied=0))
     usage: UsageInfo | None = None  # always sent (see `UsageInfo`)
+    notify: NotifyInfo = field(default_factory=lambda: NotifyInfo(channels=[], on=[]))
 
 
 # ---- messages ----------------------------------------------------------------------------------
@@ -290,8 +291,8 @@ DecisionField = Annotated[Decision, Meta(description="allow or deny the request"
 DecidedByField = Annotated[
     DecidedBy,
     Meta(
-        description="who answered: the API, a person in the terminal, the timeout policy, or "
-        "the budget (`SIDECAR_BUDGET_*` spent)"
+        description="who answered: the API, a person in the terminal, the timeout policy, a "
+        "notification's one-tap link, or the budget (`SIDECAR_BUDGET_*` spent)"
     ),
 ]
 
@@ -361,6 +362,164 @@ class ApprovalDecided(Answer):
     id: str
     decision: DecisionField
     by: DecidedByField
+
+
+# ---- notifications -----------------------------------------------------------------------------
+
+NotifyKindName = Literal["waiting", "idle", "exited", "budget", "egress", "test"]
+NotifyKind = Annotated[
+    NotifyKindName,
+    Meta(
+        description="what happened: `waiting` (a dialog or a permission request, once it lasted "
+        "SIDECAR_NOTIFY_DWELL), `idle` (a turn ended), `exited` (the CLI ended or cannot start), "
+        "`budget`, `egress` (a request for a host off the allowlist waits), `test`"
+    ),
+]
+ChannelName = Literal["webhook", "ntfy", "webpush"]
+
+
+class ChannelLast(Answer):
+    """The last delivery to a channel."""
+
+    time: Timestamp
+    ok: bool
+    detail: Annotated[str, Meta(description="the status the channel answered, or what failed")]
+
+
+class ChannelInfo(Answer):
+    """One notification channel (`SIDECAR_NOTIFY_*`)."""
+
+    name: ChannelName
+    target: Annotated[
+        str, Meta(description="where it goes: scheme and host only (a URL's path may be its key)")
+    ]
+    sent: Count
+    failed: Count
+    suppressed: Annotated[
+        int, Meta(ge=0, description="notifications held back (cooldown, a person typing)")
+    ]
+    last: ChannelLast | None
+    devices: Annotated[int, Meta(ge=0, description="Web Push: subscribed devices")] | UnsetType = (
+        UNSET
+    )
+
+
+class NotifyInfo(Answer):
+    """Notifications: the channels and what is sent when (see `docs/notifications.md`)."""
+
+    channels: list[ChannelInfo]
+    on: Annotated[list[str], Meta(description="`SIDECAR_NOTIFY_ON`")]
+    dwell: Annotated[float, Meta(ge=0, description="`SIDECAR_NOTIFY_DWELL` seconds")] = 5.0
+    cooldown: Annotated[float, Meta(ge=0, description="`SIDECAR_NOTIFY_COOLDOWN` seconds")] = 60.0
+    links: Annotated[
+        bool, Meta(description="approvals carry one-tap links (`SIDECAR_PUBLIC_URL` is set)")
+    ] = False
+
+
+class NotificationActions(Answer):
+    """One-tap capability links (`/a/<token>`): each answers its approval once, no token needed."""
+
+    allow: str
+    deny: str
+
+
+class NotificationApproval(Answer):
+    """The permission request a `waiting` notification is about."""
+
+    id: str
+    kind: Literal["tool", "egress"]
+    tool: str
+    summary: str
+    actions: (
+        Annotated[NotificationActions, Meta(description="absent without SIDECAR_PUBLIC_URL")]
+        | UnsetType
+    ) = UNSET
+
+
+class NotificationAgent(Answer):
+    state: AgentStateField
+    reason: str | None
+
+
+class WebhookNotification(Answer, kw_only=True):
+    """The body POSTed to `SIDECAR_NOTIFY_WEBHOOK`, signed in `X-Sleeve-Signature: t=<unix
+    seconds>,v1=<hex HMAC-SHA256 over "<t>.<body>">` with the secret in
+    `SIDECAR_NOTIFY_WEBHOOK_SECRET_FILE`. A retry sends the same body (same `id`)."""
+
+    type: Literal["notification"] = "notification"
+    id: Annotated[str, Meta(description="the notification's id (the same on every channel)")]
+    event: NotifyKind
+    sleeve_id: str
+    agent: NotificationAgent
+    approval: NotificationApproval | UnsetType = UNSET
+    url: Annotated[str | None, Meta(description="the dashboard, under SIDECAR_PUBLIC_URL")]
+    time: Timestamp
+
+
+class LinkInfo(Answer):
+    """What a one-tap link would do (a GET decides nothing)."""
+
+    id: Annotated[str, Meta(description="the permission request's id")]
+    decision: Decision
+    tool: str
+    summary: str
+    since: Timestamp
+
+
+class ChannelResult(Answer):
+    channel: ChannelName
+    ok: bool
+    detail: str
+
+
+class NotifyTestAnswer(Answer):
+    """One test notification was sent to each channel; what each answered."""
+
+    results: list[ChannelResult]
+
+
+class WebPushInfo(Answer):
+    """Whether this sidecar offers Web Push (`SIDECAR_NOTIFY_WEBPUSH=on`)."""
+
+    enabled: bool
+    devices: Count
+
+
+class WebPushKey(Answer):
+    """The VAPID public key (`applicationServerKey` of `PushManager.subscribe`)."""
+
+    public_key: Annotated[str, Meta(description="base64url, the uncompressed P-256 point")]
+
+
+class PushKeys(Request):
+    p256dh: Annotated[str, Meta(min_length=1, max_length=256)]
+    auth: Annotated[str, Meta(min_length=1, max_length=64)]
+
+
+class PushSubscription(Request):
+    """A browser's push subscription, as `PushSubscription.toJSON()` gives it."""
+
+    endpoint: Annotated[
+        str,
+        Meta(
+            min_length=1,
+            max_length=2048,
+            pattern="^https?://",
+            description="the push service's URL for the device: https (http only on loopback)",
+        ),
+    ]
+    keys: PushKeys
+    expirationTime: int | UnsetType | None = UNSET  # the browser's name for it
+
+
+class PushEndpoint(Request):
+    """The subscription to forget, by its endpoint."""
+
+    endpoint: Annotated[str, Meta(min_length=1, max_length=2048)]
+
+
+class PushStored(Answer):
+    devices: Annotated[int, Meta(ge=0, description="devices subscribed now")]
 
 
 # ---- screen ------------------------------------------------------------------------------------

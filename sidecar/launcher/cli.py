@@ -75,7 +75,11 @@ def _add_slot_commands(subs: _Subcommands) -> None:
     p.add_argument("--force", action="store_true", help="stop it first if it is running")
     p = subs.add("stop", cmd_stop, "stop the sleeve running in slot N")
     p.add_argument("slot", type=int, metavar="N")
-    p.add_argument("--grace", type=float, default=15.0, help="seconds before SIGKILL (bwrap)")
+    p.add_argument(
+        "--grace",
+        type=float,
+        help="seconds before SIGKILL (default: the sleeve's SIDECAR_STOP_GRACE rounded up, + 5)",
+    )
 
 
 def _add_sleeve(p: argparse.ArgumentParser, *, slot: str, image: str) -> None:

@@ -204,6 +204,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         run = Run(launch.new_run_id(), project.key, slot.index, slot.id, runtime.name, plan.cli)
         run.port = plan.port
         run.token = sleeve_tokens[TOKEN_VAR]  # for the owner: `sleeve ps --json`
+        run.stop_timeout = plan.stop_timeout  # what `sleeve stop` gives it
         command = runtime.command(run, plan, home, settings.env)
         if plan.egress is None:
             print(

@@ -9,7 +9,6 @@ a target in, objects and YAML text out (the command's input checks live in `mani
 from __future__ import annotations
 
 import base64
-import math
 import re
 import secrets
 from collections.abc import Mapping
@@ -20,6 +19,7 @@ from typing import Any
 import yaml
 
 from sidecar import config
+from sidecar.core.contract import runtime_grace
 from sidecar.launcher.homes import seeded
 from sidecar.launcher.plan import (
     CONTAINER_PORT,
@@ -42,8 +42,6 @@ POD_GID = 1000
 TOKEN_DIR = "/etc/sleeve/tokens"  # noqa: S105 - a path, not a password
 SEED_DIR = "/etc/sleeve/seed"
 DEFAULT_TERMINATION_GRACE = 30
-# Seconds the sidecar needs after the CLI's grace: ttyd and tmux stop, CURRENT.md is written.
-SHUTDOWN_MARGIN = 5
 RESOURCES: Obj = {
     "requests": {"cpu": "250m", "memory": "512Mi"},
     "limits": {"cpu": "2", "memory": "2Gi"},
@@ -144,8 +142,8 @@ def pod_env(plan: RunPlan) -> list[Obj]:
 
 
 def termination_grace(grace: float) -> int:
-    """At least the default, and always SHUTDOWN_MARGIN seconds beyond the CLI's grace."""
-    return max(DEFAULT_TERMINATION_GRACE, math.ceil(grace) + SHUTDOWN_MARGIN)
+    """At least the default, and always what the stop-grace rule gives the CLI's `grace`."""
+    return max(DEFAULT_TERMINATION_GRACE, runtime_grace(grace))
 
 
 def _security_context() -> Obj:

@@ -12,8 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar.core.contract import DEFAULT_PORT, DEFAULT_STATE_DIR, DEFAULT_WORKSPACE
+from sidecar.core.contract import (
+    DEFAULT_PORT,
+    DEFAULT_STATE_DIR,
+    DEFAULT_WORKSPACE,
+    runtime_grace,
+)
 from sidecar.launcher import homes
+from sidecar.launcher.fsutil import LauncherError
 from sidecar.security.tokens import TOKEN_VAR, TOKEN_VARS, VIEW_TOKEN_VAR
 
 SANDBOX_HOME = "/home/sleeve"
@@ -97,6 +103,18 @@ class RunPlan:
     tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
     # The egress allowlist's patterns (`--egress`); None: the network is open.
     egress: tuple[str, ...] | None = None
+
+    @property
+    def stop_timeout(self) -> int:
+        """Seconds the runtime gives this sleeve between SIGTERM and SIGKILL: the stop-grace
+        rule (`contract.runtime_grace`) for the SIDECAR_STOP_GRACE it passes in. LauncherError
+        for a value the sidecar would refuse."""
+        from sidecar import config  # here, not at the top: `sleeve slots` does without it
+
+        try:
+            return runtime_grace(config.stop_grace(self.passthrough))
+        except config.ConfigError as exc:
+            raise LauncherError(str(exc)) from None
 
 
 def home_mounts(plan: RunPlan) -> list[Mount]:

@@ -241,7 +241,7 @@ class Tmux:
             "respawn-pane",
             "-k",
             "-t",
-            f"{TMUX_SESSION}:0.0",
+            PANE,
             "-c",
             str(cwd),
             *self._pane_command(argv, env),
@@ -274,7 +274,7 @@ class Tmux:
         # A printable separator: for a client it takes for non-UTF-8 (LC_ALL=C), tmux 3.3a
         # prints a tab as "_". No field holds a "|" (numbers and the pane's tty path).
         fmt = "|".join(f"#{{{name}}}" for name in fields)
-        out = self._cmd("display-message", "-p", "-t", f"{TMUX_SESSION}:0.0", fmt)
+        out = self._cmd("display-message", "-p", "-t", PANE, fmt)
         if not out:
             msg = "tmux display-message printed nothing"
             raise TmuxError(msg)

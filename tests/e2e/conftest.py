@@ -77,7 +77,7 @@ class Prepared:
         self.timings["engine_start"] = round(time.monotonic() - t0, 2)
         self.stack.callback(eng.stop)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        self.stack.callback(_save_logs_and_remove_containers, eng, ARTIFACTS)
+        self.stack.callback(_save_logs_and_remove_containers, eng)
         dockerenv.remove_all_containers(eng)
         return eng
 
@@ -170,11 +170,10 @@ def engine() -> dockerenv.Engine:
         missing(f"no Docker engine: {exc}")
 
 
-def _save_logs_and_remove_containers(eng: dockerenv.Engine, artifacts: Path) -> None:
-    """Keep each container's log as an artifact (the first thing to read when a test failed)."""
+def _save_logs_and_remove_containers(eng: dockerenv.Engine) -> None:
+    """Keep each container's log as an artifact (`keep_logs`), then remove them all."""
     for name in eng.docker("ps", "-a", "--format", "{{.Names}}", check=False).stdout.split():
-        logs = eng.docker("logs", name, check=False)
-        (artifacts / f"container-{name}.log").write_text(logs.stdout + logs.stderr)
+        keep_logs(eng, name)
     dockerenv.remove_all_containers(eng)
     # Superseded builds pile up in the cached data-root. Not all dangling images are garbage:
     # the classic builder keeps the ttyd and claude build stages as untagged images, and they
@@ -232,6 +231,27 @@ def health_ok(port: int) -> dict[str, Any] | None:
     return body if status == 200 else None
 
 
+def cli_up(port: int, token: str, cli: str, not_pid: int | None = None) -> dict[str, Any] | None:
+    """/status of the sleeve on `port` once `cli` runs with a pid other than `not_pid`; None
+    before, and while the sleeve does not answer yet."""
+    try:
+        code, s = http("GET", f"http://127.0.0.1:{port}/status", token=token)
+    except OSError:
+        return None
+    if code == 200 and s["cli"] == cli and s["cli_running"] and s["cli_pid"] not in (None, not_pid):
+        return dict(s)
+    return None
+
+
+def keep_logs(engine: dockerenv.Engine, name: str) -> str:
+    """Container `name`'s log, kept as an artifact (the first thing to read when a test
+    failed)."""
+    logs = engine.docker("logs", name, check=False)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / f"container-{name}.log").write_text(logs.stdout + logs.stderr)
+    return logs.stdout + logs.stderr
+
+
 # --- the launcher, driven like a user ------------------------------------------------------
 
 
@@ -252,6 +272,14 @@ class Sleeve:
 
     def post(self, path: str, body: Any = None, **kw: Any) -> Reply:
         return http("POST", self.url + path, body, token=E2E_TOKEN, **kw)
+
+    def status(self) -> dict[str, Any]:
+        code, body = self.get("/status")
+        assert code == 200, body
+        return dict(body)
+
+    def cli_up(self, cli: str, not_pid: int | None = None) -> dict[str, Any] | None:
+        return cli_up(self.port, E2E_TOKEN, cli, not_pid)
 
 
 @dataclass
@@ -320,8 +348,7 @@ def new_launcher(engine: dockerenv.Engine, stub: AnthropicStub | None, base: Pat
 def remove_started(lch: Launcher) -> None:
     """Remove the containers `lch` started, keeping their logs as artifacts."""
     for name in lch.started:
-        logs = lch.engine.docker("logs", name, check=False)
-        (ARTIFACTS / f"container-{name}.log").write_text(logs.stdout + logs.stderr)
+        keep_logs(lch.engine, name)
         lch.engine.docker("rm", "-f", name, check=False)
 
 

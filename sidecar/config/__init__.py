@@ -1,15 +1,14 @@
 """The sidecar's configuration, parsed once from the environment into a frozen dataclass.
 
 Nothing else in the package reads ``os.environ``: a bad or missing value raises ``ConfigError``
-naming the variable, and ``main`` turns that into one stderr line and exit code 2. One reader
-per kind of value (text, port, seconds, a choice); the launcher reads the stop grace with the
-same reader, to fit a pod's grace period to it.
+naming the variable, and ``main`` turns that into one stderr line and exit code 2. The readers
+(one per kind of value) are in `sidecar.config.read`, the notification settings in
+`sidecar.config.notify`; the values that take more than one reader are here.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -17,8 +16,18 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
-from typing import TypeVar
 
+from sidecar.config.notify import NotifyConfig
+from sidecar.config.read import (
+    ConfigError,
+    choice,
+    number,
+    port,
+    required,
+    seconds,
+    stop_grace,
+    text,
+)
 from sidecar.core.contract import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -32,14 +41,9 @@ from sidecar.egress.allowlist import Allowlist, AllowlistError, parse_list, read
 from sidecar.security import tokens
 from sidecar.security.users import User, UserError, parse_user
 
+__all__ = ["Config", "ConfigError", "InboxNotify", "NotifyConfig", "RestartPolicy", "stop_grace"]
+
 ACTIVITY_QUIET = 3.0
-MAX_SECONDS = 3600.0
-
-E = TypeVar("E", bound=Enum)
-
-
-class ConfigError(Exception):
-    """A configuration value is missing or malformed; the message names the variable."""
 
 
 class InboxNotify(Enum):
@@ -56,99 +60,6 @@ class RestartPolicy(Enum):
     NO = "no"
     ON_FAILURE = "on-failure"
     ALWAYS = "always"
-
-
-# ---- one reader per kind of value ----------------------------------------------------------
-
-
-def text(env: Mapping[str, str], name: str) -> str | None:
-    """`name`'s value; None when unset or blank."""
-    value = env.get(name)
-    if value is None or value.strip() == "":
-        return None
-    if "\x00" in value:
-        msg = f"{name} must not contain NUL bytes"
-        raise ConfigError(msg)
-    return value
-
-
-def required(env: Mapping[str, str], name: str) -> str:
-    value = text(env, name)
-    if value is None:
-        msg = f"{name} is required and must not be empty"
-        raise ConfigError(msg)
-    return value
-
-
-def port(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = text(env, name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw.strip(), 10)
-    except ValueError:
-        msg = f"{name} must be an integer port number, got {raw!r}"
-        raise ConfigError(msg) from None
-    if not 1 <= value <= 65535:
-        msg = f"{name} must be between 1 and 65535, got {value}"
-        raise ConfigError(msg)
-    return value
-
-
-def seconds(
-    env: Mapping[str, str], name: str, default: float, low: float, high: float = MAX_SECONDS
-) -> float:
-    raw = text(env, name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        msg = f"{name} must be a number of seconds, got {raw!r}"
-        raise ConfigError(msg) from None
-    if not math.isfinite(value) or not low <= value <= high:
-        msg = f"{name} must be between {low:g} and {high:g} seconds, got {raw!r}"
-        raise ConfigError(msg)
-    return value
-
-
-def number(
-    env: Mapping[str, str], name: str, what: str, *, low: float, high: float, integer: bool = False
-) -> float | None:
-    """A positive number (`integer`: a whole one) between `low` and `high`; None when unset."""
-    raw = text(env, name)
-    if raw is None:
-        return None
-    try:
-        value = float(int(raw.strip(), 10)) if integer else float(raw)
-    except ValueError:
-        kind = "a whole number" if integer else "a number"
-        msg = f"{name} must be {kind} of {what}, got {raw!r}"
-        raise ConfigError(msg) from None
-    if not math.isfinite(value) or not low <= value <= high:
-        msg = f"{name} must be between {low:g} and {high:g} {what}, got {raw!r}"
-        raise ConfigError(msg)
-    return value
-
-
-def choice(env: Mapping[str, str], name: str, default: E) -> E:
-    """One of the values of `default`'s enum, in any case."""
-    raw = (text(env, name) or default.value).strip().lower()
-    try:
-        return type(default)(raw)
-    except ValueError:
-        values = [str(member.value) for member in type(default)]
-        allowed = " or ".join(values) if len(values) == 2 else f"one of {', '.join(values)}"
-        msg = f"{name} must be {allowed}; got {raw!r}"
-        raise ConfigError(msg) from None
-
-
-def stop_grace(env: Mapping[str, str]) -> float:
-    """SIDECAR_STOP_GRACE (the launcher reads it too, to fit a pod's grace period to it)."""
-    return seconds(env, "SIDECAR_STOP_GRACE", STOP_GRACE, 0)
-
-
-# ---- the values that are more than one reader ----------------------------------------------
 
 
 def _check_name(name: str) -> None:
@@ -343,6 +254,8 @@ class Config:
     # SIDECAR_BUDGET_USD, _TOKENS: the agent's spending limit (None: no limit of that kind).
     budget_usd: float | None = None
     budget_tokens: int | None = None
+    # SIDECAR_PUBLIC_URL, SIDECAR_NOTIFY_*: notifications (none without a channel).
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
     # The environment the CLI inherits (PATH, HOME, API keys, ...), captured once here.
     child_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -390,7 +303,8 @@ class Config:
         allowlist = egress_allowlist(env)
         recording = Recording.from_env(env)
         budget_usd, budget_tokens = _budget(env)
-        hidden = {*tokens.TOKEN_VARS, tokens.HANDOVER_VAR}
+        notify = NotifyConfig.from_env(env)
+        hidden = {*tokens.HIDDEN_VARS, tokens.HANDOVER_VAR}
         return cls(
             sleeve_name=name,
             cli=cli.strip(),
@@ -417,6 +331,13 @@ class Config:
             recording=recording,
             budget_usd=budget_usd,
             budget_tokens=budget_tokens,
-            # The CLI never inherits the API's tokens.
-            child_env={k: v for k, v in env.items() if k not in hidden},
+            notify=notify,
+            # The CLI never inherits the API's tokens, nor where notifications go: a topic or
+            # a webhook's URL is often its only key, and the agent must not forge a
+            # notification with links of its own.
+            child_env={
+                k: v
+                for k, v in env.items()
+                if k not in hidden and not k.startswith("SIDECAR_NOTIFY_")
+            },
         )
