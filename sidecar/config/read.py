@@ -59,24 +59,14 @@ def port(env: Mapping[str, str], name: str, default: int) -> int:
 def seconds(
     env: Mapping[str, str], name: str, default: float, low: float, high: float = MAX_SECONDS
 ) -> float:
-    raw = text(env, name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        msg = f"{name} must be a number of seconds, got {raw!r}"
-        raise ConfigError(msg) from None
-    if not math.isfinite(value) or not low <= value <= high:
-        msg = f"{name} must be between {low:g} and {high:g} seconds, got {raw!r}"
-        raise ConfigError(msg)
-    return value
+    value = number(env, name, "seconds", low=low, high=high)
+    return default if value is None else value
 
 
 def number(
     env: Mapping[str, str], name: str, what: str, *, low: float, high: float, integer: bool = False
 ) -> float | None:
-    """A positive number (`integer`: a whole one) between `low` and `high`; None when unset."""
+    """A number (`integer`: a whole one) from `low` to `high`; None when unset."""
     raw = text(env, name)
     if raw is None:
         return None
