@@ -1,6 +1,7 @@
 """The usage accounting's parts on their own: the pinned price table, the ledger kept in its file
 (and refused when it is another run's), the budget's levels, where the user's own environment sends
-a CLI's logs, and the variables that point Claude Code's logs at the sidecar."""
+a CLI's logs, the variables that point Claude Code's logs at the sidecar, and opencode's model
+requests read from its events (as measured on 1.18.33; the real one is in test_agent_opencode)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.agent.clis.claude_code import telemetry as claude
+from sidecar.agent.clis.opencode.usage import Bill
 from sidecar.usage import budget, prices
 from sidecar.usage.ledger import Ledger
 from sidecar.usage.reports import BadReport, UsageReport, count, dollars
@@ -127,3 +129,39 @@ def test_claude_codes_logs_go_to_the_sidecar_and_its_users_settings_are_kept() -
     )
     assert claude.destination(user) is None  # its telemetry was off: nothing to relay
     assert claude.read({"event.name": "user_prompt"}) is None
+
+
+def _message(msg: str, model: str, role: str = "assistant") -> dict[str, object]:
+    info = {"id": msg, "role": role, "modelID": model, "providerID": "p", "cost": 0}
+    return {"type": "message.updated", "properties": {"info": info}}
+
+
+def _step(part: str, msg: str, cost: object = 0, **tokens: object) -> dict[str, object]:
+    counts = {"input": 1, "output": 1, "reasoning": 0, "cache": {"write": 0, "read": 0}}
+    body = {"id": part, "messageID": msg, "type": "step-finish", "reason": "stop", "cost": cost}
+    return {
+        "type": "message.part.updated",
+        "properties": {"part": {**body, "tokens": counts | tokens}},
+    }
+
+
+def test_opencodes_step_finishes_are_its_model_requests_each_counted_once() -> None:
+    """A step-finish part is one request: its model is its message's; reasoning is billed as
+    output; cache reads and writes are kept apart; a cost of 0 (no price in opencode's
+    catalogue) leaves the pricing to the table; the same part sent again is not counted twice;
+    a count no request has is refused."""
+    bill = Bill()
+    assert bill.read(_message("msg_1", "claude-sonnet-4-5")) is None
+    assert bill.read({"type": "session.idle", "properties": {}}) is None
+    cache = {"read": 300, "write": 40}
+    first = bill.read(_step("prt_1", "msg_1", 0, input=7, output=5, reasoning=3, cache=cache))
+    assert first == UsageReport("claude-sonnet-4-5", 7, 8, 300, 40, None)
+    assert bill.read(_step("prt_1", "msg_1", 0, input=7)) is None  # sent again
+    priced = bill.read(_step("prt_2", "msg_1", 0.0125))
+    assert priced is not None and priced.cost_usd == 0.0125
+    unknown = bill.read(_step("prt_3", "msg_gone"))
+    assert unknown is not None and unknown.model == "unknown"
+    with pytest.raises(BadReport):
+        bill.read(_step("prt_4", "msg_1", input=-1))
+    with pytest.raises(BadReport):
+        bill.read(_step("prt_5", "msg_1", cost=5000))

@@ -90,6 +90,7 @@ class Awareness:
             config, bus, self.machine, self.approvals, files=self.files, press=self._press
         )
         self.input.refuse_text = self.spending.refuse_text
+        self.events.on_usage = lambda usage: self.spending.count([usage])
         self._config = config
         self.recorder = Recorder(config, bus, self.activity, self.files, self._secrets)
         self._cli: CLIDef | None = None

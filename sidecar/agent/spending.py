@@ -83,6 +83,7 @@ class Spending:
         self.relay = Relay()
         self.cli = ""  # the running CLI's knowledge name: its reports' URL segment
         self.telemetry: Telemetry | None = None
+        self.reporting = False  # the running CLI reports its usage (telemetry or its events)
         self.interrupt: tuple[InputKey, ...] = ("C-c",)
         self._destination: Destination | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -98,6 +99,11 @@ class Spending:
         self.telemetry = known.telemetry if known is not None else None
         self.cli = known.name if known is not None and self.telemetry is not None else ""
         self.interrupt = known.interrupt if known is not None else ("C-c",)
+        # Or its own event stream carries its usage (`sidecar.agent.event_source` reads it).
+        stream = known.events if known is not None and cli.state == "events" else None
+        self.reporting = self.telemetry is not None or (
+            stream is not None and stream.bill is not None
+        )
         if not adopted:
             self.ledger.new_run(cli.name)
 
@@ -135,6 +141,13 @@ class Spending:
             usage = read(record)
             if usage is not None:
                 found.append(usage)
+        self.count(found)
+        if self._destination is not None:
+            self.relay.send(self._destination, raw, content_type)
+        return len(found)
+
+    def count(self, found: list[UsageReport]) -> None:
+        """Model requests of the running CLI: each counted and published, then the budget."""
         for usage in found:
             cost, source = self.ledger.add(usage)
             self.bus.publish(
@@ -151,9 +164,6 @@ class Spending:
             )
         if found:
             self._check()
-        if self._destination is not None:
-            self.relay.send(self._destination, raw, content_type)
-        return len(found)
 
     def _run_cli(self) -> str:
         run = self.ledger.record.run
@@ -280,7 +290,7 @@ class Spending:
             **{f: getattr(totals, f) for f in totals.__struct_fields__},
             by_model={model: _counts(c) for model, c in sorted(record.by_model.items())},
             since=record.since,
-            reporting=self.telemetry is not None,
+            reporting=self.reporting,
             run=None
             if run is None
             else RunUsage(
@@ -297,7 +307,7 @@ class Spending:
         state = self.ledger.record.budget
         limited = state.usd is not None or state.tokens is not None
         run = self.ledger.record.run
-        if not limited or self.telemetry is not None or run is None:
+        if not limited or self.reporting or run is None:
             return []
         return [f"a budget is set, but {run.cli} reports no usage: nothing it spends is counted"]
 

@@ -1,6 +1,7 @@
 """opencode (1.18.33), all the sidecar and the launcher know of it: the TUI started with its
 server on a loopback port of ours, whose event stream tells the agent's state and carries its
-permission requests (`events`), and its screen (`screen`), read beside it.
+permission requests (`events`) and its model requests' usage (`usage`), and its screen
+(`screen`), read beside it.
 """
 
 from sidecar.agent.clis.opencode.events import STREAM
