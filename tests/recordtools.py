@@ -1,69 +1,26 @@
-"""Helpers for the recording and usage tests: a loopback OTLP/HTTP receiver (the user's own
-telemetry destination, the network seam), OTLP bodies, the CLI's own telemetry settings read
-from its environment, recordings read back, and Debian's `asciinema cat` run on one."""
+"""Helpers for the recording and usage tests: what a loopback receiver standing for the user's
+own OTLP/HTTP telemetry destination (the network seam) got, OTLP bodies, the CLI's own telemetry
+settings read from its environment, recordings read back, and Debian's `asciinema cat` run on
+one."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any
 
 import psutil
-from aiohttp import web
 
 from tests.harness import Sidecar, wait_for
+from tests.notifytools import Receiver
 from tests.tools import require_executable
 
 
-class OtlpReceiver:
-    """An OTLP/HTTP endpoint on 127.0.0.1 in a thread of its own: keeps every request's path,
-    headers and JSON body, answers 200."""
-
-    def __init__(self) -> None:
-        self.url = ""
-        self.requests: list[tuple[str, dict[str, str], Any]] = []
-        self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
-
-    async def _take(self, request: web.Request) -> web.Response:
-        body = json.loads(await request.read() or b"null")
-        with self._lock:
-            headers = {k.lower(): v for k, v in request.headers.items()}
-            self.requests.append((request.path, headers, body))
-        return web.json_response({})
-
-    async def _start(self) -> str:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("POST", "/{tail:.*}", self._take)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-
-    def start(self) -> OtlpReceiver:
-        self._thread.start()
-        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        return self
-
-    def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-    def api_requests(self) -> list[dict[str, Any]]:
-        """The attributes of every `api_request` log record received, as plain values."""
-        with self._lock:
-            bodies = [body for _, _, body in self.requests]
-        return [
-            r for body in bodies for r in log_records(body) if r.get("event.name") == "api_request"
-        ]
+def api_requests(receiver: Receiver) -> list[dict[str, Any]]:
+    """The attributes of every `api_request` log record a receiver got, as plain values."""
+    records = [r for seen in receiver.seen for r in log_records(seen.json())]
+    return [r for r in records if r.get("event.name") == "api_request"]
 
 
 def log_records(body: Any) -> list[dict[str, Any]]:

@@ -17,8 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.agenttools import EventLog, claude_env, stub_factory, wait_agent
 from tests.e2e.anthropic_stub import REPLY_TEXT, AnthropicStub
 from tests.harness import Sidecar, http, wait_for
+from tests.notifytools import Receiver
 from tests.proctools import kill_supervisor, restarted
-from tests.recordtools import OtlpReceiver, asciinema_cat, markers
+from tests.recordtools import api_requests, asciinema_cat, markers
 
 __all__ = ["stub_factory"]  # the fixture, imported for pytest
 
@@ -34,8 +35,9 @@ COMMAND = "echo STUB-RAN | tee ran.txt"
 
 
 @pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    got = OtlpReceiver().start()
+def receiver() -> Iterator[Receiver]:
+    """The user's own OTLP/HTTP destination (a loopback stand-in: the network seam)."""
+    got = Receiver().start()
     yield got
     got.stop()
 
@@ -73,7 +75,7 @@ def metric(sc: Sidecar, name: str, **labels: str) -> float:
 def test_two_turns_are_counted_exactly_and_recorded_with_their_markers(
     make_sidecar: Callable[..., Sidecar],
     stub_factory: Callable[..., AnthropicStub],
-    receiver: OtlpReceiver,
+    receiver: Receiver,
 ) -> None:
     """Two turns, each a permission request allowed through the API: /status `usage` holds
     exactly the stub's sums, a cost > 0 that is the sum of the costs Claude Code reported (as
@@ -109,9 +111,9 @@ def test_two_turns_are_counted_exactly_and_recorded_with_their_markers(
     assert usage["cache_read_tokens"] == sums["cache_read_input_tokens"]
     assert usage["cache_creation_tokens"] == sums["cache_creation_input_tokens"]
     # What Claude Code reported, as the user's own destination received it (and only there).
-    own = wait_for(lambda: (r := receiver.api_requests()) and len(r) == 4 and r, 20)
-    assert all(path == "/collector/v1/logs" for path, _, _ in receiver.requests)
-    assert all(h.get("authorization") == "Bearer users-own" for _, h, _ in receiver.requests)
+    own = wait_for(lambda: (r := api_requests(receiver)) and len(r) == 4 and r, 20)
+    assert all(seen.path == "/collector/v1/logs" for seen in receiver.seen)
+    assert all(seen.headers.get("Authorization") == "Bearer users-own" for seen in receiver.seen)
     claude_cost = sum(float(r["cost_usd"]) for r in own)
     assert usage["cost_usd"] > 0
     assert math.isclose(usage["cost_usd"], claude_cost, abs_tol=1e-9), (usage, claude_cost)
