@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.api.recordings import complete_size
 from sidecar.record import asciicast
 from sidecar.record.recording import Recording
 from sidecar.record.redact import MASK, Redactor, env_secrets
@@ -192,3 +193,18 @@ def test_a_writer_killed_mid_recording_leaves_a_file_valid_to_its_last_event(
     resumed.marker("taken over")
     asyncio.run(finish(resumed))
     assert markers(path)[-2:] == ["taken over", "done"]
+
+
+def test_a_file_is_served_up_to_its_last_whole_line_however_long_its_cut_line(
+    tmp_path: Path,
+) -> None:
+    """`GET /recordings/{id}` serves a recording that is being written up to its last whole
+    line, found back from the end even when the line being written is longer than a read."""
+    path = tmp_path / "r.cast"
+    whole = b'{"version": 2}\n[0.1, "o", "' + b"x" * 3_000_000 + b'"]\n'
+    path.write_bytes(whole + b'[0.2, "o", "' + b"y" * 3_000_000)
+    with path.open("rb") as fh:
+        assert complete_size(fh.fileno()) == len(whole)
+    path.write_bytes(b'{"vers')
+    with path.open("rb") as fh:
+        assert complete_size(fh.fileno()) == 0

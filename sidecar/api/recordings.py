@@ -35,12 +35,17 @@ class PlayerMissing(LookupError):
     """The player's files are not installed here (404)."""
 
 
-def _complete_size(fd: int) -> int:
+def complete_size(fd: int) -> int:
     """The file's size up to its last whole line (a recording being written may end with part
     of a line the writer has not finished)."""
-    size = os.fstat(fd).st_size
-    tail = os.pread(fd, min(size, 64 * 1024), max(0, size - 64 * 1024))
-    return size - (len(tail) - tail.rfind(b"\n") - 1)
+    end = os.fstat(fd).st_size
+    while end > 0:  # back from the end, a block at a time: a line may be longer than a block
+        start = max(0, end - CHUNK)
+        newline = os.pread(fd, end - start, start).rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        end = start
+    return 0
 
 
 async def _send_file(request: web.Request, path: Path, name: str) -> web.StreamResponse:
@@ -49,7 +54,7 @@ async def _send_file(request: web.Request, path: Path, name: str) -> web.StreamR
     except OSError:
         raise NoRecording(name) from None
     try:
-        size = await asyncio.to_thread(_complete_size, fd)
+        size = await asyncio.to_thread(complete_size, fd)
         response = web.StreamResponse(
             headers={
                 "Content-Type": ASCIICAST,
