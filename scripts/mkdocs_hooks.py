@@ -105,7 +105,7 @@ def layers() -> str:
             lines += [f"{sources} must not import ({how}): {forbidden}.", ""]
         elif contract["type"] == "independence":
             modules = ", ".join(f"`{m}`" for m in contract["modules"])
-            lines += [f"Independent: none of {modules} imports another.", ""]
+            lines += [f"{modules}: none of these imports another of them.", ""]
         else:  # a kind this page does not know how to say: the build must not hide it
             kind = contract["type"]
             log.warning("architecture: contract %s of type %s is not shown", contract["id"], kind)

@@ -87,7 +87,7 @@ def agent_operations(
         if (known := cli.knowledge) is not None and known.hooks is not None
     }
     events = sorted({event for names in hooked.values() for event in names})
-    return [
+    operations = [
         Operation(
             "POST",
             "/input",
@@ -106,6 +106,11 @@ def agent_operations(
             body=InputRequest,
             errors=(400, 409),
         ),
+    ]
+    if not hooked:  # no CLI here has hooks: no route, whose parameters no value could fit
+        return operations
+    return [
+        *operations,
         Operation(
             "POST",
             f"{HOOK_PATH}/{{cli}}/{{event}}",

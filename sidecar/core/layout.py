@@ -59,6 +59,14 @@ class Layout:
         return self.state_dir / "webpush.json"
 
     @property
+    def private_files(self) -> tuple[Path, ...]:
+        """What the CLI may neither read nor change, ever: the one list of the sidecar's
+        secrets (the agent's hook secret is in `agent_state`; Web Push's key and the browsers'
+        subscriptions in theirs). A new private file goes here; the egress guard
+        (`sidecar.egress.fence`) keeps the CLI from it."""
+        return (self.supervisor_state, self.agent_state, self.vapid_key, self.push_devices)
+
+    @property
     def tmux_conf(self) -> Path:
         return self.state_dir / "tmux.conf"
 

@@ -20,6 +20,7 @@ import libtmux
 from libtmux import exc as tmux_exc
 
 from sidecar.core.contract import TMUX_SESSION
+from sidecar.core.env_file import text as env_file_text
 from sidecar.core.files import read_regular, write_new
 from sidecar.core.layout import Layout
 from sidecar.security.users import User, spawn_credentials
@@ -92,16 +93,6 @@ WAITER_SCRIPT = (
     'v=$(printf "%bx" "${l#*=}"); export "${l%%=*}=${v%x}"; done <"$e"; fi; '
     '"$@"; c=$?; umask 027; printf "%s\\n" "$c" >"$f"; exit "$c"'
 )
-
-
-def env_file_text(env: Mapping[str, str]) -> str:
-    """`env` as the waiter reads it back: NAME=VALUE lines, backslashes and newlines escaped
-    for `printf %b`."""
-    lines = []
-    for name, value in env.items():
-        escaped = value.replace("\\", "\\\\").replace("\n", "\\n")
-        lines.append(f"{name}={escaped}\n")
-    return "".join(lines)
 
 
 def pane_command(argv: Sequence[str], status_file: Path, env_file: Path | None) -> list[str]:
@@ -187,23 +178,32 @@ class Tmux:
             raise TmuxError(msg)
         return result.stdout.decode(errors="backslashreplace").splitlines()
 
-    def pane_argv(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
-        """The argv the pane runs for the CLI `argv` with its own variables `env` (pure)."""
-        return pane_command(argv, self.status_file, self.env_file if env else None)
+    def pane_argv(
+        self, argv: Sequence[str], env: Mapping[str, str], *, export: bool = True
+    ) -> list[str]:
+        """The argv the pane runs for the CLI `argv` with its own variables `env` (pure);
+        `export` False: the waiter leaves them to `argv` (the egress guard, which gives them
+        to the CLI alone)."""
+        return pane_command(argv, self.status_file, self.env_file if env and export else None)
 
-    def _pane_command(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
-        """Write the CLI's own variables for the waiter (0640: with SIDECAR_USER, the session
+    def _pane_command(
+        self, argv: Sequence[str], env: Mapping[str, str], *, export: bool
+    ) -> list[str]:
+        """Write the CLI's own variables (0640, the sidecar's: with SIDECAR_USER the session
         dir is setgid, so the user's group reads it), then the pane's argv."""
-        if not env:
+        if not env and export:
             with contextlib.suppress(FileNotFoundError):
                 self.env_file.unlink()
-        else:
+        else:  # the guard reads it even when empty
             data = env_file_text(env).encode("utf-8", "surrogateescape")
             write_new(self.env_file, data, 0o640)
-        return self.pane_argv(argv, env)
+        return self.pane_argv(argv, env, export=export)
 
-    def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> PaneInfo:
-        """Start a fresh server with session `main` running `argv`; any old server is killed."""
+    def start(
+        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], *, export: bool = True
+    ) -> PaneInfo:
+        """Start a fresh server with session `main` running `argv` (`export`: see
+        `pane_argv`); any old server is killed."""
         self.kill_server()
         self.clear_status()
         # 0644: with SIDECAR_USER the server reads it as that user.
@@ -222,7 +222,7 @@ class Tmux:
             str(HEIGHT),
             "-c",
             str(cwd),
-            *self._pane_command(argv, env),
+            *self._pane_command(argv, env, export=export),
             # Attached web clients must never resize the window the CLI draws in. (tmux 3.3a
             # crashes when window-size/default-size come from the config file before the first
             # session exists, so they are set right after it, in the same command list.)
@@ -239,7 +239,9 @@ class Tmux:
         )
         return self.pane_info()
 
-    def respawn(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> PaneInfo:
+    def respawn(
+        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], *, export: bool = True
+    ) -> PaneInfo:
         """Run `argv` in the (dead) pane; `-k` kills whatever still runs there."""
         self.clear_status()
         self._cmd(
@@ -249,7 +251,7 @@ class Tmux:
             PANE,
             "-c",
             str(cwd),
-            *self._pane_command(argv, env),
+            *self._pane_command(argv, env, export=export),
         )
         # Old output stays visible above, like a terminal; the scrollback limit bounds it.
         return self.pane_info()
