@@ -211,12 +211,16 @@ def _otlp(ctx: Context) -> Figure:
         )
     finally:
         stop_sidecar(sc)
+    # The handling is what a counted report takes beyond the HTTP round trip of one refused
+    # before its body is read: the difference within each interleaved pair.
+    refused = sorted(samples["refused"])
     return Figure(
         "record.otlp",
-        f"OTLP usage report ({len(body):,} B, {BATCH_RECORDS} records) → 200",
+        f"OTLP usage report ({len(body):,} B, {BATCH_RECORDS} records) → 200, more than the "
+        "same refused for its secret (median of pairs)",
         "ms",
-        [1000 * s for s in samples["ok"]],
-        baseline=Baseline("refused for its secret", [1000 * s for s in samples["refused"]]),
+        [1000 * (ok - no) for ok, no in zip(samples["ok"], samples["refused"], strict=True)],
+        notes=f"refused: the HTTP round trip, median {1000 * refused[len(refused) // 2]:.3f} ms",
         target=at_most(1.0, "≤1 ms per request"),
     )
 
