@@ -113,6 +113,8 @@ class Approvals:
     def __init__(self, timeout: float | None, on_change: Listener) -> None:
         self.timeout = timeout
         self.on_change = on_change  # events, metrics
+        # Answers every request at once when it says so (the budget is spent); None: no gate.
+        self.gate: Callable[[], Answer | None] | None = None
         self._pending: dict[str, Approval] = {}
         self._closed: OrderedDict[str, tuple[Answer | None, str | None]] = OrderedDict()
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -164,6 +166,9 @@ class Approvals:
             )
         log.info("approval %s requested: %s %s", approval_id, approval.tool, approval.summary)
         self.on_change(approval, None)
+        refusal = self.gate() if self.gate is not None else None
+        if refusal is not None:  # listed and answered: the trail shows what was refused, and why
+            self.answer(approval_id, refusal)
         return approval
 
     async def decision(self, approval_id: str) -> Answer:

@@ -46,7 +46,7 @@ StateSource = Literal["hooks", "events", "activity", "none"]
 #: A permission request's answer, who gave it, and how the sidecar learnt of the request and
 #: answers it (/approvals, `approval-resolved` events).
 Decision = Literal["allow", "deny"]
-DecidedBy = Literal["api", "terminal", "timeout", "link"]
+DecidedBy = Literal["api", "terminal", "timeout", "link", "budget"]
 ApprovalSource = Literal["hooks", "screen", "events"]
 
 #: The CLI's network (`egress.mode` in /status), and how a refused attempt was made (`how` of
@@ -82,6 +82,11 @@ def runtime_grace(stop_grace: float = STOP_GRACE) -> int:
     (`stop_grace`, SIDECAR_STOP_GRACE) rounded up, and the sidecar's shutdown after it."""
     return math.ceil(stop_grace) + SHUTDOWN_MARGIN
 
+
+#: `SIDECAR_RECORD_MAX_MB`: the recordings' total size cap, in MiB (oldest removed first).
+RECORD_MAX_MB: Final = 200
+#: The share of a budget (`SIDECAR_BUDGET_*`) at which a `budget` event warns.
+BUDGET_WARN_AT: Final = 0.8
 
 #: The tmux session that hosts the CLI (`sidecar attach` attaches to it).
 TMUX_SESSION: Final = "main"
