@@ -13,10 +13,11 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.harness import REPO, Sidecar, http, py_cli, wait_for, write_cli_config
+from tests.harness import REPO, Sidecar, bearer, http, py_cli, wait_for, write_cli_config
 from tests.proctools import kill_supervisor, restarted
 from tests.recordtools import asciinema_cat, markers, recording_lines
 
@@ -240,3 +241,35 @@ def test_record_off_writes_nothing(printer: Callable[..., Sidecar]) -> None:
     shows(sc, "QUIET")
     assert listed(sc) == []
     assert not (sc.state_dir / "recordings").exists()
+
+
+def served(sc: Sidecar, item: dict) -> list[Any]:
+    """A recording's lines as the API serves them (a file being written: to its last whole
+    line), decoded."""
+    code, raw = sc.get(f"/recordings/{item['id']}")
+    assert code == 200, raw
+    return [json.loads(line) for line in raw.decode().splitlines()]
+
+
+def test_a_run_is_recorded_at_the_screens_size_and_follows_a_resize(
+    printer: Callable[..., Sidecar],
+) -> None:
+    """The header says the screen the run began on; PUT /screen/size is an `"r"` event, and
+    a resleeve's new run begins at the new size."""
+    sc = printer("say", "SIZED").start()
+    shows(sc, "SIZED")
+    [item] = listed(sc)
+    header = served(sc, item)[0]
+    assert (header["width"], header["height"]) == (200, 50)
+    resize = {"cols": 100, "rows": 30}
+    code, body = http("PUT", f"{sc.url}/screen/size", resize, headers=bearer(TOKEN))
+    assert code == 200, body
+    wait_for(
+        lambda: ["r", "100x30"] in [event[1:] for event in served(sc, item)[1:]],
+        15,
+        what="the resize in the recording",
+    )
+    assert sc.post("/resleeve", {})[0] == 202
+    wait_for(lambda: len(listed(sc)) == 2, 15, what="the resleeved run")
+    header = served(sc, listed(sc)[1])[0]
+    assert (header["width"], header["height"]) == (100, 30)
