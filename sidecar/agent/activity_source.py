@@ -1,6 +1,7 @@
 """Pane activity as the agent's state source, for CLIs without hooks: output means a turn is
-under way (`working`); a pane quiet for `quiet` seconds means `idle`. One timer, armed only
-while output may still be followed by quiet: an idle sleeve runs none.
+under way (`working`); a pane quiet for `quiet` seconds means `idle`, unless it is blank (the
+CLI has drawn nothing yet: text typed there is lost). One timer, armed only while output may
+still be followed by quiet, or while the pane is blank: an idle sleeve runs none.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ class ActivitySource:
         quiet_for: Callable[[], float],
         quiet: float,
         on_idle: Callable[[], None],
+        *,
+        drawn: Callable[[], bool],
     ) -> None:
         self.machine = machine
+        self.drawn = drawn  # whether the screen, when last looked at, showed anything
         self.quiet_for = quiet_for  # seconds since the pane last wrote (`PaneActivity`)
         self.quiet = quiet
         self.on_idle = on_idle  # the agent went idle: an inbox notice may be due
@@ -67,6 +71,9 @@ class ActivitySource:
         since = min(self.quiet_for(), time.monotonic() - self._launched_at)
         # Output is known to within SAMPLE seconds (`sidecar.pane.control`): half of it is slack.
         if since + SAMPLE / 2 >= self.quiet:
+            if not self.drawn():  # still starting (or not looked at yet): ask again later
+                self._arm(self.quiet)
+                return
             self.machine.report("idle")
             self.on_idle()
         else:

@@ -77,7 +77,11 @@ class Awareness:
         )
         self.machine.on_state = self.hooks.state_changed
         self.quiet = ActivitySource(
-            self.machine, self.activity.quiet_for, config.activity_quiet, self.notices.check
+            self.machine,
+            self.activity.quiet_for,
+            config.activity_quiet,
+            self.notices.check,
+            drawn=lambda: self.seen.drawn,
         )
         self.events = EventSource(
             self.machine, self.files, self.approvals, self.notices.check, self._fall_back

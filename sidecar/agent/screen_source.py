@@ -44,6 +44,7 @@ class ScreenSource:
         self._pending: str | None = None
         self._eager_left = 0
         self._soon: asyncio.TimerHandle | None = None
+        self.drawn = False  # whether the last look found anything on screen
 
     async def read_now(self) -> Reading:
         """The screen as the running CLI's recognizer reads it now (ControlError: tmux cannot
@@ -120,7 +121,8 @@ class ScreenSource:
             except ControlError:
                 return  # tmux away (a heal, a restart): the last state stands; logged once
             reading = None
-            if any(line.strip() for line in screen.lines):  # a blank pane has drawn nothing yet
+            self.drawn = any(line.strip() for line in screen.lines)
+            if self.drawn:  # a blank pane has drawn nothing yet
                 reading = self.recognizer(screen)
                 if reading.complete or not eager:
                     self.machine.screen(reading)
