@@ -2,7 +2,15 @@
 answered exactly once — through the API, by the timeout policy, or by a person in the CLI's own
 terminal, whichever comes first — and then remembered (bounded) so that a late answer is told
 who decided. How an answer reaches the CLI is its source's business: a held hook returns it, a
-dialog on screen gets keys; both wait on `decision()`.
+dialog on screen gets keys, the egress proxy lets a held request through; all wait on
+`decision()`, which returns only once the decision's audit record is on disk.
+
+The policy (`SIDECAR_POLICY_FILE`) is asked here, where a request becomes an approval, for every
+CLI and for egress alike: an `allow` or `deny` rule answers it at once (`by: "policy"`), through
+the same channel a person's answer takes, and it is never listed. One exception: a dialog read
+off the screen is never allowed by a rule (its text may be cut short, and the keys would go into
+a dialog a person may be reading); it is listed for a person instead, and a `deny` rule still
+answers it.
 """
 
 from __future__ import annotations
@@ -14,18 +22,19 @@ import secrets
 import time
 import unicodedata
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sidecar.core.contract import utc_now
 from sidecar.core.text import MAX_REASON
+from sidecar.policy.rules import Facts, Kind, Policy, Verdict, tool_facts
 
 log = logging.getLogger(__name__)
 
 Decision = Literal["allow", "deny"]
-By = Literal["api", "terminal", "timeout"]
-Source = Literal["hooks", "screen", "events"]
+By = Literal["api", "terminal", "timeout", "policy"]
+Source = Literal["hooks", "screen", "events", "proxy"]
 REMEMBERED = 256  # resolved requests kept to tell a late answer who decided
 # Keys of a tool's input that say what it acts on, most telling first.
 SUMMARY_KEYS = ("command", "cmd", "file_path", "filePath", "notebook_path", "path", "url", "dialog")
@@ -66,6 +75,7 @@ class Answer:
     by: By
     message: str | None = None  # told to the agent on deny
     remember: bool = False  # "don't ask again for this" where the CLI offers it
+    rule: str | None = None  # the policy rule that decided (`by: "policy"`)
 
 
 @dataclass
@@ -77,6 +87,9 @@ class Approval:
     since: str  # RFC 3339
     source: Source
     key: str | None = None  # the CLI's own id for the request, where it has one
+    kind: Kind = "tool"
+    facts: Facts | None = None  # what the policy saw
+    rule: str | None = None  # the policy rule that said `ask` (or that was not applied)
     started: float = field(default_factory=time.monotonic)
     answer: Answer | None = None
     withdrawn: str | None = None  # why it went away unanswered
@@ -111,17 +124,29 @@ Listener = Callable[[Approval, Answer | None], None]  # (request, None) opened; 
 
 
 class Approvals:
-    """One per supervisor. `timeout`: SIDECAR_APPROVAL_TIMEOUT (None: wait for a person)."""
+    """One per supervisor. `timeout`: SIDECAR_APPROVAL_TIMEOUT (None: wait for a person).
+    `policy` decides before a person is asked (None: a person always decides); `cli` is the
+    running CLI's name and `resolve(path)` a tool's path relative to the workspace (None:
+    outside it), for the policy's facts; `durable()` returns once every decision so far is on
+    the audit trail's disk."""
 
-    def __init__(self, timeout: float | None, on_change: Listener) -> None:
+    def __init__(
+        self, timeout: float | None, on_change: Listener, *, policy: Policy | None = None
+    ) -> None:
         self.timeout = timeout
-        self.on_change = on_change  # events, metrics
+        self.on_change = on_change  # events, metrics, the audit trail
+        self.policy = policy
+        self.cli: str | None = None
+        self.resolve: Callable[[str], str | None] | None = None
+        self.durable: Callable[[], Awaitable[bool]] | None = None
         self._pending: dict[str, Approval] = {}
         self._closed: OrderedDict[str, tuple[Answer | None, str | None]] = OrderedDict()
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        # For /metrics: requests so far, answers by (decision, by), seconds to an answer.
+        # For /metrics: requests so far, answers by (decision, by), seconds to an answer, and
+        # the policy's decisions by (rule, decision).
         self.requested = 0
         self.decided: Counter[tuple[Decision, By]] = Counter()
+        self.by_rule: Counter[tuple[str, Decision]] = Counter()
         self.wait_seconds = 0.0
 
     # ---- what is waiting -------------------------------------------------------------------
@@ -137,44 +162,90 @@ class Approvals:
 
     # ---- a source's side ---------------------------------------------------------------------
 
+    def facts(self, tool: str, tool_input: Any, source: Source) -> Facts:
+        """What the policy sees of a tool's request."""
+        return tool_facts(
+            tool, tool_input, cli=self.cli, screen=source == "screen", resolve=self.resolve
+        )
+
+    def verdict(self, facts: Facts, source: Source) -> Verdict | None:
+        """The policy's decision, None when a person decides (no policy, `ask`, or an `allow`
+        of a dialog read off the screen)."""
+        if self.policy is None:
+            return None
+        verdict = self.policy.decide(facts)
+        if verdict.action == "ask" or (verdict.action == "allow" and source == "screen"):
+            return None
+        return verdict
+
     def request(
-        self, tool: str, tool_input: Any, *, source: Source, key: str | None = None
+        self,
+        tool: str,
+        tool_input: Any,
+        *,
+        source: Source,
+        key: str | None = None,
+        kind: Kind = "tool",
+        facts: Facts | None = None,
+        summary: str | None = None,
+        timeout: float | None = None,
     ) -> Approval:
-        """List a new permission request (`key`: the CLI's own id for it, if any)."""
+        """A new permission request (`key`: the CLI's own id for it, if any), decided at once
+        by the policy or listed for a person (`timeout`: instead of SIDECAR_APPROVAL_TIMEOUT).
+        """
         approval_id = secrets.token_hex(6)
         while approval_id in self._pending or approval_id in self._closed:
             approval_id = secrets.token_hex(6)
+        facts = facts or self.facts(tool, tool_input, source)
         approval = Approval(
             id=approval_id,
             tool=clean(tool, 100) or "tool",
-            summary=summary_of(tool, tool_input),
+            summary=clean(summary) if summary else summary_of(tool, tool_input),
             input=tool_input,
             since=utc_now(),
             source=source,
             key=key,
+            kind=kind,
+            facts=facts,
             done=asyncio.get_running_loop().create_future(),
         )
-        self._pending[approval_id] = approval
         self.requested += 1
-        if self.timeout is not None:
+        verdict = self.verdict(facts, source)
+        if verdict is not None:
+            decision: Decision = "allow" if verdict.action == "allow" else "deny"
+            message = verdict.message or f"Denied by the sidecar's policy (rule {verdict.rule})."
+            answer = Answer(decision, "policy", message, rule=verdict.rule)
+            self._pending[approval_id] = approval
+            self.answer(approval_id, answer)
+            return approval
+        if self.policy is not None:
+            approval.rule = self.policy.decide(facts).rule
+        self._pending[approval_id] = approval
+        seconds = timeout if timeout is not None else self.timeout
+        if seconds is not None:
             self._timers[approval_id] = asyncio.get_running_loop().call_later(
-                self.timeout, self._expired, approval_id
+                seconds, self._expired, approval_id, seconds, timeout is None
             )
         log.info("approval %s requested: %s %s", approval_id, approval.tool, approval.summary)
         self.on_change(approval, None)
         return approval
 
     async def decision(self, approval_id: str) -> Answer:
-        """Wait until it is answered. Raises Withdrawn if it goes away first."""
+        """Wait until it is answered, and its record is on the audit trail's disk. Raises
+        Withdrawn if it goes away first."""
         approval = self._pending.get(approval_id)
         if approval is not None and approval.done is not None:
-            return await asyncio.shield(approval.done)
-        if approval_id not in self._closed:
+            answer = await asyncio.shield(approval.done)
+        elif approval_id not in self._closed:
             raise NotFound(approval_id)
-        first, withdrawn = self._closed[approval_id]
-        if first is None:
-            raise Withdrawn(withdrawn or "withdrawn")
-        return first
+        else:
+            first, withdrawn = self._closed[approval_id]
+            if first is None:
+                raise Withdrawn(withdrawn or "withdrawn")
+            answer = first
+        if self.durable is not None:
+            await self.durable()
+        return answer
 
     def answered_by_terminal(self, approval_id: str, decision: Decision) -> Answer | None:
         """A person answered in the CLI's own UI first. None: it was answered already."""
@@ -215,6 +286,8 @@ class Approvals:
             approval.done.set_result(answer)
         latency = time.monotonic() - approval.started
         self.decided[answer.decision, answer.by] += 1
+        if answer.rule is not None:
+            self.by_rule[answer.rule, answer.decision] += 1
         self.wait_seconds += latency
         log.info(
             "approval %s %s by %s after %.3fs: %s %s",
@@ -228,11 +301,12 @@ class Approvals:
         self.on_change(approval, answer)
         return answer
 
-    def _expired(self, approval_id: str) -> None:
+    def _expired(self, approval_id: str, seconds: float, general: bool) -> None:
         self._timers.pop(approval_id, None)
+        variable = "SIDECAR_APPROVAL_TIMEOUT" if general else "SIDECAR_EGRESS_ASK"
         message = (
-            f"Nobody answered this permission request within {self.timeout:g} s "
-            "(SIDECAR_APPROVAL_TIMEOUT), so it was denied."
+            f"Nobody answered this permission request within {seconds:g} s ({variable}), "
+            "so it was denied."
         )
         with contextlib.suppress(NotFound, AlreadyAnswered):
             self.answer(approval_id, Answer("deny", "timeout", message))

@@ -113,6 +113,42 @@ class EgressInfo(Answer):
     denied: Annotated[int, Meta(ge=0, description="refused attempts since the supervisor started")]
 
 
+class EgressAnswer(EgressInfo):
+    """The allowlist as the proxy applies it now, and what it did."""
+
+    added: Annotated[
+        list[str], Meta(description="patterns added while the sleeve runs (in `allow` too)")
+    ]
+    allowed: Annotated[
+        dict[str, int], Meta(description="connections let through, by the pattern allowing them")
+    ]
+    asked: Annotated[int, Meta(ge=0, description="requests held for an egress approval")]
+    ask: Annotated[float | None, Meta(description="SIDECAR_EGRESS_ASK: seconds a request is held")]
+
+
+MAX_PATTERNS_CHANGED = 1000
+
+
+class EgressPatch(Request):
+    """Patterns to add to the allowlist and to take off it, in the allowlist's syntax."""
+
+    add: (
+        Annotated[list[str], Meta(max_length=MAX_PATTERNS_CHANGED, description="patterns to allow")]
+        | UnsetType
+    ) = UNSET
+    remove: (
+        Annotated[
+            list[str],
+            Meta(
+                max_length=MAX_PATTERNS_CHANGED,
+                description="patterns to take off (as `allow` lists them); open connections "
+                "they allowed are closed",
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
+
+
 class Progress(Answer):
     """The `- [ ]` / `- [x]` items under `## Progress` in CURRENT.md."""
 
@@ -293,8 +329,18 @@ class InputAccepted(Answer):
 MAX_APPROVAL_MESSAGE = 2048
 Decision = Annotated[Literal["allow", "deny"], Meta(description="allow or deny the request")]
 DecidedBy = Annotated[
-    Literal["api", "terminal", "timeout"],
-    Meta(description="who answered: the API, a person in the terminal, or the timeout policy"),
+    Literal["api", "terminal", "timeout", "policy"],
+    Meta(
+        description="who answered: the API, a person in the terminal, the timeout policy, or "
+        "a rule of the policy file (`rule` names it)"
+    ),
+]
+ApprovalKind = Annotated[
+    Literal["tool", "egress"],
+    Meta(
+        description="`tool`: a permission request of the CLI; `egress`: a proxied request for "
+        "a host off the allowlist, held while it waits (SIDECAR_EGRESS_ASK)"
+    ),
 ]
 
 
@@ -310,12 +356,27 @@ class ApprovalItem(Struct):
             "and zero-width characters removed)"
         ),
     ]
-    input: Annotated[object, Meta(description="the tool's arguments as the CLI gave them")]
+    input: Annotated[
+        object,
+        Meta(
+            description="the tool's arguments as the CLI gave them; for `egress`: host, port, "
+            "how, method, and the process that asked (pid, exe, argv, uid) as the kernel "
+            "tells it"
+        ),
+    ]
     since: Timestamp
     source: Annotated[
-        Literal["hooks", "screen", "events"],
+        Literal["hooks", "screen", "events", "proxy"],
         Meta(description="how the sidecar learnt of it and answers it"),
     ]
+    kind: ApprovalKind = "tool"
+    rule: Annotated[
+        str | None,
+        Meta(
+            description="the policy rule that sent it to a person (`ask`, or an `allow` "
+            "never applied to a dialog on screen)"
+        ),
+    ] = None
 
 
 class ApprovalsAnswer(Answer):
@@ -480,16 +541,22 @@ class ApprovalRequested(Event, tag="approval-requested"):
     id: str
     tool: str
     summary: str
+    kind: ApprovalKind = "tool"
 
 
 class ApprovalResolved(Event, tag="approval-resolved"):
     """A permission request was answered, or withdrawn unanswered (`decision` and `by` null,
-    `reason` says why: the turn was interrupted, the CLI exited, a resleeve)."""
+    `reason` says why: the turn was interrupted, the CLI exited, a resleeve). One the policy
+    decided at once was never listed: this event (`by: "policy"`, `rule`) is its only one."""
 
     id: str
     decision: Decision | None
     by: DecidedBy | None
     reason: str | UnsetType = UNSET
+    kind: ApprovalKind = "tool"
+    tool: str | UnsetType = UNSET
+    summary: str | UnsetType = UNSET
+    rule: Annotated[str, Meta(description="the policy rule that decided")] | UnsetType = UNSET
 
 
 class EgressDenied(Event, tag="egress-denied"):
@@ -499,6 +566,37 @@ class EgressDenied(Event, tag="egress-denied"):
     host: Annotated[str, Meta(description="the host name asked for, or the address")]
     port: Annotated[int, Meta(ge=0, le=65535)]
     how: EgressHow
+    reason: (
+        Annotated[
+            str,
+            Meta(
+                description="with SIDECAR_EGRESS_ASK: why this one was not held for an "
+                "approval (a connection around the proxy cannot be held safely)"
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
+
+
+class EgressChanged(Event, tag="egress-changed"):
+    """The allowlist changed while the sleeve runs: `PATCH /egress` (`api`), an egress
+    approval allowed with `remember` (`approval`), the allow file read again on SIGHUP
+    (`reload`)."""
+
+    added: list[str]
+    removed: list[str]
+    by: Literal["api", "approval", "reload"]
+    allow: Annotated[list[str], Meta(description="the whole list after the change")]
+    closed: Annotated[int, Meta(ge=0, description="open connections closed by the change")] = 0
+
+
+class PolicyChanged(Event, tag="policy-changed"):
+    """The policy file was read again (SIGHUP): the new rules apply (`error` null), or it was
+    refused and the policy before it stays (`error` says why)."""
+
+    file: str
+    rules: Annotated[int, Meta(ge=0, description="rules in force now")]
+    error: str | None = None
 
 
 AnyEvent = (
@@ -513,5 +611,7 @@ AnyEvent = (
     | ApprovalRequested
     | ApprovalResolved
     | EgressDenied
+    | EgressChanged
+    | PolicyChanged
     | ErrorEvent
 )
