@@ -9,6 +9,8 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from sidecar.agent.registry import CLIDef
     from sidecar.config import Config
     from sidecar.process.init import Incarnation
@@ -37,6 +39,8 @@ def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
             config.cli_config, login_shell=shell if os.path.isabs(shell) else "/bin/bash"
         )
     statedir.prepare(config)
+    if config.audit_dir is not None:
+        _prepare_audit_dir(config.audit_dir)
     if config.egress is not None:
         _check_egress()
     return config, dict(registry)
@@ -51,6 +55,27 @@ def _check_egress() -> None:
     problem = egress_guard.self_test([("127.0.0.1", 1)])  # refused by nothing but no listener
     if problem is not None:
         msg = f"SIDECAR_EGRESS_ALLOW is set but the CLI's network cannot be closed here: {problem}"
+        raise ConfigError(msg)
+
+
+def _prepare_audit_dir(path: Path) -> None:
+    """SIDECAR_AUDIT_DIR: made 0700 if missing; one others can write is refused (the trail's
+    records must be the sidecar's alone)."""
+    import stat
+
+    from sidecar.config import ConfigError
+
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.stat(path)
+    except OSError as exc:
+        msg = f"SIDECAR_AUDIT_DIR: cannot make {path}: {exc.strerror}"
+        raise ConfigError(msg) from None
+    if not stat.S_ISDIR(st.st_mode):
+        msg = f"SIDECAR_AUDIT_DIR: {path} is not a directory"
+        raise ConfigError(msg)
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        msg = f"SIDECAR_AUDIT_DIR: {path} is not private to the sidecar (owner or mode)"
         raise ConfigError(msg)
 
 
@@ -102,10 +127,6 @@ async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarn
     for sig in (signal.SIGTERM, signal.SIGINT):
         # Handlers only flag; the loop does the work.
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP ignored"))
-    # Now a SIGTERM has somewhere to go: the ones init held back since the fork arrive here.
-    incarnation.release_signals()
-
     sup = Supervisor(
         config,
         registry,
@@ -113,6 +134,10 @@ async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarn
         restarts=incarnation.restarts,
         started=incarnation.started,
     )
+    # SIGHUP reads the allow file and the policy again (the work is a task of the loop's).
+    loop.add_signal_handler(signal.SIGHUP, sup.rules.reload)
+    # Now a SIGTERM has somewhere to go: the ones init held back since the fork arrive here.
+    incarnation.release_signals()
     # handler_cancellation: a handler whose client went away is cancelled at once instead of
     # holding its buffers; shutdown_timeout bounds how long shutdown waits for the rest (open
     # streams are ended by the app's on_shutdown hooks first).

@@ -31,6 +31,7 @@ from sidecar.pane.tmux import PaneInfo, Tmux
 from sidecar.process import adopt, persist
 from sidecar.process.adopt import Plan
 from sidecar.process.cli_runner import CliRunner
+from sidecar.process.governance import Governance, open_trail
 from sidecar.process.persist import ProcRef, SupervisorState
 from sidecar.process.proctree import stop_tree, wait_exited
 from sidecar.process.stats import SupervisorStats
@@ -94,10 +95,21 @@ class Supervisor:
             config.workspace / ".cstack" / "CURRENT.md", bus, config.workspace, self.owner
         )
         self.tmux = Tmux(config.paths, run_as=config.user, env=user_env)
+        # Every decision, egress connection, list change and resleeve is appended here.
+        self.audit = open_trail(config, bus)
         # What the agent is doing (sidecar.agent.machine): told of every change of the CLI's state.
-        self.awareness = Awareness(config, bus, self.tmux, self.owner)
+        self.awareness = Awareness(config, bus, self.tmux, self.owner, self.audit)
         # The CLI's egress allowlist: the proxy, and every refused attempt's one door.
-        self.egress = Egress(config.egress, bus, (config.host, config.port))
+        self.egress = Egress(
+            config.egress,
+            bus,
+            (config.host, config.port),
+            audit=self.audit,
+            owner=self.owner,
+            ask_seconds=config.egress_ask,
+        )
+        # The policy and the allow file read again on SIGHUP; held egress requests asked.
+        self.rules = Governance(config, bus, self.awareness.approvals, self.egress, self.audit)
         self.resleeving = False
         self._resleeve_move: tuple[str, str] | None = None  # (from, to) while one is under way
         self._stopping = False
@@ -361,6 +373,7 @@ class Supervisor:
                 phase="done", previous=previous, cli=name, pid=self.cli.pid, state=self.cli.state
             )
         )
+        self.rules.resleeved(previous, name, self.cli.pid)
 
     # ---- periodic ------------------------------------------------------------------------
 
@@ -398,6 +411,7 @@ class Supervisor:
             await run.stop()
         await self.awareness.stop()
         await self.egress.close()
+        await self.rules.close()
         await self.ttyd.stop()
         server = run.server.ref
         await asyncio.to_thread(self.tmux.kill_server)
