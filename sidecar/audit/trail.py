@@ -93,6 +93,7 @@ class AuditTrail:
         self._done = 0  # every seq up to this is on disk
         self._dropped_now = 0  # dropped since the last `audit-dropped` record
         self._torn = False  # the queue's head is the rest of a line begun on disk
+        self._writing = False  # a batch is in the worker thread (the queue's head is its)
         self._task: asyncio.Task[None] | None = None
         self._retry: asyncio.TimerHandle | None = None
         self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
@@ -124,7 +125,7 @@ class AuditTrail:
         line = _encode(record) + b"\n"
         self._queue.append((self._seq, line))
         self._held += len(line)
-        if self.problem is not None and self._task is None:  # never under a batch in flight
+        if self.problem is not None and not self._writing:  # never under a batch in flight
             self._bound()
         self._kick()
 
@@ -174,7 +175,11 @@ class AuditTrail:
     async def _flush(self) -> None:
         count = len(self._queue)
         data = b"".join(line for _, line in list(self._queue)[:count])
-        written, error = await asyncio.to_thread(self._write, data)
+        self._writing = True
+        try:
+            written, error = await asyncio.to_thread(self._write, data)
+        finally:
+            self._writing = False
         self._consume(written)
         if error is None:
             self._recovered()

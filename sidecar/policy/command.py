@@ -13,7 +13,10 @@ import os
 import re
 import shlex
 
-MAX_COMMAND = 64 * 1024  # characters read of a command; the rest is ignored
+# Characters of a command read (reading costs ~5 us a character). A longer command is never
+# allowed by a `command` rule, and a `deny` or `ask` rule that could apply to it sends it to a
+# person (`sidecar.policy.rules`): it is not read in part.
+MAX_COMMAND = 8 * 1024
 MAX_FORMS = 64  # forms kept of one command (a line of many `;` lists is bounded)
 MAX_DEPTH = 3  # `sh -c` scripts read again, nested at most this deep
 
@@ -22,6 +25,7 @@ MAX_DEPTH = 3  # `sh -c` scripts read again, nested at most this deep
 _COMPOUND = re.compile(r"[;&|`$<>(){}\n\r\\]")
 # Where one command of a line ends and another begins (lists, pipes, substitutions, subshells).
 _SEPARATORS = re.compile(r"&&|\|\||[;&|\n\r`]|\$\(|<\(|>\(|[()]")
+_OPERATORS = frozenset("();<>|&")  # what shlex's punctuation_chars splits off
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 # Commands that run their arguments as a command.
 _WRAPPERS = frozenset(
@@ -85,19 +89,40 @@ def _script(words: list[str]) -> str | None:
 def forms(command: str) -> list[str]:
     """The command as given, then its normalised forms, each once, at most MAX_FORMS."""
     out: dict[str, None] = {}
-    _add_forms(command[:MAX_COMMAND], out, 0)
+    _add_forms(command, out, 0)
     return list(out)[:MAX_FORMS]
 
 
+def _segments(command: str) -> list[list[str]]:
+    """The words of each simple command in `command`: read with quotes (operators inside them
+    are text), then read blind to quotes (a quote that does not balance, an operator the first
+    reading kept in a word)."""
+    text = command.replace("\n", " ; ").replace("\r", " ; ").replace("`", " ; ")
+    out: list[list[str]] = []
+    try:
+        lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        current: list[str] = []
+        for token in lexer:
+            if token and all(c in _OPERATORS for c in token):
+                out.append(current)
+                current = []
+            else:
+                current.append(token.removesuffix("$"))
+        out.append(current)
+    except ValueError:
+        pass
+    out += [_words(part) for part in _SEPARATORS.split(command)]
+    return [words for words in out if words]
+
+
 def _add_forms(command: str, out: dict[str, None], depth: int) -> None:
+    joined = command.replace("\\\n", "")  # a line continued with a backslash is one line
     out.setdefault(command, None)
-    out.setdefault(" ".join(command.split()), None)
-    for segment in _SEPARATORS.split(command):
+    out.setdefault(" ".join(joined.split()), None)
+    for words in _segments(joined):
         if len(out) >= MAX_FORMS:
             return
-        words = _words(segment)
-        if not words:
-            continue
         out.setdefault(" ".join(words), None)
         plain = _unwrapped(words)
         if plain:

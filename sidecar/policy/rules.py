@@ -55,14 +55,15 @@ class Match:
     path: re.Pattern[str] | None = None
     host: Pattern | None = None
 
-    def holds(self, facts: Facts, action: Action) -> bool:
+    def holds(self, facts: Facts, action: Action, *, read_command: bool = True) -> bool:
+        """Whether every key holds (`read_command` False: every key but `command`)."""
         if self.kind is not None and facts.kind != self.kind:
             return False
         if self.cli is not None and facts.cli not in self.cli:
             return False
         if self.tool is not None and facts.tool.lower() not in self.tool:
             return False
-        if self.command is not None and not self._command(facts.command, action):
+        if read_command and self.command is not None and not self._command(facts.command, action):
             return False
         if self.path is not None and (
             facts.outside or facts.path is None or not self.path.match(facts.path)
@@ -106,7 +107,16 @@ class Policy:
     source: str = ""  # the file it was read from
 
     def decide(self, facts: Facts) -> Verdict:
+        long = facts.command is not None and len(facts.command) > commands.MAX_COMMAND
         for rule in self.rules:
+            if long and rule.match.command is not None:
+                # Too long to read whole: never allowed by its text, and a rule that would
+                # refuse or ask about it if it said so sends it to a person.
+                if rule.action != "allow" and rule.match.holds(
+                    facts, rule.action, read_command=False
+                ):
+                    return Verdict("ask", rule.name)
+                continue
             if rule.match.holds(facts, rule.action):
                 return Verdict(rule.action, rule.name, rule.message)
         return Verdict(self.default, DEFAULT_RULE)
