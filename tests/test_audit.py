@@ -13,8 +13,6 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from sidecar.audit import reader
 from sidecar.audit.records import EgressChangedRecord, ResleeveRecord
 from sidecar.audit.trail import NAME, AuditTrail
@@ -177,11 +175,12 @@ async def test_a_full_disk_holds_records_in_memory_and_writes_them_when_it_can(
         trail.write(resleeve(n + 1))
         assert await trail.synced() is False  # told at once: not on disk, held
         assert asyncio.get_running_loop().time() - started < 0.5
-        for n in range(n + 2, n + 80):  # more than max_held: the oldest held go, counted
-            trail.write(resleeve(n))
+        last = n + 80
+        for m in range(n + 2, last + 1):  # more than max_held: the oldest held go, counted
+            trail.write(resleeve(m))
         assert trail.dropped > 0
         assert len(b"".join(trail.held)) <= 4096 + 200
-        assert json.loads(trail.held[-1])["seq"] == n + 1  # the head may be a torn rest
+        assert json.loads(trail.held[-1])["seq"] == last  # the head may be a torn rest
         assert len(problems) == 1
         filler.unlink()  # room again: the next try writes what is held
         await wait_for_async(lambda: trail.problem is None, 10, what="the trail written again")
@@ -189,7 +188,7 @@ async def test_a_full_disk_holds_records_in_memory_and_writes_them_when_it_can(
         assert problems == [problems[0], None]
         got = lines(disk / NAME)
         seqs = [r["seq"] for r in got]
-        assert seqs[0] == 1 and n + 1 in seqs and seqs == sorted(seqs)
+        assert seqs[0] == 1 and last in seqs and seqs == sorted(seqs)
         assert refused_at in seqs or trail.dropped  # held, then written (unless it was dropped)
         assert got[-1]["type"] == "audit-dropped" and got[-1]["count"] == trail.dropped
         await trail.close()

@@ -88,7 +88,8 @@ def test_the_contracts_example_decides_as_it_says() -> None:
         ),
         (
             "rules:\n  - name: a\n    action: deny\n    match:\n      command: 'git (push'\n",
-            "policy.yaml:5: rule 'a': command is not a valid regex: missing ), unterminated subpattern at position 4",
+            "policy.yaml:5: rule 'a': command is not a valid regex: missing ), unterminated "
+            "subpattern at position 4",
         ),
         (
             "rules:\n  - name: a\n    action: allow\n    match: {path: '../outside/*'}\n",
@@ -378,7 +379,7 @@ def test_a_dialog_read_off_the_screen_is_never_allowed_by_a_rule() -> None:
                 "decision": "allow",
                 "by": "api",
             }
-        ],  # fmt: skip
+        ],
     )
     assert replayed == []  # ... but a person decides it, then and now
 
