@@ -180,7 +180,7 @@ async def test_a_full_disk_holds_records_in_memory_and_writes_them_when_it_can(
             trail.write(resleeve(m))
         assert trail.dropped > 0
         assert len(b"".join(trail.held)) <= 4096 + 200
-        assert json.loads(trail.held[-1])["seq"] == last  # the head may be a torn rest
+        assert json.loads(trail.held[-1])["seq"] == last + 1  # resleeve(k) is seq k + 1
         assert len(problems) == 1
         filler.unlink()  # room again: the next try writes what is held
         await wait_for_async(lambda: trail.problem is None, 10, what="the trail written again")
@@ -188,7 +188,7 @@ async def test_a_full_disk_holds_records_in_memory_and_writes_them_when_it_can(
         assert problems == [problems[0], None]
         got = lines(disk / NAME)
         seqs = [r["seq"] for r in got]
-        assert seqs[0] == 1 and last in seqs and seqs == sorted(seqs)
+        assert seqs[0] == 1 and last + 1 in seqs and seqs == sorted(seqs)
         assert refused_at in seqs or trail.dropped  # held, then written (unless it was dropped)
         assert got[-1]["type"] == "audit-dropped" and got[-1]["count"] == trail.dropped
         await trail.close()
