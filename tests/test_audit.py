@@ -169,7 +169,6 @@ async def test_a_full_disk_holds_records_in_memory_and_writes_them_when_it_can(
             if not await trail.synced():
                 break
         assert trail.problem is not None and "No space left on device" in trail.problem
-        refused_at = n
         assert len(problems) == 1  # said once
         started = asyncio.get_running_loop().time()
         trail.write(resleeve(n + 1))
@@ -189,7 +188,6 @@ async def test_a_full_disk_holds_records_in_memory_and_writes_them_when_it_can(
         got = lines(disk / NAME)
         seqs = [r["seq"] for r in got]
         assert seqs[0] == 1 and last + 1 in seqs and seqs == sorted(seqs)
-        assert refused_at in seqs or trail.dropped  # held, then written (unless it was dropped)
         assert got[-1]["type"] == "audit-dropped" and got[-1]["count"] == trail.dropped
         await trail.close()
 

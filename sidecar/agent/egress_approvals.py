@@ -7,6 +7,7 @@ whose every client went away is withdrawn.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -39,30 +40,34 @@ class EgressApprovals:
         self.remember = remember
         self.max_pending = max_pending
         self.asked = 0  # requests held, for GET /egress
-        self._open: dict[tuple[str, int], str] = {}  # (host, port) -> the approval waiting
-        self._clients: dict[str, int] = {}  # approval -> requests waiting on it
+        # (host, port) -> the approval being made or waiting for it; the requests on each.
+        self._open: dict[tuple[str, int], asyncio.Task[str]] = {}
+        self._waiting: dict[tuple[str, int], int] = {}
 
     async def ask(self, asked: Asked) -> AskAnswer:
         """The answer to one held request (waits while a person decides)."""
         host = normalise_host(asked.host) or asked.host
         key = (host, asked.port)
-        approval_id = self._open.get(key)
-        if approval_id is None:
+        made = self._open.get(key)
+        if made is None:
             if len(self._open) >= self.max_pending:
                 return AskAnswer(
                     False,
                     reason=f"{len(self._open)} requests for other hosts already wait for a "
                     "person's answer; nothing more is asked until they are answered",
                 )
-            approval_id = self._request(asked, host)
+            # A task of its own: a client that goes away must not stop it for the others.
+            made = asyncio.get_running_loop().create_task(self._request(asked, host))
+            self._open[key] = made
         self.asked += 1
-        self._clients[approval_id] = self._clients.get(approval_id, 0) + 1
+        self._waiting[key] = self._waiting.get(key, 0) + 1
         try:
+            approval_id = await asyncio.shield(made)
             answer = await self.approvals.decision(approval_id)
         except Withdrawn as exc:
             return AskAnswer(False, reason=f"the request was withdrawn: {exc}")
         finally:
-            self._done(key, approval_id)
+            self._left(key, made)
         if answer.decision == "deny":
             return AskAnswer(False, reason=answer.message or "a person denied it")
         if answer.remember:
@@ -70,8 +75,8 @@ class EgressApprovals:
         rule = f"policy:{answer.rule}" if answer.by == "policy" else f"approval:{approval_id}"
         return AskAnswer(True, rule=rule)
 
-    def _request(self, asked: Asked, host: str) -> str:
-        peer = asked.peer
+    async def _request(self, asked: Asked, host: str) -> str:
+        peer = await asked.peer()
         details: dict[str, Any] = {
             "host": asked.host,
             "port": asked.port,
@@ -82,32 +87,36 @@ class EgressApprovals:
             "argv": list(peer.argv) if peer else None,
             "uid": peer.uid if peer else None,
         }
+        facts = Facts(kind="egress", tool="egress", cli=self.approvals.cli, host=host,
+                      port=asked.port)  # fmt: skip
         approval = self.approvals.request(
             "egress",
             details,
             source="proxy",
             kind="egress",
-            facts=Facts(
-                kind="egress", tool="egress", cli=self.approvals.cli, host=host, port=asked.port
-            ),
+            facts=facts,
             summary=asked.summary,
             timeout=self.seconds,
         )
-        if self.approvals.get(approval.id) is not None:  # listed: later asks share it
-            self._open[(host, asked.port)] = approval.id
+        if not self._waiting.get((host, asked.port)):
+            self._withdraw(approval.id)  # every request went away while it was made
         return approval.id
 
-    def _done(self, key: tuple[str, int], approval_id: str) -> None:
-        """One request stopped waiting (answered, or its client went away)."""
-        left = self._clients.get(approval_id, 1) - 1
+    def _left(self, key: tuple[str, int], made: asyncio.Task[str]) -> None:
+        """One request stopped waiting (answered, or its client went away); the last one out
+        withdraws an approval still waiting: nobody is left to let through."""
+        left = self._waiting.get(key, 1) - 1
         if left > 0:
-            self._clients[approval_id] = left
+            self._waiting[key] = left
             return
-        self._clients.pop(approval_id, None)
-        if self._open.get(key) == approval_id:
+        self._waiting.pop(key, None)
+        if self._open.get(key) is made:
             del self._open[key]
+        if made.done() and not made.cancelled() and made.exception() is None:
+            self._withdraw(made.result())
+
+    def _withdraw(self, approval_id: str) -> None:
         if self.approvals.get(approval_id) is not None:
-            # Every client that asked went away: nobody is left to let through.
             self.approvals.withdraw(approval_id, "the client that asked went away")
 
     @property

@@ -47,7 +47,7 @@ class Asked:
     port: int
     method: str
     summary: str  # `CONNECT host:port`, `GET http://host/path`
-    peer: Peer | None  # the process that asked, as the kernel tells it
+    peer: Callable[[], Awaitable[Peer | None]]  # the process that asked, as the kernel tells it
 
 
 @dataclass(frozen=True)
@@ -183,10 +183,18 @@ class EgressProxy:
         reason = "refused at once: nobody is asked (SIDECAR_EGRESS_ASK is not set)"
         if self.ask is not None:
             target = shown if req.method == "CONNECT" else f"http://{shown}{req.path}"
-            peer = await client.peer_task if client.peer_task is not None else None
+
+            async def peer() -> Peer | None:
+                if client.peer_task is None:
+                    client.peer_task = self.loop.create_task(self._peer(client))
+                return await client.peer_task
+
+            assert client.transport is not None
+            client.transport.resume_reading()  # to see the client go away while it waits
             answer = await self.ask(
                 Asked(req.host, req.port, req.method, f"{req.method} {target}", peer)
             )
+            client.transport.pause_reading()  # until the far end is there
             if answer.allowed:
                 return answer.rule or "approval"
             reason = answer.reason
@@ -257,7 +265,9 @@ class EgressProxy:
             client.transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
             upstream.one_shot = True
-            upstream.transport.write(upstream_head(req))
+            head = upstream_head(req)
+            upstream.transport.write(head)
+            client.moved += len(head)  # the request as the far end gets it
             client.budget = req.body
         early, client.buf = client.buf, b""
         client.pass_on(early)

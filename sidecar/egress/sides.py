@@ -154,7 +154,13 @@ class Client(Side):
 
     def data_received(self, data: bytes) -> None:
         self.last = time.monotonic()
-        if self.task is not None or self.peer is not None:
+        if self.peer is None and self.task is not None:
+            # Held for an approval (read on, to see the client go away): kept for the far end.
+            self.buf += data
+            if len(self.buf) > self.proxy.limits.max_head and self.transport is not None:
+                self.transport.pause_reading()
+            return
+        if self.peer is not None:
             self.pass_on(data)
             return
         self.buf += data
