@@ -66,7 +66,8 @@ def _prepare_audit_dir(path: Path) -> None:
     from sidecar.config import ConfigError
 
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not os.path.lexists(path):
+            path.mkdir(mode=0o700, parents=True)
         st = os.stat(path)
     except OSError as exc:
         msg = f"SIDECAR_AUDIT_DIR: cannot make {path}: {exc.strerror}"

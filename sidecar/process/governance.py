@@ -112,7 +112,8 @@ class Governance:
         try:
             policy = await asyncio.to_thread(read_policy, path)
         except PolicyError as exc:
-            self._refuse(POLICY_VAR, str(exc))
+            if not self._refuse(POLICY_VAR, str(exc)):
+                return  # said already
             self.bus.publish(PolicyChanged(file=str(path), rules=self._rules(), error=str(exc)))
             self.audit.write(
                 PolicyChangedRecord(
@@ -145,13 +146,15 @@ class Governance:
             )
         )
 
-    def _refuse(self, var: str, why: str) -> None:
-        """A file refused on reload: said once (log, event, the /status warning)."""
+    def _refuse(self, var: str, why: str) -> bool:
+        """A file refused on reload: said once (log, event, the /status warning); False when
+        it was said already."""
         if self._refused.get(var) == why:
-            return
+            return False
         self._refused[var] = why
         log.warning("%s: %s; the one read before stays in force", var, why)
         self.bus.publish(ErrorEvent(message=f"{var} refused on reload: {why}"))
+        return True
 
     async def close(self) -> None:
         if self._task is not None:
