@@ -61,15 +61,15 @@ class Stub(AnthropicStub):
         return super()._wants_bash(body) or bool(prompts and self.bash_command)
 
 
-def baseline_tree(dest: Path) -> Path:
-    """`sidecar/` as it was at BASELINE_COMMIT, extracted from this checkout's git history."""
+def baseline_tree(dest: Path, commit: str = BASELINE_COMMIT) -> Path:
+    """`sidecar/` as it was at `commit`, extracted from this checkout's git history."""
     archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", BASELINE_COMMIT, "sidecar"],
+        ["git", "-C", str(REPO), "archive", commit, "sidecar"],
         capture_output=True,
         check=False,
     )
     if archive.returncode != 0:
-        msg = f"git archive {BASELINE_COMMIT[:7]}: {archive.stderr.decode(errors='replace')}"
+        msg = f"git archive {commit[:7]}: {archive.stderr.decode(errors='replace')}"
         raise BenchError(msg)
     dest.mkdir(parents=True)
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)

@@ -126,14 +126,3 @@ class PeerFinder:
             argv = fh.read(MAX_ARGV)
         args = tuple(a.decode("utf-8", "replace") for a in (argv or b"").split(b"\0")[:-1])
         return Peer(uid, pid, exe, args)
-
-
-def address(sock: socket.socket | None) -> tuple[tuple[str, int], tuple[str, int]] | None:
-    """(the client's address, ours) of an accepted connection."""
-    if sock is None:
-        return None
-    try:
-        client, server = sock.getpeername(), sock.getsockname()
-    except OSError:
-        return None
-    return (client[0], client[1]), (server[0], server[1])

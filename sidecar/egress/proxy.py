@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from sidecar.audit.records import EgressConnectionRecord
 from sidecar.egress.allowlist import Allowlist, normalise_host
 from sidecar.egress.heads import Refusal, Request, upstream_head
-from sidecar.egress.peer import Peer, address
+from sidecar.egress.peer import Peer
 from sidecar.egress.sides import Client, Limits, Upstream
 
 log = logging.getLogger(__name__)
@@ -140,8 +140,6 @@ class EgressProxy:
     async def open(self, client: Client, req: Request) -> None:
         """Connect `client` to the far end `req` names, or raise the Refusal to answer."""
         shown = f"[{req.host}]:{req.port}" if ":" in req.host else f"{req.host}:{req.port}"
-        if self.on_closed is not None and self.find_peer is not None:
-            client.peer_task = self.loop.create_task(self._peer(client))
         pattern = self._decide(req)
         if pattern is None:
             client.rule = await self._asked(client, req, shown)
@@ -175,6 +173,8 @@ class EgressProxy:
             upstream.release()
             raise
         self._join(client, upstream, req)
+        # Who asked is looked up once the tunnel is up: never on the connection's setup path.
+        self.loop.call_soon(self.look_up, client)
 
     async def _asked(self, client: Client, req: Request, shown: str) -> str:
         """The rule that allowed a request for a host off the list, once `ask` allowed it while
@@ -185,9 +185,8 @@ class EgressProxy:
             target = shown if req.method == "CONNECT" else f"http://{shown}{req.path}"
 
             async def peer() -> Peer | None:
-                if client.peer_task is None:
-                    client.peer_task = self.loop.create_task(self._peer(client))
-                return await client.peer_task
+                task = self.look_up(client)
+                return await task if task is not None else None
 
             assert client.transport is not None
             client.transport.resume_reading()  # to see the client go away while it waits
@@ -205,19 +204,35 @@ class EgressProxy:
         }  # fmt: skip
         raise Refusal(403, f"{error}: {reason}", body)
 
-    async def _peer(self, client: Client) -> Peer | None:
-        ends = address(client.transport.get_extra_info("socket") if client.transport else None)
-        if ends is None or self.find_peer is None:
-            return None
+    def look_up(self, client: Client) -> asyncio.Task[Peer | None] | None:
+        """Start finding the process behind `client` (once; None: nobody wants to know)."""
+        if client.peer_task is None and self.find_peer is not None and client.transport:
+            ends = (client.transport.get_extra_info("peername"),
+                    client.transport.get_extra_info("sockname"))  # fmt: skip
+            if ends[0] is not None and ends[1] is not None:
+                client.peer_task = self.loop.create_task(self._peer(ends))
+        return client.peer_task
+
+    async def _peer(self, ends: tuple[tuple[str, int], tuple[str, int]]) -> Peer | None:
+        assert self.find_peer is not None
         with contextlib.suppress(OSError):
-            return await self.find_peer(*ends)
+            return await self.find_peer(ends[0][:2], ends[1][:2])
         return None
 
     def ended(self, client: Client) -> None:
-        """A client's connection is gone: its request's record, if it made one."""
-        req = client.req
-        if req is None or self.on_closed is None:
+        """A client's connection is gone: its request's record, if it made one (once the
+        process behind it is known)."""
+        if client.req is None or self.on_closed is None:
             return
+        task = client.peer_task
+        if task is not None and not task.done():
+            task.add_done_callback(lambda _: self._record(client))
+            return
+        self._record(client)
+
+    def _record(self, client: Client) -> None:
+        req = client.req
+        assert req is not None and self.on_closed is not None
         peer = None
         task = client.peer_task
         if task is not None and task.done() and not task.cancelled():

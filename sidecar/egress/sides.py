@@ -184,6 +184,7 @@ class Client(Side):
             await self.proxy.open(self, req)
         except Refusal as refusal:
             self.refused = str(refusal)
+            self.proxy.look_up(self)  # while the client still holds its end
             self.refuse(refusal.status, str(refusal), refusal.body)
         finally:
             self.task = None
