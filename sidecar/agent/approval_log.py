@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from sidecar.agent.approvals import Answer, Approval
 from sidecar.audit.records import ApprovalRequestedRecord, ApprovalResolvedRecord
@@ -52,18 +53,7 @@ class ApprovalLog:
 
     def _requested(self, approval: Approval) -> None:
         if self.audit is not None:
-            facts = approval.facts
-            self.audit.write(
-                ApprovalRequestedRecord(
-                    id=approval.id,
-                    kind=approval.kind,
-                    tool=approval.tool,
-                    summary=approval.summary,
-                    source=approval.source,
-                    cli=facts.cli if facts else None,
-                    rule=approval.rule,
-                )
-            )
+            self.audit.write(ApprovalRequestedRecord(**_common(approval), rule=approval.rule))
 
     def _resolved(self, approval: Approval, answer: Answer | None) -> None:
         if self.audit is None:
@@ -71,15 +61,10 @@ class ApprovalLog:
         facts = approval.facts
         self.audit.write(
             ApprovalResolvedRecord(
-                id=approval.id,
-                kind=approval.kind,
-                tool=approval.tool,
-                summary=approval.summary,
-                source=approval.source,
+                **_common(approval),
                 decision=answer.decision if answer else None,
                 by=answer.by if answer else None,
                 waited=round(time.monotonic() - approval.started, 3),
-                cli=facts.cli if facts else None,
                 rule=answer.rule if answer and answer.rule else approval.rule,
                 reason=one_line(approval.withdrawn) if approval.withdrawn else None,
                 command=_fact(facts.command) if facts else None,
@@ -89,3 +74,15 @@ class ApprovalLog:
                 port=facts.port if facts else None,
             )
         )
+
+
+def _common(approval: Approval) -> dict[str, Any]:
+    """The fields both records of an approval have."""
+    return {
+        "id": approval.id,
+        "kind": approval.kind,
+        "tool": approval.tool,
+        "summary": approval.summary,
+        "source": approval.source,
+        "cli": approval.facts.cli if approval.facts else None,
+    }

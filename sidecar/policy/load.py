@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from sidecar.core.files import TooBig, read_limited
 from sidecar.egress.allowlist import AllowlistError, Pattern, parse_pattern
 from sidecar.policy.paths import GlobError, compile_glob
 from sidecar.policy.rules import ACTIONS, DEFAULT_RULE, KINDS, Action, Kind, Match, Policy, Rule
@@ -52,14 +53,13 @@ class _Loader(yaml.SafeLoader):
 def read_policy(path: str | Path) -> Policy:
     """The policy in the file at `path`; PolicyError naming it and what is wrong."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_FILE + 1)
+        data = read_limited(path, MAX_FILE)
     except OSError as exc:
         msg = f"{path}: cannot read it: {exc.strerror}"
         raise PolicyError(msg) from None
-    if len(data) > MAX_FILE:
+    except TooBig:
         msg = f"{path}: larger than {MAX_FILE // 1024} KiB"
-        raise PolicyError(msg)
+        raise PolicyError(msg) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
