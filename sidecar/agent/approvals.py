@@ -168,15 +168,17 @@ class Approvals:
             tool, tool_input, cli=self.cli, screen=source == "screen", resolve=self.resolve
         )
 
-    def verdict(self, facts: Facts, source: Source) -> Verdict | None:
-        """The policy's decision, None when a person decides (no policy, `ask`, or an `allow`
+    def verdict(self, facts: Facts) -> Verdict | None:
+        """The policy's verdict on a request (None without a policy)."""
+        return self.policy.decide(facts) if self.policy is not None else None
+
+    @staticmethod
+    def applies(verdict: Verdict | None, source: Source) -> bool:
+        """Whether the policy answers (else a person decides: no policy, `ask`, or an `allow`
         of a dialog read off the screen)."""
-        if self.policy is None:
-            return None
-        verdict = self.policy.decide(facts)
-        if verdict.action == "ask" or (verdict.action == "allow" and source == "screen"):
-            return None
-        return verdict
+        if verdict is None or verdict.action == "ask":
+            return False
+        return not (verdict.action == "allow" and source == "screen")
 
     def request(
         self,
@@ -210,21 +212,23 @@ class Approvals:
             done=asyncio.get_running_loop().create_future(),
         )
         self.requested += 1
-        verdict = self.verdict(facts, source)
-        if verdict is not None:
-            decision: Decision = "allow" if verdict.action == "allow" else "deny"
-            message = verdict.message or f"Denied by the sidecar's policy (rule {verdict.rule})."
-            answer = Answer(decision, "policy", message, rule=verdict.rule)
-            self._pending[approval_id] = approval
-            self.answer(approval_id, answer)
-            return approval
-        if self.policy is not None:
-            approval.rule = self.policy.decide(facts).rule
+        verdict = self.verdict(facts)
         self._pending[approval_id] = approval
+        if verdict is not None and self.applies(verdict, source):
+            if verdict.action == "allow":
+                self.answer(approval_id, Answer("allow", "policy", rule=verdict.rule))
+            else:
+                message = (
+                    verdict.message or f"Denied by the sidecar's policy (rule {verdict.rule})."
+                )
+                self.answer(approval_id, Answer("deny", "policy", message, rule=verdict.rule))
+            return approval
+        approval.rule = verdict.rule if verdict is not None else None
         seconds = timeout if timeout is not None else self.timeout
         if seconds is not None:
+            variable = "SIDECAR_APPROVAL_TIMEOUT" if timeout is None else "SIDECAR_EGRESS_ASK"
             self._timers[approval_id] = asyncio.get_running_loop().call_later(
-                seconds, self._expired, approval_id, seconds, timeout is None
+                seconds, self._expired, approval_id, seconds, variable
             )
         log.info("approval %s requested: %s %s", approval_id, approval.tool, approval.summary)
         self.on_change(approval, None)
@@ -301,9 +305,8 @@ class Approvals:
         self.on_change(approval, answer)
         return answer
 
-    def _expired(self, approval_id: str, seconds: float, general: bool) -> None:
+    def _expired(self, approval_id: str, seconds: float, variable: str) -> None:
         self._timers.pop(approval_id, None)
-        variable = "SIDECAR_APPROVAL_TIMEOUT" if general else "SIDECAR_EGRESS_ASK"
         message = (
             f"Nobody answered this permission request within {seconds:g} s ({variable}), "
             "so it was denied."

@@ -216,8 +216,8 @@ class HookSource:
         ask = self.cli.permission(event, payload) if self.cli is not None else None
         if ask is None:
             return False
-        facts = self.approvals.facts(ask.tool, ask.input, "hooks")
-        return self.approvals.verdict(facts, "hooks") is not None
+        verdict = self.approvals.verdict(self.approvals.facts(ask.tool, ask.input, "hooks"))
+        return self.approvals.applies(verdict, "hooks")
 
     async def held(self, event: str, payload: dict[str, Any]) -> dict[str, Any] | None:
         """The reply to a hook the CLI waits on: a permission request's answer, once given
