@@ -173,8 +173,9 @@ class EgressProxy:
             upstream.release()
             raise
         self._join(client, upstream, req)
-        # Who asked is looked up once the tunnel is up: never on the connection's setup path.
-        self.loop.call_soon(self.look_up, client)
+        if self.on_closed is not None:
+            # Who asked is looked up once the tunnel is up: never on the connection's setup path.
+            self.loop.call_soon(self.look_up, client)
 
     async def _asked(self, client: Client, req: Request, shown: str) -> str:
         """The rule that allowed a request for a host off the list, once `ask` allowed it while
