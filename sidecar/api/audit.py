@@ -15,6 +15,7 @@ from sidecar.audit import reader
 from sidecar.audit.records import TYPES, AuditAnswer
 from sidecar.audit.trail import AuditTrail
 
+MAX_SEQ = 2**62
 PARAMETERS = (
     {
         "name": "since",
@@ -25,8 +26,10 @@ PARAMETERS = (
     {
         "name": "type",
         "in": "query",
-        "description": "record types, comma-separated",
-        "schema": {"type": "string"},
+        "description": "record types, comma-separated (none: every type)",
+        "style": "form",
+        "explode": False,
+        "schema": {"type": "array", "items": {"type": "string", "enum": list(TYPES)}},
     },
     {
         "name": "limit",
@@ -39,7 +42,7 @@ PARAMETERS = (
         "name": "after",
         "in": "query",
         "description": "a `seq`: the records after it, oldest first (to page through)",
-        "schema": {"type": "integer", "minimum": 0},
+        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_SEQ},
     },
 )
 
@@ -48,7 +51,7 @@ def _since(raw: str) -> str:
     """An RFC 3339 time in the trail's own format (UTC, milliseconds, Z), which compares as
     text."""
     try:
-        when = datetime.fromisoformat(raw.strip())
+        when = datetime.fromisoformat(raw.strip().upper())
     except ValueError:
         msg = f"since: {raw!r} is not an RFC 3339 time (2025-01-31T12:00:00Z)"
         raise httpio.BadRequest(msg) from None
@@ -68,17 +71,15 @@ def _number(raw: str, name: str, low: int, high: int) -> int:
 
 def query_of(request: web.Request) -> reader.Query:
     q = request.query
-    types = None
-    if "type" in q:
-        types = frozenset(t.strip() for t in q["type"].split(",") if t.strip())
-        unknown = sorted(types - set(TYPES))
-        if unknown or not types:
-            msg = f"type: unknown {', '.join(unknown) or '(none)'}; one of {', '.join(TYPES)}"
-            raise httpio.BadRequest(msg)
+    types = frozenset(t.strip() for t in q.get("type", "").split(",") if t.strip()) or None
+    unknown = sorted((types or set()) - set(TYPES))
+    if unknown:
+        msg = f"type: unknown {', '.join(unknown)}; one of {', '.join(TYPES)}"
+        raise httpio.BadRequest(msg)
     return reader.Query(
         since=_since(q["since"]) if "since" in q else None,
         types=types,
-        after=_number(q["after"], "after", 0, 2**62) if "after" in q else None,
+        after=_number(q["after"], "after", 0, MAX_SEQ) if "after" in q else None,
         limit=_number(q["limit"], "limit", 1, reader.MAX_LIMIT)
         if "limit" in q
         else reader.DEFAULT_LIMIT,
