@@ -26,10 +26,14 @@ PARAMETERS = (
     {
         "name": "type",
         "in": "query",
-        "description": "record types, comma-separated (none: every type)",
+        "description": "record types, comma-separated (leave it out for every type)",
         "style": "form",
         "explode": False,
-        "schema": {"type": "array", "items": {"type": "string", "enum": list(TYPES)}},
+        "schema": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "string", "enum": list(TYPES)},
+        },
     },
     {
         "name": "limit",
@@ -71,11 +75,14 @@ def _number(raw: str, name: str, low: int, high: int) -> int:
 
 def query_of(request: web.Request) -> reader.Query:
     q = request.query
-    types = frozenset(t.strip() for t in q.get("type", "").split(",") if t.strip()) or None
-    unknown = sorted((types or set()) - set(TYPES))
-    if unknown:
-        msg = f"type: unknown {', '.join(unknown)}; one of {', '.join(TYPES)}"
-        raise httpio.BadRequest(msg)
+    types = None
+    if "type" in q:
+        types = frozenset(t.strip() for t in q["type"].split(","))
+        unknown = sorted(types - set(TYPES))
+        if unknown:
+            shown = ", ".join(repr(t) for t in unknown)
+            msg = f"type: unknown {shown}; one of {', '.join(TYPES)} (comma-separated)"
+            raise httpio.BadRequest(msg)
     return reader.Query(
         since=_since(q["since"]) if "since" in q else None,
         types=types,
