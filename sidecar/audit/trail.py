@@ -30,6 +30,10 @@ MAX_BYTES = 16 * 1024 * 1024  # a file is rotated once it is this big
 KEEP = 4  # rotated files kept: audit.jsonl.1 (newest) .. audit.jsonl.4
 MAX_HELD = 4 * 1024 * 1024  # bytes of records held in memory while the disk refuses them
 RETRY = 5.0  # seconds between tries while it does
+# A record nobody waits for (an egress connection's) goes to disk with the next batch anyway,
+# at the latest this many seconds later: at 50 connections a second, a batch a few times a
+# second rather than an fsync each.
+LAZY = 0.25
 _TAIL = 64 * 1024  # bytes read back from the end of the file for the last `seq`
 
 _encode = msgspec.json.Encoder().encode
@@ -96,6 +100,7 @@ class AuditTrail:
         self._writing = False  # a batch is in the worker thread (the queue's head is its)
         self._task: asyncio.Task[None] | None = None
         self._retry: asyncio.TimerHandle | None = None
+        self._later: asyncio.TimerHandle | None = None  # the batch for lazy records
         self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
 
     # ---- the caller's side ---------------------------------------------------------------------
@@ -116,9 +121,9 @@ class AuditTrail:
             os.write(fd, b"\n")
         return fd
 
-    def write(self, record: Record) -> None:
+    def write(self, record: Record, *, lazy: bool = False) -> None:
         """Append `record` (given its `seq`, `time` and `sleeve` here); it reaches the disk with
-        the next batch."""
+        the next batch — `lazy`: within LAZY seconds, unless something waits sooner."""
         self._seq += 1
         record.seq = self._seq
         record.sleeve = self.sleeve
@@ -127,7 +132,10 @@ class AuditTrail:
         self._held += len(line)
         if self.problem is not None and not self._writing:  # never under a batch in flight
             self._bound()
-        self._kick()
+        if not lazy:
+            self._kick()
+        elif self._later is None and self._opened:
+            self._later = asyncio.get_running_loop().call_later(LAZY, self._kick)
 
     async def synced(self) -> bool:
         """Wait until every record written so far is on disk (True); False at once while the
@@ -137,15 +145,17 @@ class AuditTrail:
             return True
         if self.problem is not None or not self._opened:
             return False
+        self._kick()  # lazy records waiting: now
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters.append((target, future))
         return await future
 
     async def close(self) -> None:
         """Write what is queued (one try), then close the file."""
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
+        for timer in (self._retry, self._later):
+            if timer is not None:
+                timer.cancel()
+        self._retry = self._later = None
         if self._task is not None:
             await self._task
         if self._queue and self._opened and self.problem is None:
@@ -163,6 +173,9 @@ class AuditTrail:
     # ---- batches -------------------------------------------------------------------------------
 
     def _kick(self) -> None:
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
         if self._task is None and self._retry is None and self._opened:
             self._task = asyncio.get_running_loop().create_task(self._flush(), name="audit")
             self._task.add_done_callback(self._flushed)

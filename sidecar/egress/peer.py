@@ -48,11 +48,8 @@ def _packed(host: str) -> tuple[int, bytes]:
     return family, address.packed.ljust(16, b"\0")
 
 
-def _socket(client: tuple[str, int], server: tuple[str, int]) -> tuple[int, int] | None:
-    """(inode, uid) of the client's end of the connection from `client` to `server`: one exact
-    lookup through the kernel's sock_diag netlink interface (what `ss` uses; no privilege
-    needed), which costs microseconds where reading /proc/net/tcp costs one line per socket
-    in the namespace."""
+def _request(client: tuple[str, int], server: tuple[str, int]) -> bytes:
+    """The sock_diag request for exactly the client's end of `client` -> `server`."""
     family, src = _packed(client[0])
     _, dst = _packed(server[0])
     body = (
@@ -60,58 +57,80 @@ def _socket(client: tuple[str, int], server: tuple[str, int]) -> tuple[int, int]
         + _PORTS.pack(client[1], server[1])
         + _ENDS.pack(src, dst, 0, _NOCOOKIE, _NOCOOKIE)
     )
-    message = _HEADER.pack(_HEADER.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0)
-    try:
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as nl:
-            nl.settimeout(1.0)
-            nl.sendto(message + body, (0, 0))
-            answer = nl.recv(8192)
-    except OSError:
-        return None
+    return _HEADER.pack(_HEADER.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0) + body
+
+
+def _answer(answer: bytes) -> tuple[int, int] | None:
+    """(inode, uid) from a sock_diag answer; None for an error (no such socket) or a socket
+    no process holds any more (inode 0: closed, in TIME_WAIT)."""
     if len(answer) < _HEADER.size + _ANSWER.size:
         return None
     _, kind, _, _, _ = _HEADER.unpack_from(answer)
     if kind != SOCK_DIAG_BY_FAMILY:
-        return None  # NLMSG_ERROR: no such socket (gone already)
+        return None  # NLMSG_ERROR
     fields = _ANSWER.unpack_from(answer, _HEADER.size)
-    return fields[9], fields[8]
+    inode, uid = fields[9], fields[8]
+    return (inode, uid) if inode else None
+
+
+def _holds(pid: int, wanted: str) -> bool:
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return False  # gone, or not ours to look into
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"{fd_dir}/{fd}") == wanted:
+                return True
+    return False
 
 
 def _holder(inode: int, hint: int | None) -> int | None:
-    """The pid of a process with a descriptor on socket `inode` (`hint`'s first: the last
-    holder found is the likeliest), not this process."""
+    """The pid of a process with a descriptor on socket `inode`, not this process: `hint`
+    first (the last holder found is the likeliest: a CLI's requests come from few processes),
+    then every process."""
     wanted = f"socket:[{inode}]"
     me = os.getpid()
+    if hint is not None and hint != me and _holds(hint, wanted):
+        return hint
     try:
         pids = [int(e) for e in os.listdir("/proc") if e.isdigit()][:MAX_PROCS]
     except OSError:
         return None
-    if hint in pids:
-        pids.remove(hint)
-        pids.insert(0, hint)
-    for pid in pids:
-        if pid == me:
-            continue
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue  # gone, or not ours to look into
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                if os.readlink(f"{fd_dir}/{fd}") == wanted:
-                    return pid
-    return None
+    return next((pid for pid in pids if pid not in (me, hint) and _holds(pid, wanted)), None)
 
 
 class PeerFinder:
-    """Finds peers, remembering the last pid found (a CLI's requests come from few processes)."""
+    """Finds peers from one thread: its sock_diag socket stays open between lookups, for the
+    supervisor's life (what `ss` uses: one exact lookup costs microseconds where reading
+    /proc/net/tcp costs a line per socket in the namespace), and it remembers the last pid
+    found (a CLI's requests come from few processes)."""
 
     def __init__(self) -> None:
         self._hint: int | None = None
+        self._nl: socket.socket | None = None
 
-    def find(self, client: tuple[str, int], server: tuple[str, int]) -> Peer | None:
-        found = _socket(client, server)
+    def _socket(self, client: tuple[str, int], server: tuple[str, int]) -> tuple[int, int] | None:
+        """(inode, uid) of the client's end of the connection from `client` to `server`."""
+        try:
+            if self._nl is None:
+                self._nl = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
+                self._nl.settimeout(1.0)
+            self._nl.sendto(_request(client, server), (0, 0))
+            return _answer(self._nl.recv(8192))
+        except OSError:
+            if self._nl is not None:  # made again next time
+                self._nl.close()
+                self._nl = None
+            return None
+
+    def find(
+        self, client: tuple[str, int], server: tuple[str, int], *, argv: bool = False
+    ) -> Peer | None:
+        """The process behind the connection (`argv`: its command line too); None when the
+        client's end is gone already."""
+        found = self._socket(client, server)
         if found is None:
             return None
         inode, uid = found
@@ -119,10 +138,11 @@ class PeerFinder:
         if pid is None:
             return Peer(uid)
         self._hint = pid
-        exe = argv = None
+        exe = line = None
         with contextlib.suppress(OSError):
             exe = os.readlink(f"/proc/{pid}/exe")
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = fh.read(MAX_ARGV)
-        args = tuple(a.decode("utf-8", "replace") for a in (argv or b"").split(b"\0")[:-1])
+        if argv:
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as fh:
+                line = fh.read(MAX_ARGV)
+        args = tuple(a.decode("utf-8", "replace") for a in (line or b"").split(b"\0")[:-1])
         return Peer(uid, pid, exe, args)

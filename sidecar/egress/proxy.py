@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 Denied = Callable[[str, int, str], None]  # (host, port, how)
 Allowed = Callable[[str], None]  # the pattern's text
 Closed = Callable[[EgressConnectionRecord], None]  # a request's connection ended (or was refused)
-FindPeer = Callable[[tuple[str, int], tuple[str, int]], Awaitable[Peer | None]]
+# (client address, proxy address, with its command line): the process behind a connection.
+FindPeer = Callable[[tuple[str, int], tuple[str, int], bool], Awaitable[Peer | None]]
 ALSO = "also"  # the rule of a connection to an address allowed besides the list (the API)
 NEXT = (
     "This sleeve reaches only the hosts on its egress allowlist. If the task needs this host, "
@@ -186,7 +187,7 @@ class EgressProxy:
             target = shown if req.method == "CONNECT" else f"http://{shown}{req.path}"
 
             async def peer() -> Peer | None:
-                task = self.look_up(client)
+                task = self.look_up(client, argv=True)
                 return await task if task is not None else None
 
             assert client.transport is not None
@@ -205,19 +206,20 @@ class EgressProxy:
         }  # fmt: skip
         raise Refusal(403, f"{error}: {reason}", body)
 
-    def look_up(self, client: Client) -> asyncio.Task[Peer | None] | None:
-        """Start finding the process behind `client` (once; None: nobody wants to know)."""
+    def look_up(self, client: Client, *, argv: bool = False) -> asyncio.Task[Peer | None] | None:
+        """Start finding the process behind `client` (once; `argv`: its command line too, for
+        an approval; None: nobody wants to know)."""
         if client.peer_task is None and self.find_peer is not None and client.transport:
             ends = (client.transport.get_extra_info("peername"),
                     client.transport.get_extra_info("sockname"))  # fmt: skip
             if ends[0] is not None and ends[1] is not None:
-                client.peer_task = self.loop.create_task(self._peer(ends))
+                client.peer_task = self.loop.create_task(self._peer(ends, argv))
         return client.peer_task
 
-    async def _peer(self, ends: tuple[tuple[str, int], tuple[str, int]]) -> Peer | None:
+    async def _peer(self, ends: tuple[tuple[str, int], tuple[str, int]], argv: bool) -> Peer | None:
         assert self.find_peer is not None
         with contextlib.suppress(OSError):
-            return await self.find_peer(ends[0][:2], ends[1][:2])
+            return await self.find_peer(ends[0][:2], ends[1][:2], argv)
         return None
 
     def ended(self, client: Client) -> None:

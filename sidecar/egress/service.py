@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
@@ -36,6 +37,7 @@ How = Literal["proxy", "direct", "udp", "ipv6", "raw", "unix"]
 HOWS: tuple[How, ...] = ("proxy", "direct", "udp", "ipv6", "raw", "unix")
 QUIET = 60.0  # one event per (host, how), one log line per host, in this many seconds
 MAX_REMEMBERED = 4096  # distinct hosts kept for the rate limits (an attacker picks names)
+MAX_LOOKUPS = 64  # connections waiting for their process to be looked up
 PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
 ChangedBy = Literal["api", "approval", "reload"]
 NOT_HELD = (
@@ -111,6 +113,8 @@ class Egress:
         self.ask_seconds = ask_seconds
         self.asked = 0
         self._peers = PeerFinder()
+        self._finder = ThreadPoolExecutor(1, thread_name_prefix="egress-peer")
+        self._lookups = 0
         self.denied_total = 0
         self.denied_by_how: dict[str, int] = dict.fromkeys(HOWS, 0)
         self.allowed_by: dict[str, int] = {p.text: 0 for p in allow.patterns} if allow else {}
@@ -164,6 +168,7 @@ class Egress:
             self._reports = None
         if self.proxy is not None:
             await self.proxy.close()
+        self._finder.shutdown(wait=False, cancel_futures=True)
 
     async def listen_reports(self, path: Path, owner: Owner | None = None) -> None:
         """Take the enforcement's reports of refused attempts (`egress_guard.ReportListener`
@@ -207,7 +212,7 @@ class Egress:
             self.bus.publish(event)
             if how_ != "proxy" and self.audit is not None:  # the proxy records its own
                 record = EgressConnectionRecord(host=host, port=port, how=how_, allowed=False)
-                self.audit.write(record)
+                self.audit.write(record, lazy=True)
         if self._logs.due(host):
             log.warning(
                 "egress denied: %s port %d (%s); more for this host within %gs not logged",
@@ -234,19 +239,30 @@ class Egress:
 
     # ---- the process behind a connection, and its record ---------------------------------------
 
-    async def find_peer(self, client: tuple[str, int], server: tuple[str, int]) -> Peer | None:
-        """The process that opened a connection to the proxy (in a worker thread, as the CLI's
-        user: the kernel shows a process's descriptors only to its own user)."""
+    async def find_peer(
+        self, client: tuple[str, int], server: tuple[str, int], argv: bool
+    ) -> Peer | None:
+        """The process that opened a connection to the proxy (in a thread of its own, as the
+        CLI's user: the kernel shows a process's descriptors only to its own user). A thread
+        of its own, one look at a time: a burst of connections never keeps the loop's other
+        work (name lookups, the audit trail's writes) waiting; past MAX_LOOKUPS waiting, the
+        process is not looked for (its record says none)."""
+        if self._lookups >= MAX_LOOKUPS:
+            return None
 
         def find() -> Peer | None:
             with acting(self.owner):
-                return self._peers.find(client, server)
+                return self._peers.find(client, server, argv=argv)
 
-        return await asyncio.to_thread(find)
+        self._lookups += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._finder, find)
+        finally:
+            self._lookups -= 1
 
     def closed(self, record: EgressConnectionRecord) -> None:
         if self.audit is not None:
-            self.audit.write(record)
+            self.audit.write(record, lazy=True)  # nobody waits on it: batched
 
     def use_asker(self, ask: Ask) -> None:
         """Hold requests for hosts off the list while `ask` decides (SIDECAR_EGRESS_ASK)."""
