@@ -205,3 +205,22 @@ async def test_a_trail_whose_directory_cannot_be_written_keeps_the_records_in_me
     assert len(trail.held) == 1
     await trail.close()
     assert os.path.isfile(gone)
+
+
+async def test_a_record_nobody_waits_for_is_batched_and_synced_on_demand(tmp_path: Path) -> None:
+    """Egress connections are written lazily (a batch within LAZY seconds, not an fsync each);
+    anyone waiting for the disk flushes them at once."""
+    trail = AuditTrail(tmp_path, "s1")
+    trail.open()
+    for n in range(3):
+        trail.write(resleeve(n), lazy=True)
+    assert not (tmp_path / NAME).exists() or lines(tmp_path / NAME) == []
+    await wait_for_async(
+        lambda: (tmp_path / NAME).exists() and len(lines(tmp_path / NAME)) == 3,
+        5,
+        what="the lazy batch",
+    )
+    trail.write(resleeve(3), lazy=True)
+    assert await trail.synced() is True  # waited for: written now, not after the delay
+    assert len(lines(tmp_path / NAME)) == 4
+    await trail.close()
