@@ -103,6 +103,9 @@ def layers() -> str:
             indirect = not contract.get("allow_indirect_imports")
             how = "directly or through another module" if indirect else "directly"
             lines += [f"{sources} must not import ({how}): {forbidden}.", ""]
+        elif contract["type"] == "independence":
+            modules = ", ".join(f"`{m}`" for m in contract["modules"])
+            lines += [f"{modules}: none of these imports another of them.", ""]
         else:  # a kind this page does not know how to say: the build must not hide it
             kind = contract["type"]
             log.warning("architecture: contract %s of type %s is not shown", contract["id"], kind)

@@ -1,7 +1,7 @@
 """`sidecar status|screen|outbox|inbox|send|resleeve|events|attach|input|keys|wait|approvals|
-approve|deny|audit|policy`: debugging from `docker exec`, through the local API (address and token
-from the same environment the sidecar reads); human output by default, `--json` for machines.
-`sidecar policy check FILE` reads only the file.
+approve|deny|audit|policy|notify test`: debugging from `docker exec`, through the local API
+(address and token from the same environment the sidecar reads); human output by default,
+`--json` for machines. `sidecar policy check FILE` reads only the file.
 """
 
 from __future__ import annotations
@@ -138,6 +138,15 @@ def _policy(client: SidecarClient | None, args: argparse.Namespace) -> int:
     return 1 if found else 0
 
 
+def _print_notify_test(body: dict[str, Any]) -> None:
+    results = body.get("results") or []
+    if not results:
+        print("(no notification channel is configured: SIDECAR_NOTIFY_*)")
+    for r in results:
+        outcome = "ok" if r.get("ok") else "FAILED"
+        print(f"{r.get('channel', '?'):8}  {outcome:6}  {r.get('detail')}")
+
+
 def _attach(env: dict[str, str]) -> int:
     tmux = shutil.which("tmux")
     if tmux is None:
@@ -209,6 +218,17 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--state", action="append", required=True, choices=AGENT_STATES)
     sp.add_argument("--timeout", type=float, help="seconds (default: no limit)")
     sp.add_argument("--json", action="store_true")
+    _governance_parsers(sub)
+    sp = sub.add_parser("notify", help="notifications: `notify test` sends one to each channel")
+    sp.add_argument("action", choices=["test"])
+    sp.add_argument("--json", action="store_true")
+    sub.add_parser("attach", help="attach this terminal to the tmux session")
+    sub.add_parser("run", help="run the supervisor (the container entrypoint)")
+    return p
+
+
+def _governance_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """approvals, approve, deny, audit, policy: who decides what the agent may do."""
     sp = sub.add_parser("approvals", help="list the permission requests the agent waits on")
     sp.add_argument("--json", action="store_true", help="print JSON")
     sp = sub.add_parser("approve", help="allow one permission request, by its id")
@@ -230,9 +250,6 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("action", choices=("check", "test"), help="check: validate; test: replay")
     sp.add_argument("file", help="the policy file (YAML)")
     sp.add_argument("--json", action="store_true")
-    sub.add_parser("attach", help="attach this terminal to the tmux session")
-    sub.add_parser("run", help="run the supervisor (the container entrypoint)")
-    return p
 
 
 def _events(client: SidecarClient, args: argparse.Namespace) -> int:
@@ -298,6 +315,7 @@ REQUESTS: dict[str, tuple[Call, Callable[[dict[str, Any]], None]]] = {
         lambda client, args: client.audit(since=args.since, types=args.types, limit=args.limit),
         _print_audit,
     ),
+    "notify": (lambda client, _: client.notify_test(), _print_notify_test),
 }
 
 
@@ -308,10 +326,10 @@ def client_main(argv: list[str]) -> int:
         return _attach(env)
     if args.command == "policy" and args.action == "check":
         return _policy(None, args)
-    client = SidecarClient.from_env(env)
-    if args.url:
-        client = SidecarClient(args.url, client.token)
     try:
+        client = SidecarClient.from_env(env)
+        if args.url:
+            client = SidecarClient(args.url, client.token)
         stream = STREAMS.get(args.command)
         if stream is not None:
             return stream(client, args)
@@ -326,4 +344,6 @@ def client_main(argv: list[str]) -> int:
         print(json.dumps(result, indent=2))
     else:
         show(result)
+    if args.command == "notify" and not all(r.get("ok") for r in result.get("results", [])):
+        return 1  # a channel that failed the test fails the command
     return 0

@@ -15,7 +15,9 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from sidecar.core.contract import DEFAULT_PORT
 from sidecar.core.loopback import loopback_url
+from sidecar.security import tokens
 
 
 class ClientError(Exception):
@@ -29,25 +31,12 @@ class ClientError(Exception):
 
 
 def _token(env: Mapping[str, str]) -> str | None:
-    """SIDECAR_TOKEN, else the file SIDECAR_TOKEN_FILE names (None if unreadable: the API's
-    401 then says what is missing)."""
-    if env.get("SIDECAR_TOKEN"):
-        return env["SIDECAR_TOKEN"]
-    path = env.get("SIDECAR_TOKEN_FILE")
-    if not path:
-        return None
+    """SIDECAR_TOKEN, or the file SIDECAR_TOKEN_FILE names, read with the sidecar's own checks;
+    None when neither is set (the API's 401 then says what is missing)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not hang
-    except OSError:
-        return None
-    try:
-        raw = os.read(fd, 8192)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    text = raw.removesuffix(b"\n").removesuffix(b"\r").decode("utf-8", "replace")
-    return text or None
+        return tokens.resolve(env, tokens.TOKEN_VAR)
+    except tokens.TokenError as exc:
+        raise ClientError(str(exc)) from None
 
 
 class SidecarClient:
@@ -58,10 +47,11 @@ class SidecarClient:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SidecarClient:
-        """The local sidecar, as configured by the same variables the sidecar reads."""
+        """The local sidecar, as configured by the same variables the sidecar reads. A token
+        file that cannot be used is a ClientError naming it."""
         env = os.environ if env is None else env
         host = env.get("SIDECAR_HOST") or "127.0.0.1"
-        port = env.get("SIDECAR_PORT") or "8080"
+        port = env.get("SIDECAR_PORT") or DEFAULT_PORT
         return cls(loopback_url(host, port), _token(env))
 
     def _request(
@@ -75,9 +65,9 @@ class SidecarClient:
             req.add_header("Authorization", f"Bearer {self.token}")
         return urllib.request.urlopen(req, timeout=timeout or self.timeout)  # noqa: S310
 
-    def call(self, method: str, path: str, body: Any = None) -> Any:
+    def call(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
         try:
-            with self._request(method, path, body) as resp:
+            with self._request(method, path, body, timeout) as resp:
                 return json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as exc:
             try:
@@ -209,6 +199,11 @@ class SidecarClient:
         """Add patterns to the allowlist, or take them off (PATCH /egress)."""
         body = {k: v for k, v in (("add", add), ("remove", remove)) if v}
         return dict(self.call("PATCH", "/egress", body))
+
+    def notify_test(self) -> dict[str, Any]:
+        """A test notification to each channel: `results`, each `channel`, `ok`, `detail`. One
+        try per channel, ~10 s at most."""
+        return dict(self.call("POST", "/notify/test", timeout=max(self.timeout, 30.0)))
 
     def wait_state(self, states: list[str], timeout: float | None = None) -> str | None:
         """Wait until the agent is in one of `states`; its state, or None on timeout. Follows

@@ -23,7 +23,7 @@ log = logging.getLogger("sidecar")
 
 
 def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
-    from sidecar.agent.registry import load_registry
+    from sidecar.agent.registry import load_registry, packages
     from sidecar.config import Config
     from sidecar.process import statedir
     from sidecar.security.acting import Owner, acting
@@ -34,10 +34,10 @@ def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
         _take_user_group(config)
         owner = Owner(config.user.uid, config.user.gid, act_as=True)
     shell = env.get("SHELL") or "/bin/bash"
+    extra = packages(config.cli_packages, config.workspace)  # as the sidecar: its own modules
     with acting(owner):  # it may be the user's own file, private to it (a workspace's)
-        registry = load_registry(
-            config.cli_config, login_shell=shell if os.path.isabs(shell) else "/bin/bash"
-        )
+        login_shell = shell if os.path.isabs(shell) else "/bin/bash"
+        registry = load_registry(config.cli_config, login_shell, extra)
     statedir.prepare(config)
     if config.audit_dir is not None:
         _prepare_audit_dir(config.audit_dir)
@@ -109,10 +109,13 @@ def _drop_privileges(config: Config) -> None:
     caps.keep_only(keep)
 
 
-async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarnation) -> int:
+async def serve(
+    config: Config, registry: dict[str, CLIDef], incarnation: Incarnation, link_key: bytes
+) -> int:
     """Run until SIGTERM/SIGINT: API first (so /health answers at once), then the processes
     (started, or after a crash adopted). A task of the supervisor that fails ends it with 1
-    and nothing stopped: init starts a new one, which adopts what runs."""
+    and nothing stopped: init starts a new one, which adopts what runs. `link_key`: what
+    notification links are signed with, init's (so a restarted supervisor knows old links)."""
     import asyncio
     import errno
     import signal
@@ -121,6 +124,7 @@ async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarn
 
     from sidecar.api.app import create_app
     from sidecar.core.events import EventBus
+    from sidecar.process.deaths import REAPED
     from sidecar.process.supervisor import Supervisor
 
     stop = asyncio.Event()
@@ -134,11 +138,14 @@ async def serve(config: Config, registry: dict[str, CLIDef], incarnation: Incarn
         EventBus(),
         restarts=incarnation.restarts,
         started=incarnation.started,
+        link_key=link_key,
     )
     # SIGHUP reads the allow file and the policy again (the work is a task of the loop's).
     loop.add_signal_handler(signal.SIGHUP, sup.rules.reload)
     # Now a SIGTERM has somewhere to go: the ones init held back since the fork arrive here.
     incarnation.release_signals()
+    if incarnation.reaped is not None:
+        REAPED.listen(incarnation.reaped)  # how init's orphans die: the tmux server is one
     # handler_cancellation: a handler whose client went away is cancelled at once instead of
     # holding its buffers; shutdown_timeout bounds how long shutdown waits for the rest (open
     # streams are ended by the app's on_shutdown hooks first).
@@ -214,6 +221,10 @@ def run(env: dict[str, str]) -> int:
         known = ", ".join(sorted(registry))
         print(f"sidecar: SLEEVE_CLI: unknown CLI {config.cli!r}; known: {known}", file=sys.stderr)
 
+    # Made here, in init, before the first fork: every supervisor init starts inherits it, so
+    # links survive a crash, and it exists in memory only (never on disk or in an environment).
+    link_key = os.urandom(32)
+
     def work(incarnation: Incarnation) -> int:
         import asyncio
 
@@ -221,7 +232,7 @@ def run(env: dict[str, str]) -> int:
 
         setup_logging()
         try:
-            return asyncio.run(serve(config, registry, incarnation))
+            return asyncio.run(serve(config, registry, incarnation, link_key))
         except Exception:  # a bug: one JSON log line with the traceback, then init's restart
             log.critical("supervisor crashed", exc_info=True)
             return 1

@@ -1,16 +1,19 @@
 """Helpers for the agent-state tests: the real Claude Code CLI set up to run offline against the
-loopback API stub, an /events reader that keeps every line it saw, and the wait for a state."""
+loopback API stub, an /events reader that keeps every line it saw, the wait for a state, the
+running CLI's argv, and the supervisor's once-a-second tick seen on /events."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from sidecar.client import ClientError, SidecarClient
@@ -46,6 +49,22 @@ def claude_env(sc: Sidecar, stub: AnthropicStub) -> dict[str, str]:
         "DISABLE_AUTOUPDATER": "1",
         "PATH": f"{claude_binary().parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
     }
+
+
+def claude_sidecar(
+    make_sidecar: Callable[..., Sidecar], stub: AnthropicStub, *, trusted: bool = True, **env: str
+) -> Sidecar:
+    """A sidecar (not started) running the real Claude Code against `stub` (`claude_env`), with
+    `env` added; not `trusted`: a user's home past onboarding where this workspace was never
+    trusted, so the CLI starts at its trust dialog."""
+    sc = make_sidecar(cli="claude-code")
+    sc.env_extra.update(claude_env(sc, stub), **env)
+    if not trusted:
+        state = sc.tmp / "home" / ".claude.json"
+        config = json.loads(state.read_text())
+        config["projects"] = {}
+        state.write_text(json.dumps(config))
+    return sc
 
 
 class EventLog:
@@ -89,6 +108,36 @@ class EventLog:
         return wait_for(found, timeout, what=what)
 
 
+def agent_status(sc: Sidecar) -> dict[str, Any]:
+    """The agent's part of /status now."""
+    return dict(sc.status()["agent"])
+
+
+def cli_argv(sc: Sidecar) -> list[str]:
+    """The running CLI's argv (its pid as /status names it; an npm launcher's is node's, with
+    the script and the CLI's arguments after it)."""
+    return list(psutil.Process(sc.status()["cli_pid"]).cmdline())
+
+
+def wait_ticks(sc: Sidecar, events: EventLog, count: int) -> None:
+    """Wait until the supervisor's once-a-second tick has run `count` more times. The tick
+    that types inbox notices also reports CURRENT.md edits: each of `count` edits seen on
+    /events (`progress-update`) is one more tick, and the ticks come a second apart on the
+    supervisor's own event loop. For the tests that prove something did NOT happen, the signal
+    that it had its chances. Nothing may ask /status meanwhile: it reads CURRENT.md too, and
+    would report an edit in a tick's place."""
+    current = sc.workspace / ".cstack" / "CURRENT.md"
+    current.parent.mkdir(exist_ok=True)
+    for _ in range(count):
+        task = f"tick {secrets.token_hex(4)}"
+        current.write_text(f"# Current\n\n## Task\n{task}\n")
+
+        def reported(e: dict[str, Any], task: str = task) -> bool:
+            return e["type"] == "progress-update" and e["task"] == task
+
+        events.wait(reported, f"the tick that reports {task!r}")
+
+
 def wait_agent(sc: Sidecar, state: str, timeout: float = 30) -> dict[str, Any]:
     """The agent's part of /status once its state is `state`."""
     found = sc.wait_status(lambda s: s["agent"]["state"] == state, f"agent {state}", timeout)
@@ -113,3 +162,19 @@ def stub_factory() -> Iterator[Callable[..., AnthropicStub]]:
     yield make
     for stub in made:
         stub.stop()
+
+
+def asking(
+    make_sidecar: Callable[..., Sidecar],
+    stub: AnthropicStub,
+    **env: str,
+) -> tuple[Sidecar, EventLog, dict[str, object]]:
+    """A sidecar whose Claude Code was asked to run the stub's command: the request listed."""
+    sc = make_sidecar(cli="claude-code", env_extra=env)
+    sc.env_extra.update(claude_env(sc, stub))
+    sc.start()
+    events = EventLog(sc)
+    wait_agent(sc, "idle")
+    assert sc.post("/input", {"text": "run it", "if_state": ["idle"]}).status == 202
+    requested = events.wait(lambda e: e["type"] == "approval-requested", "approval-requested")
+    return sc, events, requested

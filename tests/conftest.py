@@ -1,8 +1,10 @@
 """Shared fixtures: real sidecar processes on free loopback ports, torn down even on failure;
-the `needs` marker (a missing tool: tests/tools.py); the seed of the random test order."""
+the `needs` marker (a missing tool: tests/tools.py); the seed of the random test order; the
+tmux that scripts/setup builds first on PATH."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -12,10 +14,15 @@ from typing import Any
 import pytest
 
 from tests.harness import Sidecar
-from tests.tools import require_chromium, require_executable
+from tests.tools import TMUX_BIN, require_chromium, require_executable
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Every tmux of the run (libtmux's, each sidecar's, each sleeve's) is the one scripts/setup
+    # built: Debian 12's 3.3a crashes under the suite's pane output. Without it (no setup run)
+    # the tests run what PATH has, and tests/test_tmux_version.py says so.
+    if (TMUX_BIN / "tmux").exists():
+        os.environ["PATH"] = os.pathsep.join([str(TMUX_BIN), os.environ.get("PATH", os.defpath)])
     config.addinivalue_line(
         "markers",
         "needs(*executables): the test runs these tools; a missing one is a skip outside CI "

@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
-import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 CLIS = Path(__file__).resolve().parent / "clis"
+NEEDLECAST_WRITER = Path(__file__).resolve().parent / "needlecast_writer.py"  # a writer process
+# A child Python's path: this checkout first, then whatever the test run was given.
+PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 T = TypeVar("T")
 
 
@@ -130,6 +132,11 @@ class Reply(tuple[int, Any]):
         return self[1]
 
 
+def bearer(token: str) -> dict[str, str]:
+    """The Authorization header that sends `token`."""
+    return {"Authorization": f"Bearer {token}"}
+
+
 def http(
     method: str,
     url: str,
@@ -144,11 +151,10 @@ def http(
     `token` as a bearer token. The body comes back parsed when it is JSON (bytes otherwise); an
     error status is an answer, not an exception."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
-    if data is not None and "Content-Type" not in (headers or {}):
+    sent = {**(headers or {}), **(bearer(token) if token else {})}
+    req = urllib.request.Request(url, data=data, method=method, headers=sent)
+    if data is not None and "Content-Type" not in sent:
         req.add_header("Content-Type", "application/json")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             payload, status, answered = resp.read(), resp.status, resp.headers
@@ -158,30 +164,6 @@ def http(
         return Reply(status, json.loads(payload), answered)
     except ValueError:
         return Reply(status, payload, answered)
-
-
-def run_until_exit(
-    argv: list[str], env: dict[str, str], timeout: float = 30, **popen: Any
-) -> subprocess.CompletedProcess[str]:
-    """Run a sidecar (or anything) that must exit by itself, in its own session: one that
-    wrongly keeps running fails the test and is stopped with SIGTERM, which init forwards to
-    everything it started (the supervisor's group, tmux, ttyd)."""
-    with subprocess.Popen(
-        argv,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        **popen,
-    ) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            out, err = proc.communicate(timeout=15)
-            pytest.fail(f"{argv[-1]} did not exit by itself: {err[-2000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def write_cli_config(path: Path, clis: dict[str, dict[str, Any]]) -> Path:
@@ -207,10 +189,11 @@ def stubborn_pids(path: Path) -> list[int] | None:
     return [starts[-1]["pid"], starts[-1]["child"]] if starts else None
 
 
-def message_app(workspace: Path) -> Any:
-    """The message routes alone (an aiohttp app for TestServer), with the API's body limit and
-    error middleware, on `workspace`."""
+def message_client(workspace: Path) -> Any:
+    """An aiohttp TestClient (start it with `async with`) of the message routes alone, with the
+    API's body limit and error middleware, on `workspace`, served on a free loopback port."""
     from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
 
     from sidecar.api.app import make_answers
     from sidecar.api.messages import message_operations
@@ -219,7 +202,7 @@ def message_app(workspace: Path) -> Any:
     app = web.Application(middlewares=[make_answers()], client_max_size=MAX_BODY_BYTES)
     for op in message_operations(app, workspace):
         app.router.add_route(op.method, op.path, op.handler)
-    return app
+    return TestClient(TestServer(app, host="127.0.0.1", port=0))
 
 
 @dataclass
@@ -269,7 +252,7 @@ class Sidecar:
             # A private HOME: the login shell must not run this machine's profile (pyenv's
             # rehash lock stalls concurrent shells for up to a minute).
             HOME=str(self.tmp / "home"),
-            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            PYTHONPATH=PYTHONPATH,
         )
         if self.ttyd_port is not None:
             env["TTYD_PORT"] = str(self.ttyd_port)
@@ -304,7 +287,7 @@ class Sidecar:
         if headers is not None:
             return headers
         token = self.env_extra.get("SIDECAR_TOKEN")
-        return {"Authorization": f"Bearer {token}"} if token else {}
+        return bearer(token) if token else {}
 
     def get(self, path: str, headers: dict[str, str] | None = None, **kw: Any) -> Reply:
         return http("GET", self.url + path, headers=self._auth(headers), **kw)

@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
+from tests.harness import REPO
 from tests.tools import missing
 
-REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "deploy" / "helm" / "sleeve"
 # The oldest and newest Kubernetes whose schemas kubernetes-validate 1.37.0 ships.
 KUBE_VERSIONS = ("1.25.0", "1.37.0")

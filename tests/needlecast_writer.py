@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from sidecar.workspace import needlecast
+from sidecar.core.contract import rfc3339
 from sidecar.workspace.mailbox import Mailbox
 from sidecar.workspace.needlecast import Message
 
@@ -27,9 +27,7 @@ def body_for(ident: str) -> str:
 
 
 def message(ident: str, body: str) -> Message:
-    return Message(
-        id=ident, sender="writer", type="milestone", time=needlecast.utc_now(), body=body
-    )
+    return Message(id=ident, sender="writer", type="milestone", time=rfc3339(ms=False), body=body)
 
 
 def main(argv: list[str]) -> None:

@@ -7,10 +7,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-import psutil
 import pytest
 
-from tests.agenttools import EventLog, claude_env, stub_factory, wait_agent
+from tests.agenttools import (
+    EventLog,
+    agent_status,
+    claude_sidecar,
+    cli_argv,
+    stub_factory,
+    wait_agent,
+)
 from tests.e2e.anthropic_stub import AnthropicStub
 from tests.harness import Sidecar, http, wait_for
 
@@ -19,18 +25,6 @@ __all__ = ["stub_factory"]  # the fixture, imported for pytest
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 TOKEN = "agent-admin-token-0123456789"
 HOOK = "/hooks/claude-code"
-
-
-def agent(sc: Sidecar) -> dict:
-    return sc.status()["agent"]
-
-
-def claude_sidecar(
-    make_sidecar: Callable[..., Sidecar], stub: AnthropicStub, **env: str
-) -> Sidecar:
-    sc = make_sidecar(cli="claude-code")
-    sc.env_extra.update(claude_env(sc, stub), **env)
-    return sc
 
 
 def test_prompt_permission_answer_and_idle_with_the_real_claude_code(
@@ -74,11 +68,7 @@ def test_prompt_permission_answer_and_idle_with_the_real_claude_code(
     # The hook settings file is ours, in the state dir, readable by its owner only.
     ours = sc.state_dir / "claude-code-hooks.json"
     assert ours.stat().st_mode & 0o777 == 0o600
-    assert agent(sc)["session_id"] == session
-
-
-def cli_argv(sc: Sidecar) -> list[str]:
-    return psutil.Process(sc.status()["cli_pid"]).cmdline()
+    assert agent_status(sc)["session_id"] == session
 
 
 def test_resleeve_and_restart_resume_the_same_session_id(
@@ -103,7 +93,7 @@ def test_resleeve_and_restart_resume_the_same_session_id(
     assert wait_agent(sc, "idle")["session_id"] == session
     assert cli_argv(sc)[-2:] == ["--resume", session]
     resumed("shell")
-    assert agent(sc)["source"] == "activity"
+    assert agent_status(sc)["source"] == "activity"
     resumed()
     assert wait_agent(sc, "idle")["session_id"] == session
     assert cli_argv(sc)[-2:] == ["--resume", session]
@@ -140,7 +130,7 @@ def test_forged_malformed_and_stale_hook_calls_change_nothing(
         code, body = http("POST", f"{sc.url}{HOOK}/{event}", headers=headers, raw=raw)
         assert code in (400, 403), (event, code, body)
         assert "error" in body
-    assert agent(sc)["state"] == "idle"
+    assert agent_status(sc)["state"] == "idle"
     assert events.of("agent-state") == []
     # The API token is no hook secret either.
     code, _ = http(
@@ -159,5 +149,5 @@ def test_forged_malformed_and_stale_hook_calls_change_nothing(
         raw=json.dumps(payload).encode(),
     )  # fmt: skip
     assert code == 403
-    assert agent(sc)["state"] == "idle"
+    assert agent_status(sc)["state"] == "idle"
     assert events.of("agent-state")[mark:] == []

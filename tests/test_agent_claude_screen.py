@@ -5,33 +5,18 @@ prompt dismissed with Escape is `idle` at once, and one answered for a tool that
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 
 import pytest
 
-from tests.agenttools import EventLog, claude_env, stub_factory, wait_agent
+from tests.agenttools import EventLog, claude_env, claude_sidecar, stub_factory, wait_agent
 from tests.e2e.anthropic_stub import AnthropicStub
 from tests.harness import Sidecar
 
 __all__ = ["stub_factory"]  # the fixture, imported for pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-
-
-def claude_sidecar(
-    make_sidecar: Callable[..., Sidecar], stub: AnthropicStub, *, trusted: bool = True
-) -> Sidecar:
-    sc = make_sidecar(cli="claude-code")
-    sc.env_extra.update(claude_env(sc, stub))
-    if not trusted:
-        # A user's home: onboarding done, but this workspace never trusted.
-        state = sc.tmp / "home" / ".claude.json"
-        config = json.loads(state.read_text())
-        config["projects"] = {}
-        state.write_text(json.dumps(config))
-    return sc
 
 
 def test_the_trust_dialog_is_waiting_refuses_a_prompt_and_its_answer_is_idle(

@@ -10,14 +10,10 @@ the one that keeps it in tmp shows the fallback when the CLI rejects that file.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
 import statistics
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,87 +21,15 @@ import psutil
 import pytest
 
 from sidecar.client import ClientError
-from tests.agenttools import EventLog, wait_agent
-from tests.e2e.tool_stub import running
+from tests.agenttools import EventLog, cli_argv, wait_agent
+from tests.clitools import gemini_sidecar, run_dir, stub_for  # run_dir, stub_for: fixtures
 from tests.harness import Sidecar, http, wait_for
-from tests.tools import cli_bin
+
+__all__ = ["run_dir", "stub_for"]  # the fixtures, imported for pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 TOKEN = "agent-admin-token-0123456789"
 HOOK = "/hooks/gemini-cli"
-API_KEY = "stub-gemini-key-0123456789"
-
-
-@pytest.fixture
-def stub_for() -> Iterator[Callable[[str], str]]:
-    """Starts `tests.e2e.tool_stub` answering with a command; gives its base URL."""
-    with contextlib.ExitStack() as stack:
-        yield lambda command: f"http://127.0.0.1:{stack.enter_context(running(command))}"
-
-
-@pytest.fixture
-def run_dir() -> Iterator[Callable[[], Path]]:
-    """State dirs under /run (root's, 0755 all the way up) for the sidecars of one test."""
-    made: list[Path] = []
-
-    def make() -> Path:
-        if os.geteuid() != 0 or not Path("/run").is_dir():
-            pytest.skip("Gemini CLI reads system settings only from root's directories")
-        path = Path("/run") / f"sidecar-gemini-test-{uuid.uuid4().hex[:12]}"
-        made.append(path)
-        return path
-
-    yield make
-    for path in made:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def user_home(sc: Sidecar, *, configured: bool = True) -> Path:
-    """The CLI user's HOME: with `configured`, Gemini starts at its prompt (API key auth, the
-    workspace trusted) and the user has a hook of their own on two events."""
-    home = sc.tmp / "home"
-    gemini = home / ".gemini"
-    gemini.mkdir(parents=True, exist_ok=True)
-    if configured:
-
-        def hook(event: str) -> list[dict[str, Any]]:
-            mine = f"date +%s.%N-{event} >> {sc.tmp / 'user-hook.txt'}"
-            return [{"hooks": [{"type": "command", "command": mine, "name": "mine"}]}]
-
-        settings = {
-            "security": {"auth": {"selectedType": "gemini-api-key"}},
-            "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
-            "privacy": {"usageStatisticsEnabled": False},
-            "hooks": {
-                event: hook(event) for event in ("BeforeAgent", "Notification", "AfterAgent")
-            },
-        }
-        (gemini / "settings.json").write_text(json.dumps(settings))
-        trusted = {str(sc.workspace): "TRUST_FOLDER"}
-        (gemini / "trustedFolders.json").write_text(json.dumps(trusted))
-    return home
-
-
-def gemini_sidecar(
-    make_sidecar: Callable[..., Sidecar],
-    stub_url: str,
-    state_dir: Path | None,
-    *,
-    configured: bool = True,
-    **env: str,
-) -> Sidecar:
-    sc = make_sidecar(cli="gemini-cli")
-    user_home(sc, configured=configured)
-    gemini = cli_bin("gemini")
-    sc.env_extra.update(
-        GEMINI_API_KEY=API_KEY,
-        GOOGLE_GEMINI_BASE_URL=stub_url,
-        PATH=f"{gemini.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-        **env,
-    )
-    if state_dir is not None:
-        sc.env_extra["SIDECAR_STATE_DIR"] = str(state_dir)
-    return sc
 
 
 def user_hook_times(sc: Sidecar, event: str) -> list[float]:
@@ -223,10 +147,6 @@ def test_hook_to_events_latency(
     assert statistics.median(samples) < 2.0
 
 
-def cli_argv(sc: Sidecar) -> list[str]:
-    return psutil.Process(sc.status()["cli_pid"]).cmdline()
-
-
 def test_resleeve_and_restart_resume_the_same_session_id(
     run_dir: Callable[[], Path],  # first: removed after the sidecars are gone
     make_sidecar: Callable[..., Sidecar],
@@ -298,13 +218,17 @@ def test_first_start_screens_are_waiting_never_idle(
     stub_for: Callable[[str], str],
 ) -> None:
     """A HOME with nothing configured: the trust dialog, then (answered) the auth choice, read
-    as `waiting` with the dialog's question, never `idle`."""
+    as `waiting` with the dialog's question, never `idle`. (Before the trust dialog Gemini may
+    show its "Waiting for authentication..." spinner for a moment, longer on a loaded machine:
+    that reads `waiting` too, so the test waits for the trust dialog's own reason.)"""
     sc = gemini_sidecar(
         make_sidecar, stub_for("touch stub-was-here"), run_dir(), configured=False
     ).start()
     events = EventLog(sc)
-    trust = wait_agent(sc, "waiting", 60)
-    assert "trust" in trust["reason"].lower(), trust
+    trust = sc.wait_status(
+        lambda s: "trust" in (s["agent"]["reason"] or "").lower(), "the trust dialog", 60
+    )["agent"]
+    assert trust["state"] == "waiting", trust
     assert sc.post("/input", {"keys": ["1"], "if_state": ["waiting"]})[0] == 202
     auth = sc.wait_status(
         lambda s: "authenticate" in (s["agent"]["reason"] or ""), "the auth choice", 60

@@ -9,7 +9,6 @@ import base64
 import contextlib
 import json
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,10 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.agenttools import EventLog, wait_agent
+from tests.agenttools import EventLog, cli_argv, wait_agent, wait_ticks
 from tests.e2e.tool_stub import opencode_config, running
 from tests.harness import Sidecar, free_ports, http, wait_for
-from tests.test_crash import kill_supervisor, restarted
+from tests.proctools import kill_supervisor, restarted
 from tests.tools import cli_bin
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -63,10 +62,6 @@ def opencode_sidecar(
 
 def user_file(sc: Sidecar) -> Path:
     return sc.tmp / "home" / ".config" / "opencode" / "opencode.json"
-
-
-def cli_argv(sc: Sidecar) -> list[str]:
-    return psutil.Process(sc.status()["cli_pid"]).cmdline()
 
 
 def opencode_server(sc: Sidecar) -> tuple[str, str]:
@@ -120,7 +115,8 @@ def test_prompt_permission_approved_through_the_api_with_the_real_opencode(
     # An inbox message now: not typed over the permission prompt.
     code, _ = sc.post("/inbox", {"from": "lead", "type": "task", "content": "# Look at this"})
     assert code == 201
-    time.sleep(1.5)  # sleep-ok: a notice would be typed at the next tick (1 s); none may come
+    # The tick that would type a notice, seen twice on /events after the post: none came.
+    wait_ticks(sc, events, 2)
     assert events.of("inbox-notified") == []
 
     code, body = sc.post(f"/approvals/{approval['id']}", {"decision": "allow"})

@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,7 @@ import pytest
 
 from tests.agenttools import EventLog, wait_agent
 from tests.harness import CLIS, Sidecar, wait_for, write_cli_config
-from tests.test_crash import supervisor_of
-from tests.test_supervisor import never
+from tests.proctools import supervisor_of
 
 pytestmark = pytest.mark.slow
 
@@ -97,19 +98,31 @@ def test_a_menu_is_waiting_with_its_title_and_idle_once_chosen(
     wait_agent(sc, "idle")
 
 
+def event_time(event: dict[str, Any]) -> float:
+    """When the sidecar published an /events line (its `time`), in seconds since the epoch."""
+    return datetime.fromisoformat(event["time"]).timestamp()
+
+
 @pytest.mark.parametrize("paint", ["spin 4", "redraw 4"])
 def test_a_pane_painted_continuously_is_working_not_a_dialog(
     make_sidecar: Callable[..., Sidecar], short_tmp: Path, paint: str
 ) -> None:
+    """The CLI paints for 4 s from the moment it reads the line. The agent's first `idle`
+    after that is the signal that the whole painting was seen: it comes after the painting
+    ended, and every state the agent took meanwhile is on /events before it."""
     sc = ready(make_sidecar, short_tmp)
+    events = EventLog(sc)
+    painted_until = time.time() + float(paint.split()[1])  # the painting ends no sooner
     type_line(sc, paint)
     wait_agent(sc, "working")
-    never(
-        lambda: sc.status()["agent"]["state"] != "working",
-        within=3.0,
-        what=f"the agent left working while the CLI painted ({paint})",
+    idle = events.wait(
+        lambda e: e["type"] == "agent-state" and e["state"] == "idle", "idle after the painting", 15
     )
-    wait_agent(sc, "idle")
+    assert event_time(idle) >= painted_until, f"idle while the CLI painted ({paint}): {idle}"
+    meanwhile = [e for e in events.of("agent-state") if event_time(e) < painted_until]
+    assert [e["state"] for e in meanwhile] == ["working"], (
+        f"the agent left working while the CLI painted ({paint}): {meanwhile}"
+    )
 
 
 def test_a_cli_with_a_prompt_pattern_is_idle_only_at_that_prompt(

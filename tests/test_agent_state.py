@@ -4,7 +4,6 @@ input, and inbox notices: real sidecar processes with real tmux on private socke
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,15 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.agenttools import EventLog, wait_agent
-from tests.harness import CLIS, REPO, Sidecar, wait_for, write_cli_config
+from tests.agenttools import EventLog, wait_agent, wait_ticks
+from tests.commands import sidecar_cmd
+from tests.harness import CLIS, Sidecar, wait_for, write_cli_config
 
 TOKEN = "agent-state-admin-0123456789"
 VIEW = "agent-state-view-0123456789"
-
-
-def agent(sc: Sidecar) -> dict[str, Any]:
-    return sc.status()["agent"]
 
 
 def prompt_cli(tmp: Path, **extra: Any) -> tuple[Path, Path]:
@@ -217,15 +213,8 @@ def test_no_notice_for_a_cli_without_a_prompt_or_with_notices_off(
     events = EventLog(sc)
     wait_agent(sc, "idle")
     assert sc.post("/inbox", {"from": "envoy", "type": "task", "content": "hello"})[0] == 201
-    # The once-a-second tick that would type a notice also reports CURRENT.md edits: two
-    # edits seen on /events are two ticks after the message, so a notice would be typed.
-    current = sc.workspace / ".cstack" / "CURRENT.md"
-    current.parent.mkdir(exist_ok=True)
-    for n in (1, 2):
-        current.write_text(f"# Current\n\n## Task\nstep {n}\n")
-        events.wait(
-            lambda e, n=n: e["type"] == "progress-update" and e["task"] == f"step {n}", "tick"
-        )
+    # Two ticks of the loop that would type a notice, after the message: a notice would be typed.
+    wait_ticks(sc, events, 2)
     assert sc.post("/input", {"text": "marker"})[0] == 202
     wait_for(lambda: "marker" in typed.read_text(), 10, what="marker")
     assert events.of("inbox-notified") == []
@@ -237,18 +226,9 @@ def test_sidecar_input_keys_and_wait_commands(
 ) -> None:
     config, typed = prompt_cli(short_tmp)
     sc = make_sidecar(cli="pcli", env_extra={**quick_idle(config), "SIDECAR_TOKEN": TOKEN}).start()
-    env = {
-        "PATH": os.environ["PATH"],
-        "PYTHONPATH": str(REPO),
-        "SIDECAR_PORT": str(sc.port),
-        "SIDECAR_TOKEN": TOKEN,
-    }
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "sidecar", *args],
-            env=env, capture_output=True, text=True, timeout=30, check=False,
-        )  # fmt: skip
+        return sidecar_cmd(sc, *args, token=TOKEN)
 
     waited = run("wait", "--state", "idle", "--timeout", "15")
     assert waited.returncode == 0 and waited.stdout.strip() == "idle", waited

@@ -9,7 +9,6 @@ import concurrent.futures
 import json
 import signal
 import socket
-import subprocess
 import time
 import uuid
 from collections.abc import Callable
@@ -19,33 +18,24 @@ import aiohttp
 import psutil
 import pytest
 
-from tests.harness import Sidecar, free_port, http, py_cli, wait_for, write_cli_config
+from tests.harness import (
+    Sidecar,
+    bearer,
+    free_port,
+    http,
+    py_cli,
+    wait_for,
+    write_cli_config,
+)
+from tests.proctools import pane_text, tmux
 
 TOKEN = "admin-token-0123456789"
 VIEW = "viewer-token-9876543210"
 
 
-def tmux(sc: Sidecar, *args: str) -> str:
-    out = subprocess.run(
-        ["tmux", "-S", str(sc.state_dir / "tmux.sock"), *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout
-
-
-def pane_text(sc: Sidecar) -> str:
-    return tmux(sc, "capture-pane", "-p", "-J", "-t", "main")
-
-
 @pytest.fixture
 def secured(make_sidecar: Callable[..., Sidecar]) -> Sidecar:
     return make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN, "SIDECAR_VIEW_TOKEN": VIEW}).start()
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 # ---- auth -----------------------------------------------------------------------------------

@@ -10,21 +10,20 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from sidecar.core.contract import MAX_BODY_BYTES
 from sidecar.workspace import mailbox
 from sidecar.workspace.mailbox import Mailbox
 from sidecar.workspace.needlecast import Message, render_messages
-from tests.harness import message_app
+from tests.harness import message_client
 
 Client = TestClient[web.Request, web.Application]
 
 
 @pytest.fixture
 async def client(tmp_path: pathlib.Path) -> AsyncIterator[Client]:
-    app = message_app(tmp_path)
-    async with TestClient(TestServer(app, host="127.0.0.1", port=0)) as c:
+    async with message_client(tmp_path) as c:
         yield c
 
 
@@ -203,8 +202,7 @@ async def test_needlecast_symlinked_outside_the_workspace_is_refused(
     outside = tmp_path / "outside"
     outside.mkdir()
     (workspace / ".needlecast").symlink_to(outside)
-    app = message_app(workspace)
-    async with TestClient(TestServer(app, host="127.0.0.1", port=0)) as c:
+    async with message_client(workspace) as c:
         resp = await c.post("/inbox", json={"from": "e", "type": "task", "content": "x"})
         assert resp.status == 409
         assert "outside the workspace" in (await resp.json())["error"]

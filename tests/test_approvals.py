@@ -129,8 +129,11 @@ async def test_an_answered_request_cancels_its_timeout_and_memory_is_bounded() -
         approval: Approval = book.request("Bash", {}, source="screen")
         book.answer(approval.id, Answer("allow", "api"))
         ids.append(approval.id)
-    await asyncio.sleep(0.1)  # sleep-ok: past every timer: none fired on an answered request
-    assert book.decided["deny", "timeout"] == 0
+    # A request left unanswered, made last: its timeout is due after every other one, so once
+    # it has fired every earlier timer had its turn. It alone timed out.
+    last = book.request("Bash", {}, source="screen")
+    assert (await asyncio.wait_for(book.decision(last.id), 5)).by == "timeout"
+    assert book.decided["deny", "timeout"] == 1
     with pytest.raises(NotFound):
         book.answer(ids[0], Answer("deny", "api"))  # forgotten: bounded memory
     with pytest.raises(AlreadyAnswered):

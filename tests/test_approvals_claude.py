@@ -10,30 +10,14 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.agenttools import EventLog, claude_env, stub_factory, wait_agent
+from tests.agenttools import asking, stub_factory, wait_agent
 from tests.e2e.anthropic_stub import AnthropicStub
 from tests.harness import Sidecar, wait_for
-from tests.test_crash import kill_supervisor, restarted
+from tests.proctools import kill_supervisor, restarted
 
 __all__ = ["stub_factory"]  # the fixture, imported for pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-
-
-def asking(
-    make_sidecar: Callable[..., Sidecar],
-    stub: AnthropicStub,
-    **env: str,
-) -> tuple[Sidecar, EventLog, dict[str, object]]:
-    """A sidecar whose Claude Code was asked to run the stub's command: the request listed."""
-    sc = make_sidecar(cli="claude-code", env_extra=env)
-    sc.env_extra.update(claude_env(sc, stub))
-    sc.start()
-    events = EventLog(sc)
-    wait_agent(sc, "idle")
-    assert sc.post("/input", {"text": "run it", "if_state": ["idle"]}).status == 202
-    requested = events.wait(lambda e: e["type"] == "approval-requested", "approval-requested")
-    return sc, events, requested
 
 
 def test_allowed_through_the_api_the_command_runs(

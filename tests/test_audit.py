@@ -6,18 +6,15 @@ a few KiB, mounted by the test) holding records in memory, bounded, until it tak
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 from sidecar.audit import reader
 from sidecar.audit.records import EgressChangedRecord, ResleeveRecord
 from sidecar.audit.trail import NAME, AuditTrail
+from tests.faulttools import fill, small_disk
 from tests.harness import wait_for_async
-from tests.tools import missing
 
 
 def lines(path: Path) -> list[dict]:
@@ -119,37 +116,6 @@ async def test_records_held_in_memory_are_read_back_once(tmp_path: Path) -> None
     found, _ = reader.read(tmp_path, [*held, *held], reader.Query())
     assert [json.loads(r)["seq"] for r in found] == [1, 2]
     await trail.close()
-
-
-@contextlib.contextmanager
-def small_disk(path: Path, size: str) -> Iterator[Path]:
-    """A real tmpfs of `size` at `path` (root only: the disk-full fault, at the OS seam)."""
-    path.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        missing(f"a small tmpfs cannot be mounted here ({done.stderr.strip()}): needs root")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Fill the disk with one file, leaving nothing free."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        with contextlib.suppress(OSError):
-            while os.write(fd, b"x" * 512):
-                pass
-    finally:
-        os.close(fd)
-    return filler
 
 
 async def test_a_full_disk_holds_records_in_memory_and_writes_them_when_it_can(

@@ -12,8 +12,8 @@ import pytest
 
 from bench.__main__ import GROUPS
 from bench.figures import idle
+from tests.harness import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 EXPECTED = [name for module in [*GROUPS.values(), idle] for name in module.NAMES]
 
 

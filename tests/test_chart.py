@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.core.contract import runtime_grace
 from sidecar.launcher.egress_lists import default_patterns
 from tests.harness import Sidecar, http
 from tests.kubetools import (
@@ -234,21 +235,28 @@ def test_values_of_the_wrong_type_fail_lint(values: dict[str, Any], names: str) 
     assert names in said, said
 
 
-@pytest.mark.parametrize(("grace", "period"), [(30, 30), (31, 30), (5, 5)])
-def test_stop_grace_must_be_below_the_termination_grace_period(grace: float, period: int) -> None:
+@pytest.mark.parametrize(("grace", "period"), [(30, 30), (31, 30), (5, 5), (25.5, 30)])
+def test_a_period_shorter_than_the_stop_grace_rule_fails(grace: float, period: int) -> None:
     values = {"sidecar": {"stopGrace": grace}, "terminationGracePeriodSeconds": period}
     done = helm_with(values, "template", "x", str(CHART), ok=False)
     assert done.returncode != 0
-    assert (
-        "sidecar.stopGrace" in done.stderr
-        and "must be below terminationGracePeriodSeconds" in done.stderr
+    assert "sidecar.stopGrace" in done.stderr
+    assert f"terminationGracePeriodSeconds ({period} s) must be at least" in done.stderr
+
+
+@pytest.mark.parametrize("grace", [0, 0.5, 5, 12.5, 25, 600])
+def test_the_chart_checks_the_period_by_the_launchers_stop_grace_rule(grace: float) -> None:
+    """The chart's check and `contract.runtime_grace` (docker's --stop-timeout, `sleeve stop`,
+    `sleeve manifest`) are one rule: the least period the chart renders is the rule's."""
+    least = runtime_grace(grace)
+    spec = pod_spec(
+        helm_template({"sidecar": {"stopGrace": grace}, "terminationGracePeriodSeconds": least})
     )
-
-
-def test_stop_grace_just_below_the_period_renders() -> None:
-    spec = pod_spec(helm_template({"sidecar": {"stopGrace": 29.5}}))
     env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
-    assert env["SIDECAR_STOP_GRACE"] == "29.5" and spec["terminationGracePeriodSeconds"] == 30
+    assert float(env["SIDECAR_STOP_GRACE"]) == grace
+    assert spec["terminationGracePeriodSeconds"] == least
+    values = {"sidecar": {"stopGrace": grace}, "terminationGracePeriodSeconds": least - 1}
+    assert helm_with(values, "template", "x", str(CHART), ok=False).returncode != 0
 
 
 def test_install_dry_run_prints_the_notes() -> None:

@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from sidecar.agent.clis import claude_code
-from sidecar.agent.clis.claude_code import (
+from sidecar.agent.clis.claude_code import hooks as claude_code
+from sidecar.agent.clis.claude_code.hooks import (
     EVENTS,
-    HookEffect,
     config_dir,
     interpret,
     project_dir,
     session_args,
     transcript,
 )
+from sidecar.agent.hooks import HookEffect
 
 SESSION = "0b8e4c0e-5f6a-4d8e-9c1b-2a3b4c5d6e7f"
 
@@ -69,12 +69,12 @@ SESSION = "0b8e4c0e-5f6a-4d8e-9c1b-2a3b4c5d6e7f"
         (
             "Notification",
             {"notification_type": "permission_prompt", "message": "Claude needs\tyour permission"},
-            HookEffect("waiting", "Claude needs your permission"),
+            HookEffect("waiting", "Claude needs your permission", restates=True),
         ),
         (
             "Notification",
             {"notification_type": "elicitation_dialog", "message": "Pick one"},
-            HookEffect("waiting", "Pick one"),
+            HookEffect("waiting", "Pick one", restates=True),
         ),
         (
             "Notification",
@@ -132,7 +132,7 @@ def test_each_hook_event_maps_to_its_effect(
         (
             "Notification",
             {"notification_type": "permission_prompt", "message": 5},
-            HookEffect("waiting"),
+            HookEffect("waiting", restates=True),
         ),
         ("Notification", {"notification_type": None}, HookEffect(None)),
     ],

@@ -9,35 +9,12 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+from tests.commands import CLI_TOKEN, sidecar_cmd
 from tests.harness import REPO, Sidecar, wait_for
-
-TOKEN = "cli-token-abcdef123456"
-
-
-def sidecar_cmd(
-    sc: Sidecar, *args: str, stdin: str | None = None, token: str | None = TOKEN
-) -> subprocess.CompletedProcess[str]:
-    env = {
-        "PATH": os.environ["PATH"],
-        "PYTHONPATH": str(REPO),
-        "SIDECAR_PORT": str(sc.port),
-        "SIDECAR_STATE_DIR": str(sc.state_dir),
-    }
-    if token:
-        env["SIDECAR_TOKEN"] = token
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar", *args],
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
 
 
 def test_status_human_and_json(make_sidecar: Callable[..., Sidecar]) -> None:
-    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN, "SLEEVE_GOAL": "debug me"}).start()
+    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": CLI_TOKEN, "SLEEVE_GOAL": "debug me"}).start()
     human = sidecar_cmd(sc, "status")
     assert human.returncode == 0, human.stderr
     assert "test-sleeve" in human.stdout
@@ -48,7 +25,7 @@ def test_status_human_and_json(make_sidecar: Callable[..., Sidecar]) -> None:
 
 
 def test_screen_human_and_json(make_sidecar: Callable[..., Sidecar]) -> None:
-    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN}).start()
+    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": CLI_TOKEN}).start()
     sc.post("/input", {"text": "echo SCREEN-CHECK-$((6*7))"})
 
     def shown() -> subprocess.CompletedProcess[str] | None:
@@ -70,7 +47,7 @@ def test_screen_human_and_json(make_sidecar: Callable[..., Sidecar]) -> None:
 def test_wrong_token_and_unreachable_sidecar_fail_with_one_clear_line(
     make_sidecar: Callable[..., Sidecar],
 ) -> None:
-    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN}).start()
+    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": CLI_TOKEN}).start()
     bad = sidecar_cmd(sc, "status", token="nope")
     assert bad.returncode == 1
     assert "401" in bad.stderr
@@ -81,8 +58,35 @@ def test_wrong_token_and_unreachable_sidecar_fail_with_one_clear_line(
     assert "cannot reach the sidecar" in gone.stderr
 
 
+def test_the_client_reads_its_token_file_with_the_sidecars_checks(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    """A token file is read as the sidecar reads it: a good one (CRLF-ended) works; a FIFO,
+    a directory or both the variable and the file fail at once with one line naming them,
+    before any request (the FIFO is never read: nothing writes to it, so a read would hang)."""
+    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": CLI_TOKEN}).start()
+    good = sc.tmp / "token"
+    good.write_text(CLI_TOKEN + "\r\n")
+    ok = sidecar_cmd(
+        sc, "status", "--json", token=None, env_extra={"SIDECAR_TOKEN_FILE": str(good)}
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["sleeve_id"] == "test-sleeve"
+    fifo = sc.tmp / "token-fifo"
+    os.mkfifo(fifo)
+    for extra, needle in [
+        ({"SIDECAR_TOKEN_FILE": str(fifo)}, "is not a regular file"),
+        ({"SIDECAR_TOKEN_FILE": str(sc.tmp)}, "is a directory"),
+        ({"SIDECAR_TOKEN_FILE": str(good), "SIDECAR_TOKEN": CLI_TOKEN}, "are both set"),
+    ]:
+        bad = sidecar_cmd(sc, "status", token=None, env_extra=extra)
+        assert bad.returncode == 1, bad.stdout
+        assert bad.stderr.startswith("sidecar status: SIDECAR_TOKEN"), bad.stderr
+        assert needle in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+
+
 def test_send_inbox_outbox_and_resleeve(make_sidecar: Callable[..., Sidecar]) -> None:
-    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN}).start()
+    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": CLI_TOKEN}).start()
     sent = sidecar_cmd(
         sc,
         "send",

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.commands import CLI_TOKEN, sidecar_cmd
 from tests.harness import Sidecar, wait_for
 from tests.standin import HeldHook, waiting_sidecar
-from tests.test_cli import TOKEN, sidecar_cmd
 
 VIEW_TOKEN = "cli-view-token-abcdef123456"
 COMMAND = "rm -rf build"
@@ -19,7 +19,7 @@ COMMAND = "rm -rf build"
 
 def started(make_sidecar: Callable[..., Sidecar], short_tmp: Path) -> Sidecar:
     return waiting_sidecar(
-        make_sidecar, short_tmp, COMMAND, SIDECAR_TOKEN=TOKEN, SIDECAR_VIEW_TOKEN=VIEW_TOKEN
+        make_sidecar, short_tmp, COMMAND, SIDECAR_TOKEN=CLI_TOKEN, SIDECAR_VIEW_TOKEN=VIEW_TOKEN
     )
 
 

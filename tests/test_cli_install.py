@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import REPO
 from tests.tools import CLI_BIN, cli_bin, missing
 
-REPO = Path(__file__).resolve().parent.parent
 CLIS = REPO / "image" / "clis"
 INSTALL = CLIS / "install.sh"
 # what each CLI prints for --version: the pins of shared/REAL-PARTS.md

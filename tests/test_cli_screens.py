@@ -16,23 +16,13 @@ import pytest
 from sidecar.agent.clis import codex, gemini_cli, opencode
 from sidecar.agent.screens import Reading, Recognizer, Seen
 from sidecar.pane.screen import Screen
+from tests.screentools import SCREENS, load_screen, screen_of
 
-SCREENS = Path(__file__).parent / "screens"
 RECOGNIZERS: dict[str, Recognizer] = {
-    "codex": codex.read_screen,
-    "gemini-cli": gemini_cli.read_screen,
-    "opencode": opencode.read_screen,
+    known.name: known.screen.read
+    for known in (codex.CLI, gemini_cli.CLI, opencode.CLI)
+    if known.screen is not None
 }
-
-
-def load(path: Path) -> tuple[Screen, Reading]:
-    """A fixture: the screen it holds and the reading it expects."""
-    head, *lines = path.read_text(encoding="utf-8").split("\n")
-    words = head.removeprefix("# ").split(" ", 5)
-    rows, cols, row, col = (int(w) for w in words[:4])
-    lines = (lines[:rows] + [""] * rows)[:rows]
-    expected = Reading(Seen(words[4]), words[5] if len(words) > 5 else None)
-    return Screen(rows, cols, tuple(lines), row, col), expected
 
 
 FIXTURES = sorted(p for cli in RECOGNIZERS for p in (SCREENS / cli).glob("*.txt"))
@@ -40,7 +30,7 @@ FIXTURES = sorted(p for cli in RECOGNIZERS for p in (SCREENS / cli).glob("*.txt"
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_captured_screen_reads_as_recorded(path: Path) -> None:
-    screen, expected = load(path)
+    screen, expected = load_screen(path)
     reading = RECOGNIZERS[path.parent.name](screen)
     assert reading.seen == expected.seen
     if expected.reason is not None:
@@ -48,29 +38,27 @@ def test_captured_screen_reads_as_recorded(path: Path) -> None:
 
 
 def test_every_cli_has_each_kind_of_screen() -> None:
-    """Each CLI's fixtures cover its prompt, work, a permission prompt and a dialog."""
-    for cli in RECOGNIZERS:
-        seen = {load(p)[1].seen for p in (SCREENS / cli).glob("*.txt")}
-        assert seen == set(Seen), cli
+    """Each CLI's fixtures cover its prompt, work, a permission prompt and a dialog: what its
+    package declares its screen shows (the keys it declares answer that permission prompt)."""
+    for known in (codex.CLI, gemini_cli.CLI, opencode.CLI):
+        seen = {load_screen(p)[1].seen for p in (SCREENS / known.name).glob("*.txt")}
+        assert seen == set(Seen), known.name
+        assert known.screen is not None and known.screen.shows == seen, known.name
 
 
 # ---- shapes never seen: a dialog, never the prompt ------------------------------------------
 
 
-def screen_of(lines: list[str], rows: int = 50, cols: int = 200, cursor: int = 0) -> Screen:
-    return Screen(rows, cols, tuple((lines + [""] * rows)[:rows]), cursor, 0)
-
-
 @pytest.mark.parametrize("cli", sorted(RECOGNIZERS))
 def test_empty_screen_with_one_line_is_a_dialog(cli: str) -> None:
-    screen = screen_of(["", "", "  Loading workspace settings failed: press any key"], cursor=2)
+    screen = screen_of("", "", "  Loading workspace settings failed: press any key", cursor=(2, 0))
     reading = RECOGNIZERS[cli](screen)
     assert reading == Reading(Seen.DIALOG, "Loading workspace settings failed: press any key")
 
 
 @pytest.mark.parametrize("cli", sorted(RECOGNIZERS))
 def test_blank_screen_is_a_dialog(cli: str) -> None:
-    assert RECOGNIZERS[cli](screen_of([])).seen is Seen.DIALOG
+    assert RECOGNIZERS[cli](screen_of()).seen is Seen.DIALOG
 
 
 QUESTION = ["  Do you want to enable usage statistics?", "", "› 1. Yes", "  2. No"]
@@ -79,7 +67,7 @@ QUESTION = ["  Do you want to enable usage statistics?", "", "› 1. Yes", "  2.
 def replaced(cli: str, name: str, start: str, count: int, new: list[str]) -> Screen:
     """The fixture's screen with `count` lines from the first starting with `start` replaced
     by `new`, the cursor parked at the bottom right (as the CLIs do when a dialog is up)."""
-    screen, _ = load(SCREENS / cli / f"{name}.txt")
+    screen, _ = load_screen(SCREENS / cli / f"{name}.txt")
     lines = list(screen.lines)
     at = next(i for i, line in enumerate(lines) if line.startswith(start))
     lines[at : at + count] = (new + [""] * count)[: max(count, len(new))]
@@ -107,7 +95,7 @@ def test_prompt_area_replaced_by_a_question_is_a_dialog(
 def test_prompt_with_the_cursor_elsewhere_is_not_the_prompt(cli: str) -> None:
     """The prompt's frame left on screen behind something that took the cursor (a dialog
     drawn without erasing it) is not taken for the prompt."""
-    screen, expected = load(SCREENS / cli / "prompt-empty.txt")
+    screen, expected = load_screen(SCREENS / cli / "prompt-empty.txt")
     assert expected.seen is Seen.PROMPT
     moved = replace(screen, cursor_row=0, cursor_col=0)
     assert RECOGNIZERS[cli](moved).seen is Seen.DIALOG
@@ -116,7 +104,7 @@ def test_prompt_with_the_cursor_elsewhere_is_not_the_prompt(cli: str) -> None:
 def test_codex_transcript_prompt_line_is_not_its_composer() -> None:
     """Codex repeats each prompt in its transcript with the composer's mark: with the cursor
     on one of those (a popup parked it there) the screen is not the prompt."""
-    screen, _ = load(SCREENS / "codex" / "warnings.txt")
+    screen, _ = load_screen(SCREENS / "codex" / "warnings.txt")
     row = next(i for i, line in enumerate(screen.lines) if line.startswith("› create"))
     moved = replace(screen, cursor_row=row, cursor_col=4)
     assert codex.read_screen(moved).seen is Seen.DIALOG
@@ -124,7 +112,7 @@ def test_codex_transcript_prompt_line_is_not_its_composer() -> None:
 
 def test_gemini_transcript_prompt_line_is_not_its_input() -> None:
     """Gemini CLI repeats each prompt as a ' > ' line with no rule above it."""
-    screen, _ = load(SCREENS / "gemini-cli" / "theme.txt")
+    screen, _ = load_screen(SCREENS / "gemini-cli" / "theme.txt")
     row = next(i for i, line in enumerate(screen.lines) if line.startswith(" > create"))
     moved = replace(screen, cursor_row=row, cursor_col=5)
     assert gemini_cli.read_screen(moved).seen is Seen.DIALOG

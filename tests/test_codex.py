@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sidecar.agent import hook_relay
 from sidecar.agent.approvals import Answer
-from sidecar.agent.clis import codex
+from sidecar.agent.clis.codex import hooks as codex
 
 
 def test_trust_hash_is_the_one_codex_records() -> None:
@@ -59,7 +59,7 @@ def test_what_each_event_means() -> None:
     assert codex.interpret("Stop", {}).state == "idle"
     assert codex.interpret("Interrupt", {}).state == "idle"
     assert codex.interpret("PreCompact", {}).state is None
-    hooks = codex.CodexHooks()
+    hooks = codex.HOOKS
     permission = hooks.permission("PermissionRequest", ask)
     assert permission is not None and permission.tool == "Bash"
     assert hooks.permission("Stop", ask) is None
@@ -67,14 +67,14 @@ def test_what_each_event_means() -> None:
 
 def test_the_permission_reply() -> None:
     """Codex fails closed on fields it does not take: none but behavior and a deny's message."""
-    allow = codex.permission_answer(Answer("allow", "api", "ignored", remember=True))
+    allow = codex.HOOKS.answer(Answer("allow", "api", "ignored", remember=True), {})
     assert allow == {
         "hookSpecificOutput": {
             "hookEventName": "PermissionRequest",
             "decision": {"behavior": "allow"},
         }
     }
-    deny = codex.permission_answer(Answer("deny", "api", "not now"))
+    deny = codex.HOOKS.answer(Answer("deny", "api", "not now"), {})
     assert deny["hookSpecificOutput"]["decision"] == {"behavior": "deny", "message": "not now"}
 
 

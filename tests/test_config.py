@@ -3,10 +3,7 @@ parsers are tested directly, the exit behaviour through a real `sidecar run` pro
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,27 +11,11 @@ import pytest
 
 from sidecar.agent.registry import load_registry
 from sidecar.config import Config, ConfigError, RestartPolicy
-from tests.harness import REPO, Sidecar, free_port, run_until_exit, wait_for
+from tests.commands import run_sidecar
+from tests.harness import Sidecar, free_port, wait_for
+from tests.proctools import pane_text
 
 BASE = {"SLEEVE_NAME": "alice", "SLEEVE_CLI": "shell"}
-
-
-def pane(sc: Sidecar) -> str:
-    socket_path = str(sc.state_dir / "tmux.sock")
-    argv = ["tmux", "-S", socket_path, "capture-pane", "-p", "-J", "-t", "main"]
-    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-
-
-def run_sidecar(env: dict[str, str], tmp: Path) -> subprocess.CompletedProcess[str]:
-    full = {
-        "PATH": os.environ["PATH"],
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        "SIDECAR_STATE_DIR": str(tmp / "state"),
-        "SIDECAR_WORKSPACE": str(tmp / "ws"),
-        "SIDECAR_HOST": "127.0.0.1",
-        **env,
-    }
-    return run_until_exit([sys.executable, "-m", "sidecar", "run"], full)
 
 
 def test_defaults_match_the_contract() -> None:
@@ -166,7 +147,7 @@ def test_cli_config_adds_and_overrides_builtins(tmp_path: Path) -> None:
 
 
 def test_claude_resumes_only_when_it_has_history(tmp_path: Path) -> None:
-    from sidecar.agent.clis.claude_code import config_dir, has_history
+    from sidecar.agent.clis.claude_code.hooks import config_dir, has_history
 
     claude = load_registry(None)["claude-code"]
     workspace = Path("/workspace")
@@ -201,7 +182,7 @@ def test_an_unknown_sleeve_cli_serves_degraded_and_a_resleeve_recovers(
     assert any("unknown CLI 'vim-ai'" in w and "shell" in w for w in status["warnings"])
     assert "SLEEVE_CLI: unknown CLI 'vim-ai'" in sc.log()
     # The terminal shows the reason too.
-    wait_for(lambda: "unknown CLI 'vim-ai'" in pane(sc), what="the reason in the pane")
+    wait_for(lambda: "unknown CLI 'vim-ai'" in pane_text(sc), what="the reason in the pane")
     assert sc.post("/resleeve", {})[0] == 400  # "again the same" is still unknown
     assert sc.post("/resleeve", {"cli": "shell"})[0] == 202
     sc.wait_status(lambda s: s["cli_running"] and s["cli"] == "shell", "shell running")

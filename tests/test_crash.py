@@ -38,7 +38,17 @@ from tests.harness import (
     wait_for,
     write_cli_config,
 )
-from tests.test_pid1 import UNSHARE, KernelExits, namespace_init, ns_pid
+from tests.kernel_exits import KernelExits
+from tests.proctools import (
+    UNSHARE,
+    init_of,
+    kill_supervisor,
+    none_left,
+    ns_pid,
+    restarted,
+    supervisor_of,
+    tmux,
+)
 
 HOOK = Path(__file__).resolve().parent / "crash_hook"
 LEFT_BEHIND = "stopped the processes left behind"  # init's line when it had to clean up
@@ -47,50 +57,6 @@ pytestmark = pytest.mark.timeout(180)
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-
-def init_of(sc: Sidecar) -> psutil.Process:
-    """The sidecar's init: the process the test started, or PID 1 of its namespace."""
-    assert sc.proc is not None
-    return namespace_init(sc) if sc.wrapper else psutil.Process(sc.proc.pid)
-
-
-def supervisor_of(init: psutil.Process) -> psutil.Process | None:
-    """The running supervisor: init's child that runs init's own command line."""
-    try:
-        argv = init.cmdline()
-        children = init.children()
-    except psutil.Error:
-        return None
-    for child in children:
-        try:
-            if child.cmdline() == argv and child.status() != psutil.STATUS_ZOMBIE:
-                return child
-        except psutil.Error:
-            continue
-    return None
-
-
-def kill_supervisor(sc: Sidecar, sig: int = signal.SIGKILL) -> psutil.Process:
-    sup = supervisor_of(init_of(sc))
-    assert sup is not None, "no supervisor running"
-    sup.send_signal(sig)
-    return sup
-
-
-def restarted(sc: Sidecar, n: int, timeout: float = 15.0) -> dict[str, Any]:
-    """/status of the n-th supervisor once its CLI runs."""
-    return sc.wait_status(
-        lambda s: s["sidecar_restarts"] == n and s["cli_running"] and not s["resleeving"],
-        f"supervisor restart {n} serving with the CLI running",
-        timeout=timeout,
-    )
-
-
-def tmux(sc: Sidecar, *args: str) -> str:
-    sock = str(sc.state_dir / "tmux.sock")
-    done = subprocess.run(["tmux", "-S", sock, *args], capture_output=True, text=True, check=True)
-    return done.stdout
 
 
 def pane_history(sc: Sidecar) -> str:
@@ -106,17 +72,6 @@ def tree_pids(sc: Sidecar) -> dict[int, float]:
     """Every process under init now (host pids), with its start time."""
     procs = init_of(sc).children(recursive=True)
     return {p.pid: p.create_time() for p in procs}
-
-
-def gone(procs: dict[int, float]) -> bool:
-    for pid, created in procs.items():
-        try:
-            proc = psutil.Process(pid)
-            if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            continue
-    return True
 
 
 def edit_state(sc: Sidecar, change: Callable[[dict[str, Any]], None]) -> None:
@@ -259,7 +214,9 @@ def test_sigkill_during_a_resleeve_finishes_it_with_one_cli(
     assert status["cli"] == "pidfile"
     pidfile = short_tmp / "pidfile.pid"
     wait_for(lambda: int(pidfile.read_text()) == status["cli_pid"], what="the new CLI's pid")
-    assert gone({pid: psutil.Process(pid).create_time() for pid in old if psutil.pid_exists(pid)})
+    assert none_left(
+        {pid: psutil.Process(pid).create_time() for pid in old if psutil.pid_exists(pid)}
+    )
     tree = init_of(sc).children(recursive=True)
     clis = [p.pid for p in tree if any(a.endswith(".py") for a in p.cmdline()[1:2])]
     assert clis == [status["cli_pid"]]  # one CLI: the new one
@@ -305,7 +262,7 @@ def test_sigkill_during_shutdown_completes_the_shutdown(
     assert sc.proc.wait(20) == 0
     assert "shutting down at once" in sc.log()
     assert LEFT_BEHIND not in sc.log()
-    assert gone(everyone)
+    assert none_left(everyone)
     current = (sc.workspace / ".cstack" / "CURRENT.md").read_text()
     assert re.search(r"^killed\s*$", current, re.M), current
     assert not Layout(sc.state_dir).supervisor_state.exists()
@@ -353,7 +310,7 @@ def test_sigterm_while_a_supervisor_is_being_restarted_stops_the_sidecar(
     log = sc.log()
     assert "shutting down at once" in log
     assert LEFT_BEHIND not in log
-    assert gone(everyone)
+    assert none_left(everyone)
     current = (sc.workspace / ".cstack" / "CURRENT.md").read_text()
     assert re.search(r"^killed\s*$", current, re.M), current
 
@@ -446,7 +403,7 @@ def test_a_state_file_that_does_not_match_means_a_fresh_start(
             assert status["cli_pid"] != old_cli
             wait_for(lambda: int(pidfile.read_text()) == status["cli_pid"], what="new CLI pid")
             assert server_pid(sc) != server
-            assert gone(old)
+            assert none_left(old)
             assert "supervisor restart 1: fresh start" in sc.log()
             assert unrelated.status() == psutil.STATUS_SLEEPING
             assert sleeper.poll() is None
@@ -474,7 +431,7 @@ def test_tmux_server_gone_too_heals_with_the_resume_argv(
     second = wait_for(lambda: stubborn_starts(record)[1:], what="the CLI started again")[0]
     assert second["pid"] == status["cli_pid"]
     assert second["argv"][-1] == "resumed"
-    assert gone(old_procs)
+    assert none_left(old_procs)
     assert "supervisor restart 1: heal (tmux server gone" in sc.log()
     assert stop(sc) == 0
 
@@ -502,7 +459,7 @@ def test_crash_loop_gives_up_stops_everything_and_exits_137(
             kill_supervisor(sc)
         assert sc.proc is not None
         assert sc.proc.wait(20) == 128 + signal.SIGKILL
-        assert gone(seen)
+        assert none_left(seen)
         if sc.wrapper:
             everyone = [*seen, init.pid]
             wait_for(
@@ -529,7 +486,7 @@ def test_init_sigkilled_in_a_local_run_leaves_nothing_within_2s(
     assert sc.proc is not None
     sc.proc.kill()
     killed = time.monotonic()
-    wait_for(lambda: gone(everyone), timeout=5, what="every process of the sidecar gone")
+    wait_for(lambda: none_left(everyone), timeout=5, what="every process of the sidecar gone")
     assert time.monotonic() - killed <= 2.0
 
 

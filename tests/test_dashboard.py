@@ -4,16 +4,15 @@ from the API, and its embedded terminal connects through the /terminal proxy and
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.cdp import TERMINAL_TEXT_JS, Browser
+from tests.e2e.cdp import TERMINAL_TEXT_JS, Browser, fresh_artifact
 from tests.e2e.pngcheck import count_near, read_png
-from tests.harness import REPO, Sidecar
+from tests.harness import Sidecar
 from tests.standin import waiting_sidecar
 
 TOKEN = "dash-token-1234567890"
@@ -61,15 +60,6 @@ JSON.stringify(Object.fromEntries(
    'agent-state', 'agent-since']
     .map(id => [id, (document.getElementById(id) || {}).textContent || ''])))
 """
-
-
-def fresh_artifact(name: str) -> Path:
-    """Where a screenshot is kept (SIDECAR_ARTIFACTS, else artifacts/), any old one removed."""
-    artifacts = Path(os.environ.get("SIDECAR_ARTIFACTS", REPO / "artifacts"))
-    artifacts.mkdir(parents=True, exist_ok=True)
-    shot = artifacts / name
-    shot.unlink(missing_ok=True)
-    return shot
 
 
 async def test_dashboard_shows_status_progress_blockers_outbox_and_the_live_terminal(

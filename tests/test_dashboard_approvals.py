@@ -13,10 +13,9 @@ import pytest
 
 from tests.agenttools import EventLog, claude_env, stub_factory, wait_agent
 from tests.e2e.anthropic_stub import AnthropicStub
-from tests.e2e.cdp import Browser
+from tests.e2e.cdp import Browser, fresh_artifact
 from tests.harness import Sidecar, wait_for
 from tests.standin import HeldHook, waiting_sidecar
-from tests.test_dashboard import fresh_artifact
 
 __all__ = ["stub_factory"]  # the fixture, imported for pytest
 

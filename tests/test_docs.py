@@ -182,7 +182,7 @@ def test_site_build_warns_of_a_variable_the_configuration_page_does_not_name(
 ) -> None:
     hooks = load_hooks()
     known = hooks.variables()
-    assert {"SLEEVE_NAME", "SIDECAR_STOP_GRACE", "SIDECAR_VIEW_TOKEN_FILE", "TTYD_PORT"} <= known
+    assert {"SLEEVE_NAME", "SIDECAR_STOP_GRACE", "SIDECAR_VIEW_TOKEN", "TTYD_PORT"} <= known
     page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     with caplog.at_level(logging.WARNING):
         hooks.check_variables(page)

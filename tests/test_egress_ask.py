@@ -22,7 +22,7 @@ import pytest
 
 from tests.agenttools import EventLog
 from tests.harness import Sidecar, free_port, http, wait_for
-from tests.test_egress_sidecar import web_server
+from tests.webserver import web_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs("curl"), pytest.mark.timeout(180)]
 POLICY = """\

@@ -23,9 +23,9 @@ import pytest
 from sidecar.egress.guard import MISSING, ReportListener, guard_argv, self_test
 from tests.agenttools import claude_binary
 from tests.harness import wait_for, wait_for_async
+from tests.tools import SYSTEM_PYTHON
 
 PROBE = Path(__file__).resolve().parent / "egress_probe.py"
-SYSTEM_PYTHON = "/usr/bin/python3"  # reachable by an unprivileged uid (the venv's may not be)
 NOBODY = 65534
 
 # What each bypass gets under the guard (tests/egress_probe.py names them).

@@ -7,45 +7,18 @@ is a small HTTP server on 127.0.0.1, listed as `127.0.0.1:PORT`."""
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import socket
-import threading
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.commands import run_sidecar
 from tests.harness import py_cli, running_sidecar, wait_for, write_cli_config
-from tests.test_config import run_sidecar
-from tests.test_crash import kill_supervisor, restarted
-
-
-class Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b"hello"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def web_server() -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
+from tests.proctools import kill_supervisor, restarted
+from tests.webserver import web_server
 
 
 def through_proxy(proxy: str, target: str) -> bytes:

@@ -22,9 +22,17 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.harness import Sidecar, py_cli, stubborn_pids, wait_for, write_cli_config
-from tests.test_crash import init_of, kill_supervisor, supervisor_of
-from tests.test_faults import RECOVER_WITHIN, census, explained, kill_new_server, wait_whole
+from tests.faulttools import (
+    RECOVER_WITHIN,
+    census,
+    explained,
+    fault_clis,
+    kill_new_server,
+    only_server,
+    wait_whole,
+)
+from tests.harness import Sidecar, stubborn_pids, wait_for
+from tests.proctools import init_of, kill_supervisor, reaped, supervisor_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -33,15 +41,7 @@ NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 
 @pytest.fixture
 def clis(short_tmp: Path) -> Path:
-    stubborn = py_cli("stubborn.py", str(short_tmp / "stubborn.pids"), "fresh")["command"]
-    return write_cli_config(
-        short_tmp / "clis.yaml",
-        {
-            "alpha": py_cli("pidfile.py", str(short_tmp / "alpha.pid")),
-            "beta": py_cli("pidfile.py", str(short_tmp / "beta.pid")),
-            "stubborn": {"command": stubborn, "resume": [*stubborn[:-1], "resumed"]},
-        },
-    )
+    return fault_clis(short_tmp)
 
 
 @pytest.fixture
@@ -59,27 +59,15 @@ def sidecar(short_tmp: Path, clis: Path) -> Iterator[Callable[..., Sidecar]]:
         sc.kill_everything()
 
 
-def only_server(sc: Sidecar) -> int:
-    [server] = census(sc).servers
-    return server.pid
-
-
-def gone(pid: int) -> bool:
-    """`pid` has exited and been reaped (init reaps the tmux server: it is init's orphan)."""
-    return not os.path.exists(f"/proc/{pid}")
-
-
 def stubborn_ready(tmp: Path) -> int:
     """The stubborn CLI's pid once it ignores SIGHUP and SIGTERM (before, the hangup of a
     dying tmux server would end it at once)."""
     return wait_for(lambda: stubborn_pids(tmp / "stubborn.pids"), what="stubborn CLI ready")[0]
 
 
-def stop(sc: Sidecar) -> None:
+def stop_cleanly(sc: Sidecar) -> None:
     """SIGTERM: exit 0, nothing of the sleeve left."""
-    assert sc.proc is not None
-    sc.proc.send_signal(signal.SIGTERM)
-    assert sc.proc.wait(15) == 0
+    assert sc.stop() == 0
     left = census(sc)
     assert not (left.tmux or left.cli_procs or left.ttyds), left
 
@@ -148,7 +136,7 @@ def test_the_heal_survives_its_new_tmux_server_killed_at_once(
         code, body = sc.post("/resleeve")
         assert code == 202, body
         resleeved(sc, cli, "alpha", killed | {cli})
-        stop(sc)
+        stop_cleanly(sc)
 
 
 # ---- a resleeve while tmux is dead -----------------------------------------------------------
@@ -167,7 +155,7 @@ def test_a_resleeve_that_arrives_with_the_tmux_servers_death_completes(
         server = only_server(sc)
         kill_supervisor(sc, signal.SIGSTOP)
         os.kill(server, signal.SIGKILL)
-        wait_for(lambda: gone(server), what="the tmux server reaped")
+        wait_for(lambda: reaped(server), what="the tmux server reaped")
         conn = http.client.HTTPConnection("127.0.0.1", sc.port, timeout=RECOVER_WITHIN)
         try:
             body = json.dumps({"cli": "beta"})
@@ -182,7 +170,7 @@ def test_a_resleeve_that_arrives_with_the_tmux_servers_death_completes(
         resleeved(sc, old_cli, "beta", {server, old_cli})
         done = events.resleeve_done()
         assert (done["cli"], done["state"]) == ("beta", "running"), json.dumps(done)
-        stop(sc)
+        stop_cleanly(sc)
 
 
 def test_a_resleeve_whose_tmux_server_dies_while_it_stops_the_old_cli_completes(
@@ -202,7 +190,7 @@ def test_a_resleeve_whose_tmux_server_dies_while_it_stops_the_old_cli_completes(
         resleeved(sc, old_cli, "beta", {server, old_cli})
         done = events.resleeve_done()
         assert (done["cli"], done["state"]) == ("beta", "running"), json.dumps(done)
-        stop(sc)
+        stop_cleanly(sc)
 
 
 # ---- no signal to a pid that was not checked -------------------------------------------------
@@ -231,7 +219,7 @@ def decoy_at(pid: int, supervisor: psutil.Process, tries: int = 50) -> subproces
     supervisor.suspend()
     try:
         for _ in range(tries):
-            wait_for(lambda: gone(pid), timeout=10, what=f"pid {pid} free again")
+            wait_for(lambda: reaped(pid), timeout=10, what=f"pid {pid} free again")
             NS_LAST_PID.write_text(str(pid - 1))
             decoy = subprocess.Popen(["sleep", "600"])
             if decoy.pid == pid:
@@ -266,7 +254,7 @@ def test_a_vanished_socket_never_gets_sigusr1_sent_to_a_reused_pid(
         old_cli = stubborn_ready(short_tmp)
         server = only_server(sc)
         os.kill(server, signal.SIGKILL)
-        wait_for(lambda: gone(server), what="the tmux server reaped")
+        wait_for(lambda: reaped(server), what="the tmux server reaped")
         (sc.state_dir / "tmux.sock").unlink()  # a SIGKILLed server leaves its socket file
         supervisor = supervisor_of(init_of(sc))
         assert supervisor is not None
@@ -278,4 +266,4 @@ def test_a_vanished_socket_never_gets_sigusr1_sent_to_a_reused_pid(
             f"the decoy holding the dead tmux server's pid {server} ended with {code}"
             + (f" ({signal.Signals(-code).name})" if code is not None and code < 0 else "")
         )
-        stop(sc)
+        stop_cleanly(sc)

@@ -12,7 +12,6 @@ throughout; the only randomness is in the test's plan and its pacing.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import signal
@@ -30,16 +29,15 @@ from typing import Any
 import pytest
 
 from sidecar.process.init import MAX_CRASHES
-from tests.harness import (
-    CLIS,
-    Proc,
-    Sidecar,
-    http,
-    live_processes,
-    py_cli,
-    wait_for,
-    write_cli_config,
+from tests.faulttools import (
+    RECOVER_WITHIN,
+    census,
+    fault_clis,
+    kill_new_server,
+    log_excerpt,
+    wait_whole,
 )
+from tests.harness import NEEDLECAST_WRITER, Sidecar, http
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -51,9 +49,6 @@ GRACE = 1  # SIDECAR_STOP_GRACE: the stubborn CLI costs a grace at every stop
 # less than 10 s doubles its backoff (1, 2, 4 s), which RECOVER_WITHIN has to cover. The
 # supervisor: init gives up at MAX_CRASHES crashes within a minute; a run stays below.
 MAX_KILLS = {"cli": 3, "ttyd": 3, "supervisor": MAX_CRASHES - 2}
-RECOVER_WITHIN = 20.0  # seconds from a burst's end until the sleeve is whole again
-WRITER = Path(__file__).resolve().parent / "needlecast_writer.py"
-SCRIPTS = (str(CLIS / "pidfile.py"), str(CLIS / "stubborn.py"))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -71,113 +66,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 # ---- the sleeve's processes ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Census:
-    """The sleeve's processes at one moment (from one scan of /proc)."""
-
-    servers: list[Proc]  # tmux servers on our socket
-    tmux: list[Proc]  # every tmux process on our socket: servers and clients
-    cli_procs: list[Proc]  # every process running one of our CLIs' scripts
-    ttyds: list[Proc]
-    supervisors: list[Proc]  # init's children that run init's own command line
-    procs: dict[int, Proc]
-
-    @property
-    def clis(self) -> list[Proc]:
-        """The CLIs themselves: a CLI's own forks (stubborn's child) are not counted again."""
-        ours = {p.pid for p in self.cli_procs}
-        return [p for p in self.cli_procs if p.ppid not in ours]
-
-    def under(self, root: int, proc: Proc) -> bool:
-        """`proc` is `root` or one of its descendants."""
-        seen = set()
-        while proc.pid != root and proc.ppid in self.procs and proc.pid not in seen:
-            seen.add(proc.pid)
-            proc = self.procs[proc.ppid]
-        return proc.pid == root
-
-
-def census(sc: Sidecar, init: int | None = None) -> Census:
-    """The processes of `sc` now; its supervisors only when its init's pid is given."""
-    sock = str(sc.state_dir / "tmux.sock")
-    marker = str(sc.tmp)
-    procs = {p.pid: p for p in live_processes()}
-    on_sock = [p for p in procs.values() if any(sock in a for a in p.argv)]
-    init_argv = procs[init].argv if init is not None and init in procs else None
-    return Census(
-        servers=[p for p in on_sock if p.name == "tmux: server"],
-        tmux=[p for p in on_sock if p.name.startswith("tmux")],
-        cli_procs=[
-            p
-            for p in procs.values()
-            if p.argv[:1] == (sys.executable,)
-            and p.argv[1:2]
-            and p.argv[1] in SCRIPTS
-            and any(marker in a for a in p.argv[2:])
-        ],
-        ttyds=[p for p in on_sock if p.name == "ttyd"],
-        supervisors=[
-            p for p in procs.values() if p.ppid == init and init_argv and p.argv == init_argv
-        ],
-        procs=procs,
-    )
-
-
-def not_whole(sc: Sidecar, killed: frozenset[int] = frozenset()) -> str | None:
-    """Why the sleeve is not whole now (None: it is): healthy, its CLI and ttyd running, no
-    resleeve under way, one tmux server on its socket, one CLI (the one /status names, with
-    nothing of an older CLI left), one ttyd, one supervisor, and none of them a process in
-    `killed` (a view from before the supervisor noticed a kill is not a recovery)."""
-    assert sc.proc is not None
-    code, health = sc.get("/health")
-    if code != 200 or health.get("status") != "healthy":
-        return f"/health {code} {health}"
-    code, s = sc.get("/status")
-    if code != 200:
-        return f"/status {code} {s}"
-    if not s["cli_running"] or s["ttyd_state"] != "running" or s["resleeving"]:
-        keys = ("cli", "cli_state", "cli_pid", "ttyd_state", "resleeving", "warnings")
-        shown = {k: s[k] for k in keys}
-        return f"/status {shown}"
-    c = census(sc, sc.proc.pid)
-    clis = c.clis
-    problems = []
-    if len(c.servers) != 1:
-        problems.append(f"tmux servers {[p.pid for p in c.servers]}")
-    if [p.pid for p in clis] != [s["cli_pid"]]:
-        problems.append(f"CLIs {[p.pid for p in clis]}, /status says {s['cli_pid']}")
-    elif any(not c.under(clis[0].pid, p) for p in c.cli_procs):
-        problems.append(f"processes of an older CLI left: {c.cli_procs}")
-    if len(c.ttyds) != 1:
-        problems.append(f"ttyds {[p.pid for p in c.ttyds]}")
-    if len(c.supervisors) != 1:
-        problems.append(f"supervisors {[p.pid for p in c.supervisors]}")
-    now = {p.pid for p in [*c.servers, *clis, *c.ttyds, *c.supervisors]} | {s["cli_pid"]}
-    if now & killed:
-        problems.append(f"killed processes still counted: {sorted(now & killed)}")
-    return "; ".join(problems) or None
-
-
-def wait_whole(
-    sc: Sidecar, timeout: float, what: str, killed: frozenset[int] = frozenset()
-) -> float:
-    """Wait until the sleeve is whole; the seconds it took. Fails with the last reason."""
-    began = time.monotonic()
-    last: list[str] = []
-
-    def whole() -> bool:
-        why = not_whole(sc, killed)
-        if why is not None:
-            last[:] = [why]
-        return why is None
-
-    try:
-        wait_for(whole, timeout=timeout, interval=0.05, what=what)
-    except AssertionError:
-        raise AssertionError(f"{what}: not whole after {timeout:g}s: {last}") from None
-    return time.monotonic() - began
 
 
 # ---- the plan --------------------------------------------------------------------------------
@@ -262,22 +150,6 @@ def request(sc: Sidecar, method: str, path: str, body: Any = None) -> tuple[int 
         return None, exc
 
 
-def kill_new_server(sc: Sidecar, old: set[int], within: float = 3.0) -> tuple[int, float] | None:
-    """SIGKILL the first tmux server on our socket that is not one of `old`, the moment it
-    appears (a scan of /proc takes about a millisecond); its pid and the seconds from seeing
-    it to the SIGKILL sent (None: none appeared within `within` seconds)."""
-    sock = str(sc.state_dir / "tmux.sock")
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        for p in live_processes():
-            if p.name == "tmux: server" and p.pid not in old and any(sock in a for a in p.argv):
-                seen = time.monotonic()
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGKILL)
-                return p.pid, time.monotonic() - seen
-    return None
-
-
 def kill(sc: Sidecar, target: str, ledger: Ledger) -> None:
     assert sc.proc is not None
     c = census(sc, sc.proc.pid)
@@ -326,7 +198,15 @@ def act(sc: Sidecar, action: Action, ledger: Ledger) -> None:
             ledger.bad_answers.append(f"POST /inbox: {code} {body}")
     elif action.kind == "outbox":
         out = subprocess.run(
-            [sys.executable, str(WRITER), "append", str(sc.workspace), "outbox", action.arg, "3"],
+            [
+                sys.executable,
+                str(NEEDLECAST_WRITER),
+                "append",
+                str(sc.workspace),
+                "outbox",
+                action.arg,
+                "3",
+            ],
             capture_output=True,
             text=True,
             timeout=30,
@@ -374,49 +254,17 @@ def watch_clis(sc: Sidecar, ledger: Ledger, stop: threading.Event) -> None:
         stop.wait(0.02)
 
 
-def make_sidecar(tmp: Path) -> Sidecar:
-    stubborn = py_cli("stubborn.py", str(tmp / "stubborn.pids"), "fresh")["command"]
-    config = write_cli_config(
-        tmp / "clis.yaml",
-        {
-            "alpha": py_cli("pidfile.py", str(tmp / "alpha.pid")),
-            "beta": py_cli("pidfile.py", str(tmp / "beta.pid")),
-            "stubborn": {"command": stubborn, "resume": [*stubborn[:-1], "resumed"]},
-        },
-    )
+def fault_sidecar(tmp: Path) -> Sidecar:
+    """A sidecar running the fault CLIs (`alpha` first), restarted whatever their exit."""
     return Sidecar(
         tmp,
         cli="alpha",
         env_extra={
-            "SIDECAR_CLI_CONFIG": str(config),
+            "SIDECAR_CLI_CONFIG": str(fault_clis(tmp)),
             "SIDECAR_RESTART": "always",
             "SIDECAR_STOP_GRACE": str(GRACE),
         },
     )
-
-
-@contextlib.contextmanager
-def explained(sc: Sidecar) -> Iterator[None]:
-    """A failed assertion comes with the sidecar log's warnings and errors."""
-    try:
-        yield
-    except AssertionError as exc:
-        msg = f"{exc}\nsidecar log ({sc.log_path}), warnings and errors:\n{log_excerpt(sc)}"
-        raise AssertionError(msg) from exc
-
-
-def log_excerpt(sc: Sidecar, lines: int = 40) -> str:
-    """The sidecar log's warnings and errors, last `lines` of them."""
-    picked = []
-    for line in sc.log().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            picked.append(line)
-            continue
-        if str(record.get("level")).lower() in ("warning", "error", "critical"):
-            picked.append(f"{record.get('logger')}: {record.get('msg')}")
-    return "\n".join(picked[-lines:])
 
 
 def test_every_fault_heals(seed: int, short_tmp: Path) -> None:
@@ -428,7 +276,7 @@ def test_every_fault_heals(seed: int, short_tmp: Path) -> None:
     the failure lists every one that broke."""
     bursts = plan(seed)
     ledger = Ledger(seed, random.Random(seed + 1))
-    sc = make_sidecar(short_tmp)
+    sc = fault_sidecar(short_tmp)
     stop = threading.Event()
     broken: list[str] = []
 

@@ -68,6 +68,7 @@ def fuzz(sc: Sidecar, report: Path, *headers: str) -> subprocess.CompletedProces
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # ~25 operations at 50 cases each: past 120 s on a busy machine
 @pytest.mark.parametrize("secured", [False, True], ids=["no-token", "token"])
 def test_the_server_and_its_document_agree(
     make_sidecar: Callable[..., Sidecar], short_tmp: Path, secured: bool

@@ -11,21 +11,17 @@ import pytest
 
 from sidecar.agent import hook_relay
 from sidecar.agent.clis import gemini_cli
-from sidecar.agent.hook_source import HOOK_CLIS
+from sidecar.agent.clis.gemini_cli import hooks
 from sidecar.agent.hooks import HookEffect
-from sidecar.agent.registry import HOOK_SCREENS, load_registry
+from sidecar.agent.registry import load_registry
 from sidecar.config import ConfigError
 
 SESSION = "3f4e3873-1575-49ef-b81d-222c6ae9216f"
 CONTEXT = {"type": "user", "content": [{"text": "<session_context>\nThis is the Gemini CLI."}]}
 
 
-def test_hook_clis_are_the_registry_s() -> None:
-    assert set(HOOK_CLIS) == HOOK_SCREENS
-
-
 def test_events_say_the_state_and_the_session() -> None:
-    interpret = gemini_cli.interpret
+    interpret = hooks.interpret
     start = interpret("SessionStart", {"session_id": SESSION, "source": "startup"})
     assert (start.state, start.session_id) == (None, SESSION)
     assert interpret("BeforeAgent", {"session_id": "not-a-uuid"}) == HookEffect("working")
@@ -34,7 +30,9 @@ def test_events_say_the_state_and_the_session() -> None:
         "message": "Tool Confirm Shell Command requires execution",
         "details": {"type": "exec", "title": "Confirm Shell Command", "command": "rm -rf b\n"},
     }
-    assert interpret("Notification", asks) == HookEffect("waiting", "Shell: rm -rf b")
+    assert interpret("Notification", asks) == HookEffect(
+        "waiting", "Shell: rm -rf b", restates=True
+    )
     edit = {"notification_type": "ToolPermission", "details": {"type": "edit", "filePath": "/a"}}
     assert interpret("Notification", edit).reason == "Edit: /a"
     odd = {"notification_type": "ToolPermission", "details": [], "message": "Tool X"}
@@ -46,22 +44,23 @@ def test_events_say_the_state_and_the_session() -> None:
 
 
 def test_approval_keys_pick_the_confirmation_s_choices() -> None:
-    assert gemini_cli.approval_keys("allow", False) == ("1",)
-    assert gemini_cli.approval_keys("allow", True) == ("2",)
-    assert gemini_cli.approval_keys("deny", False) == ("3",)
-    assert gemini_cli.approval_keys("deny", True) == ("3",)
+    keys = gemini_cli.CLI.screen.keys
+    assert keys("allow", False) == ("1",)
+    assert keys("allow", True) == ("2",)
+    assert keys("deny", False) == ("3",)
+    assert keys("deny", True) == ("3",)
 
 
 def test_settings_add_our_relay_to_an_administrator_s_defaults(tmp_path: Path) -> None:
     mine = {"hooks": {"AfterAgent": [{"hooks": [{"type": "command", "command": "theirs"}]}]}}
     admin = {**mine, "ui": {"theme": "x"}}
     ours = tmp_path / "ours.json"
-    document = gemini_cli.settings("http://127.0.0.1:1/hooks/gemini-cli/", "s3", ours, admin)
+    document = hooks.settings("http://127.0.0.1:1/hooks/gemini-cli/", "s3", ours, admin)
     assert document["ui"] == {"theme": "x"}
     after = document["hooks"]["AfterAgent"]
     assert after[0]["hooks"][0]["command"] == "theirs"
     assert after[1]["hooks"][0]["command"] == hook_relay.command(ours, "AfterAgent")
-    assert set(document["hooks"]) == set(gemini_cli.EVENTS)
+    assert set(document["hooks"]) == set(hooks.EVENTS)
     # The relay finds the route and the secret in it.
     assert hook_relay._target(document) == (
         "http://127.0.0.1:1/hooks/gemini-cli/",
@@ -71,20 +70,20 @@ def test_settings_add_our_relay_to_an_administrator_s_defaults(tmp_path: Path) -
 
 
 def test_system_defaults_follow_gemini_s_variables() -> None:
-    assert gemini_cli.system_defaults({}) == Path("/etc/gemini-cli/system-defaults.json")
-    assert gemini_cli.system_defaults({"GEMINI_CLI_SYSTEM_SETTINGS_PATH": "/o/s.json"}) == Path(
+    assert hooks.system_defaults({}) == Path("/etc/gemini-cli/system-defaults.json")
+    assert hooks.system_defaults({"GEMINI_CLI_SYSTEM_SETTINGS_PATH": "/o/s.json"}) == Path(
         "/o/system-defaults.json"
     )
     given = {"GEMINI_CLI_SYSTEM_DEFAULTS_PATH": "/d.json"}
-    assert gemini_cli.system_defaults(given) == Path("/d.json")
+    assert hooks.system_defaults(given) == Path("/d.json")
 
 
 def test_ci_markers_that_make_gemini_headless_become_1() -> None:
     """Gemini 0.61 drops its terminal UI when CI or GITHUB_ACTIONS is exactly "true"."""
     env = {"CI": "true", "GITHUB_ACTIONS": "true", "CI_JOB": "true", "HOME": "/h"}
-    assert gemini_cli.interactive_env(env) == {"CI": "1", "GITHUB_ACTIONS": "1"}
+    assert hooks.interactive_env(env) == {"CI": "1", "GITHUB_ACTIONS": "1"}
     for kept in ({}, {"CI": "1"}, {"CI": "True"}, {"CI": "false"}, {"GITHUB_ACTIONS": ""}):
-        assert gemini_cli.interactive_env(kept) == {}
+        assert hooks.interactive_env(kept) == {}
 
 
 def _conversation(home: Path, workspace: Path, name: str, lines: list[object]) -> None:
@@ -97,7 +96,7 @@ def _conversation(home: Path, workspace: Path, name: str, lines: list[object]) -
 
 def test_a_pinned_conversation_is_resumed_only_when_gemini_would(tmp_path: Path) -> None:
     gemini, ws = tmp_path / ".gemini", tmp_path / "ws"
-    args = gemini_cli.session_args
+    args = hooks.session_args
     assert args(SESSION, gemini, ws) == (("--session-id", SESSION), SESSION)
     header = {"sessionId": SESSION, "startTime": "t", "kind": "main"}
     name = f"session-2026-11-24T18-45-{SESSION[:8]}.jsonl"
@@ -127,7 +126,7 @@ def test_state_hooks_is_for_the_clis_whose_hooks_the_sidecar_knows(tmp_path: Pat
     path = tmp_path / "clis.yaml"
     path.write_text("clis:\n  mine:\n    command: [/opt/gemini]\n    state: hooks\n")
     mine = load_registry(path)["mine"]
-    assert (mine.state, mine.screen) == ("hooks", "gemini-cli")
+    assert (mine.state, mine.knowledge) == ("hooks", gemini_cli.CLI)
     path.write_text("clis:\n  mine:\n    command: [/opt/other]\n    state: hooks\n")
     with pytest.raises(ConfigError, match="state: hooks needs a CLI whose hooks it knows"):
         load_registry(path)

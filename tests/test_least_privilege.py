@@ -28,11 +28,10 @@ import pytest
 
 from sidecar.process.ttyd import BASE_PATH, VIEWER_FLAGS, WRITER_FLAGS
 from sidecar.security.caps import CAP_KILL, CAP_SETGID, CAP_SETUID, current_caps
-from tests.harness import CLIS, REPO, Sidecar, free_port, wait_for, write_cli_config
-from tests.tools import missing
+from tests.harness import CLIS, REPO, Sidecar, bearer, free_port, wait_for, write_cli_config
+from tests.tools import SYSTEM_PYTHON, missing
 
 UID = GID = 23456  # no passwd entry on purpose
-SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's interpreter may live under root's 0700 home
 
 
 @pytest.fixture
@@ -56,10 +55,6 @@ def user_sidecar(
         return sc
 
     yield make
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def processes_of(sc: Sidecar) -> dict[str, list[psutil.Process]]:

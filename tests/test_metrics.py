@@ -8,32 +8,12 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from sidecar.api import prometheus
 from sidecar.core.contract import AGENT_STATES
 from tests.harness import Sidecar, py_cli, wait_for, write_cli_config
+from tests.metricstools import TOKEN, scrape, value
 
-TOKEN = "metrics-admin-token-0123"
 VIEW = "metrics-view-token-0123"
-
-
-def scrape(sc: Sidecar, token: str = TOKEN) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample as {(name, sorted labels): value}; fails on a line the parser refuses."""
-    code, body = sc.get("/metrics", headers={"Authorization": f"Bearer {token}"})
-    assert code == 200, body
-    assert isinstance(body, bytes)
-    samples = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples
-
-
-def value(
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
-) -> float:
-    return samples[(name, tuple(sorted(labels.items())))]
 
 
 def test_metrics_need_a_token_and_take_the_view_token(make_sidecar: Callable[..., Sidecar]) -> None:

@@ -1,5 +1,5 @@
 """The needlecast message format: the boundary rule, escaping, bad input
-(sidecar.workspace.needlecast).
+(sidecar.workspace.needlecast, sidecar.workspace.needlecast_bounds).
 
 Some tests go through a Mailbox: what the rule promises is seen when appending and acking."""
 
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from sidecar.api.messages import message_answer
 from sidecar.core.contract import MESSAGE_TYPES
-from sidecar.workspace import needlecast
+from sidecar.workspace import needlecast, needlecast_bounds
 from sidecar.workspace.mailbox import Mailbox, RemoveResult
 from sidecar.workspace.needlecast import Message, parse_messages, render_messages
 from tests.needlecast_samples import SEED, box_file, msg
@@ -131,7 +131,7 @@ def test_any_messages_appended_to_a_file_then_read_are_the_same(messages: list[M
 def test_fast_path_values_read_the_same_as_yaml_would(value: str) -> None:
     header = f"id: {value}\n"
     fast, _, _ = needlecast._load_header(header, True)
-    assert needlecast._scan(f"---\n{header}---\n".encode()).segments[0].fast
+    assert needlecast_bounds.layout(f"---\n{header}---\n".encode()).segment(0).fast
     slow = yaml.load(header, Loader=needlecast._HeaderLoader)
     assert fast is not None
     assert needlecast._field(fast, "id") == needlecast._field(slow, "id")

@@ -14,22 +14,19 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from sidecar.workspace.mailbox import Mailbox
 from sidecar.workspace.needlecast import Message, render_message, render_messages
-from tests.harness import message_app, wait_for
+from tests.harness import NEEDLECAST_WRITER, REPO, message_client, wait_for
 from tests.needlecast_writer import BIG_BODY, body_for
 
-WRITER = str(pathlib.Path(__file__).with_name("needlecast_writer.py"))
-REPO = pathlib.Path(__file__).resolve().parent.parent
 TIME = "2026-01-21T10:00:00Z"
 
 
 @pytest.fixture
 async def client(tmp_path: pathlib.Path) -> AsyncIterator[TestClient[web.Request, web.Application]]:
-    app = message_app(tmp_path)
-    async with TestClient(TestServer(app, host="127.0.0.1", port=0)) as c:
+    async with message_client(tmp_path) as c:
         yield c
 
 
@@ -39,7 +36,7 @@ async def start_writers(
     return [
         await asyncio.create_subprocess_exec(
             sys.executable,
-            WRITER,
+            NEEDLECAST_WRITER,
             "append",
             str(workspace),
             name,
@@ -143,7 +140,7 @@ def test_kill_9_between_temp_file_and_rename_leaves_the_old_file_whole(
     path = outbox_with(tmp_path, messages)
     before = path.read_bytes()
     child = subprocess.Popen(
-        [sys.executable, WRITER, "rewrite-pause", str(tmp_path), "m00005"],
+        [sys.executable, NEEDLECAST_WRITER, "rewrite-pause", str(tmp_path), "m00005"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         cwd=REPO,
@@ -177,7 +174,9 @@ def test_kill_9_at_a_random_moment_of_rewrites_leaves_an_old_or_new_version(
     for _ in range(3):
         path = outbox_with(tmp_path, messages)
         inode = path.stat().st_ino
-        child = subprocess.Popen([sys.executable, WRITER, "rewrite-loop", str(tmp_path)], cwd=REPO)
+        child = subprocess.Popen(
+            [sys.executable, NEEDLECAST_WRITER, "rewrite-loop", str(tmp_path)], cwd=REPO
+        )
         wait_for(  # the first rewrite landed: now it is busy rewriting
             lambda p=path, i=inode, c=child: p.stat().st_ino != i or c.poll() is not None,
             30,
@@ -202,7 +201,7 @@ def test_kill_9_during_big_appends_never_shows_a_torn_message(tmp_path: pathlib.
     for _ in range(5):
         path.write_bytes(b"")
         child = subprocess.Popen(
-            [sys.executable, WRITER, "append-big", str(tmp_path), "8"], cwd=REPO
+            [sys.executable, NEEDLECAST_WRITER, "append-big", str(tmp_path), "8"], cwd=REPO
         )
         wait_for(
             lambda c=child: path.stat().st_size >= 1_500_000 or c.poll() is not None,

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.agenttools import EventLog, wait_agent
+from tests.agenttools import EventLog, wait_agent, wait_ticks
 from tests.harness import CLIS, Sidecar, wait_for, write_cli_config
-from tests.tools import missing
+from tests.tools import SYSTEM_PYTHON, missing
 
 UID = GID = 23457  # no passwd entry on purpose
-SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's interpreter may live under root's 0700 home
 
 
 @pytest.fixture
@@ -82,13 +81,8 @@ def test_an_inbox_the_user_cannot_read_is_logged_once_and_notices_resume_when_it
     sc.start()
     events = EventLog(sc)
     wait_agent(sc, "idle")
-    # Every tick is a look (the tick also reports CURRENT.md edits): three edits seen on
-    # /events are three looks that failed.
-    for n in (1, 2, 3):
-        current.write_text(f"# Current\n\n## Task\nstep {n}\n")
-        events.wait(
-            lambda e, n=n: e["type"] == "progress-update" and e["task"] == f"step {n}", "tick"
-        )
+    # Every tick is a look: three ticks are three looks that failed.
+    wait_ticks(sc, events, 3)
     assert sc.log().count("cannot look at the inbox") == 1, sc.log()
     assert "PermissionError" in sc.log()
     assert events.of("inbox-notified") == []

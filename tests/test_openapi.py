@@ -192,7 +192,10 @@ def test_answers_allow_additions_and_requests_do_not(spec: dict[str, Any]) -> No
         "InputRequest",
         "ApprovalRequest",
         "EgressPatch",
+        "PushSubscription",
+        "PushEndpoint",
     }
+    requests.add("PushKeys")  # inside PushSubscription: closed like the body around it
     for name, item in spec["components"]["schemas"].items():
         if item.get("type") == "object":
             assert (item.get("additionalProperties", True) is False) is (name in requests), name

@@ -11,6 +11,7 @@ import pytest
 
 from sidecar.agent.approvals import Answer
 from sidecar.agent.clis import opencode
+from sidecar.agent.clis.opencode import events
 from sidecar.agent.registry import load_registry
 from sidecar.config import ConfigError
 from tests.harness import write_cli_config
@@ -41,15 +42,15 @@ ASKED = ev(
 
 def test_launch_argv_puts_its_server_on_our_port_and_resumes_the_pinned_session() -> None:
     server = ("--port", "4242", "--hostname", "127.0.0.1")
-    assert opencode.launch_argv(("opencode",), host="127.0.0.1", port=4242, session_id=None) == (
+    assert events.launch_argv(("opencode",), host="127.0.0.1", port=4242, session_id=None) == (
         "opencode",
         *server,
     )
-    resumed = opencode.launch_argv(
+    resumed = events.launch_argv(
         ("opencode", "--continue", "-m", "x/y"), host="127.0.0.1", port=4242, session_id=SES
     )
     assert resumed == ("opencode", "-m", "x/y", "--session", SES, *server)
-    other = opencode.launch_argv(
+    other = events.launch_argv(
         ("opencode", "-s", "ses_old", "--session=ses_old2"),
         host="127.0.0.1",
         port=1,
@@ -59,7 +60,7 @@ def test_launch_argv_puts_its_server_on_our_port_and_resumes_the_pinned_session(
 
 
 def test_a_turn_with_a_permission_request_reads_working_waiting_working_idle() -> None:
-    turns = opencode.Turns()
+    turns = events.Turns()
     created = ev("session.created", sessionID=SES, info={"id": SES})
     assert turns.apply(created).state is None
     busy = turns.apply(status(SES, "busy"))
@@ -74,7 +75,7 @@ def test_a_turn_with_a_permission_request_reads_working_waiting_working_idle() -
 
 
 def test_a_subagents_session_keeps_the_turn_working_and_never_becomes_the_session() -> None:
-    turns = opencode.Turns(session_id=SES)
+    turns = events.Turns(session_id=SES)
     child = "ses_child"
     turns.apply(ev("session.created", sessionID=child, info={"id": child, "parentID": SES}))
     turns.apply(status(SES, "busy"))
@@ -85,42 +86,43 @@ def test_a_subagents_session_keeps_the_turn_working_and_never_becomes_the_sessio
 
 
 def test_a_question_is_waiting_and_sync_rebuilds_the_state() -> None:
-    turns = opencode.Turns()
+    turns = events.Turns()
     question = ev("question.asked", id="que_1", sessionID=SES, questions=[{"question": "Which?"}])
     assert turns.apply(question).reason == "question: Which?"
     assert turns.apply(ev("question.rejected", sessionID=SES, requestID="que_1")).state == "idle"
-    synced = turns.sync({SES: {"type": "busy"}}, [ASKED["properties"]])
+    synced = turns.sync([{SES: {"type": "busy"}}, [ASKED["properties"]]])
     assert (synced.state, synced.reason) == ("waiting", "bash: touch /tmp/x")
-    assert turns.sync({SES: {"type": "idle"}}, []).state == "idle"
+    assert turns.sync([{SES: {"type": "idle"}}, []]).state == "idle"
 
 
 def test_bad_events_say_nothing() -> None:
-    turns = opencode.Turns()
+    turns = events.Turns()
     for bad in ({}, {"type": "session.status"}, ev("session.status"), ev("permission.asked")):
         assert turns.apply(bad).state is None
-    assert opencode.permission_ask({"id": 3, "permission": "bash"}) is None
-    assert opencode.replied({"requestID": PER, "reply": "maybe"}) is None
+    assert events.permission_ask({"id": 3, "permission": "bash"}) is None
+    assert events.replied({"requestID": PER, "reply": "maybe"}) is None
 
 
 def test_replies_and_their_bodies() -> None:
-    assert opencode.replied(ASKED["properties"] | {"requestID": PER, "reply": "always"}) == (
+    assert events.replied(ASKED["properties"] | {"requestID": PER, "reply": "always"}) == (
         PER,
         "allow",
     )
-    assert opencode.replied({"requestID": PER, "reply": "reject"}) == (PER, "deny")
-    assert opencode.reply_body(Answer("allow", "api")) == {"reply": "once"}
-    assert opencode.reply_body(Answer("allow", "api", remember=True)) == {"reply": "always"}
-    assert opencode.reply_body(Answer("deny", "api", "not that")) == {
+    assert events.replied({"requestID": PER, "reply": "reject"}) == (PER, "deny")
+    assert events.reply_body(Answer("allow", "api")) == {"reply": "once"}
+    assert events.reply_body(Answer("allow", "api", remember=True)) == {"reply": "always"}
+    assert events.reply_body(Answer("deny", "api", "not that")) == {
         "reply": "reject",
         "message": "not that",
     }
-    assert opencode.reply_body(Answer("deny", "timeout")) == {"reply": "reject"}
+    assert events.reply_body(Answer("deny", "timeout")) == {"reply": "reject"}
 
 
 def test_keys_answering_its_prompt_on_screen() -> None:
-    assert opencode.approval_keys("allow", False) == ("Enter",)
-    assert opencode.approval_keys("allow", True) == ("Right", "Enter", "Enter")
-    assert opencode.approval_keys("deny", True) == ("Right", "Right", "Enter")
+    keys = opencode.CLI.screen.keys
+    assert keys("allow", False) == ("Enter",)
+    assert keys("allow", True) == ("Right", "Enter", "Enter")
+    assert keys("deny", True) == ("Right", "Right", "Enter")
 
 
 def test_the_registry_starts_opencode_with_its_events_and_refuses_them_for_others(

@@ -3,19 +3,14 @@ PID 1 there, reaps orphans, keeps exit statuses exact, and stops cleanly on SIGT
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal
-import socket
-import struct
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import psutil
@@ -24,31 +19,17 @@ import pytest
 from sidecar.process.init import MAX_CRASHES
 from tests.harness import (
     CLIS,
-    REPO,
+    PYTHONPATH,
     Sidecar,
     py_cli,
     stubborn_pids,
     wait_for,
     write_cli_config,
 )
+from tests.kernel_exits import KernelExits
+from tests.proctools import UNSHARE, namespace_init, ns_pid
 
-UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
 pytestmark = pytest.mark.needs("unshare")
-
-
-def namespace_init(sc: Sidecar) -> psutil.Process:
-    """The sidecar process that is PID 1 inside the namespace (unshare's only child)."""
-    assert sc.proc is not None
-    [child] = psutil.Process(sc.proc.pid).children()
-    return child
-
-
-def ns_pid(proc: psutil.Process) -> int:
-    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-        if line.startswith("NSpid:"):
-            return int(line.split()[-1])
-    msg = "no NSpid line"
-    raise AssertionError(msg)
 
 
 def zombies(root: psutil.Process) -> list[int]:
@@ -96,11 +77,11 @@ def test_exit_statuses_stay_exact_under_the_reaper(in_namespace: Callable[..., S
         "CLI exited, ttyd running",
     )
     assert status["cli_exit_code"] == 7
-    # ttyd is an asyncio child: its death by SIGKILL must read as -9, not 255.
+    # ttyd is an asyncio child: its death by SIGKILL must read as such (-9), not as exit 255.
     init = namespace_init(sc)
     [ttyd] = [p for p in init.children(recursive=True) if p.name() == "ttyd"]
     ttyd.kill()
-    wait_for(lambda: "ttyd: exited with -9" in sc.log(), timeout=5, what="ttyd's exit status")
+    wait_for(lambda: "ttyd: was killed (SIGKILL)" in sc.log(), timeout=5, what="ttyd's exit status")
     sc.wait_status(lambda s: s["ttyd_state"] == "running", "ttyd back")
     # libtmux's subprocess calls still see real statuses: a resleeve works end to end.
     assert sc.post("/resleeve", {"cli": "shell"})[0] == 202
@@ -112,7 +93,7 @@ def run_init_program(tmp: Path, *args: str) -> tuple[int, list[dict[str, Any]]]:
     """tests/clis/init_statuses.py as PID 1 of a fresh namespace: its exit code, its JSON lines."""
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        PYTHONPATH=PYTHONPATH,
     )
     proc = subprocess.run(
         [*UNSHARE, sys.executable, str(CLIS / "init_statuses.py"), *args],
@@ -160,64 +141,6 @@ def test_run_as_init_returns_128_plus_n_when_work_dies_by_signal_n_every_time(
     assert "giving up" in crashes[-1]["msg"]
     assert lines[-1] == {"init_pid": 1, "code": 128 + signo}
     assert code == 128 + signo
-
-
-# The kernel's process connector (netlink, CN_PROC): exit events with kernel timestamps.
-NETLINK_CONNECTOR, CN_IDX_PROC, CN_VAL_PROC = 11, 1, 1
-PROC_CN_MCAST_LISTEN, PROC_EVENT_EXIT, NLMSG_DONE = 1, 0x80000000, 3
-SO_RCVBUFFORCE = 33
-NLMSG_HDR, CN_MSG_HDR = struct.Struct("=IHHII"), struct.Struct("=IIIIHH")
-EVENT_HDR, EXIT_DATA = struct.Struct("=IIQ"), struct.Struct("=IIII")
-
-
-class KernelExits:
-    """Every thread exit on the machine as the kernel reports it (needs root): for each, the
-    thread id, its process id, the wait status and the kernel's timestamp, so the order in
-    which processes ended is the kernel's, not whatever order a poller happened to notice."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
-        self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 64 << 20)
-        self.sock.bind((0, CN_IDX_PROC))
-        self.sock.settimeout(0.1)
-        op = struct.pack("=I", PROC_CN_MCAST_LISTEN)
-        cn = CN_MSG_HDR.pack(CN_IDX_PROC, CN_VAL_PROC, 0, 0, len(op), 0) + op
-        self.sock.send(NLMSG_HDR.pack(NLMSG_HDR.size + len(cn), NLMSG_DONE, 0, 0, 0) + cn)
-        self.events: list[tuple[int, int, int, int]] = []  # (timestamp_ns, tid, pid, status)
-        self.lost = False
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._drain, daemon=True)
-        self._thread.start()
-
-    def _drain(self) -> None:
-        offset = NLMSG_HDR.size + CN_MSG_HDR.size
-        while not self._done.is_set():
-            try:
-                data = self.sock.recv(65536)
-            except TimeoutError:
-                continue  # the wake-up to look at _done
-            except OSError as exc:
-                if exc.errno == errno.ENOBUFS:
-                    self.lost = True
-                    continue
-                raise
-            what, _cpu, stamp = EVENT_HDR.unpack_from(data, offset)
-            if what == PROC_EVENT_EXIT:
-                tid, pid, status, _ = EXIT_DATA.unpack_from(data, offset + EVENT_HDR.size)
-                self.events.append((stamp, tid, pid, status))
-
-    def of(self, pid: int) -> list[tuple[int, int, int, int]]:
-        return [e for e in list(self.events) if e[2] == pid]
-
-    def __enter__(self) -> KernelExits:
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self._done.set()
-        self._thread.join(5)
-        self.sock.close()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the kernel's process connector needs root")

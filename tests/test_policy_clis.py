@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.agenttools import EventLog, wait_agent
+from tests.clitools import RAN, codex_sidecar, gemini_sidecar, rollout, run_dir, stub_for, tool_stub
 from tests.harness import Sidecar, wait_for, write_cli_config
-from tests.test_agent_codex import RAN, codex_sidecar, rollout, tool_stub
-from tests.test_agent_gemini import gemini_sidecar, run_dir, stub_for
 
 __all__ = ["run_dir", "stub_for", "tool_stub"]  # the fixtures, imported for pytest
 

@@ -21,10 +21,10 @@ import pytest
 from sidecar.audit.records import ApprovalResolvedRecord
 from sidecar.audit.trail import NAME, AuditTrail
 from tests.agenttools import EventLog
+from tests.commands import run_sidecar
+from tests.faulttools import fill, small_disk
 from tests.harness import REPO, Sidecar, http, wait_for
-from tests.test_audit import fill, small_disk
-from tests.test_config import run_sidecar
-from tests.test_crash import kill_supervisor, restarted
+from tests.proctools import kill_supervisor, restarted
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 GOOD = "rules:\n  - name: deny-x\n    match: {kind: egress, host: x.example}\n    action: deny\n"

@@ -20,29 +20,12 @@ from sidecar.pane.tmux import WAITER_SCRIPT, env_file_text
 from sidecar.process import statedir
 from sidecar.security import caps, tokens
 from sidecar.security.users import parse_user
-from tests.harness import REPO, run_until_exit
-from tests.tools import missing
+from tests.commands import run_sidecar
+from tests.harness import REPO
+from tests.tools import SYSTEM_PYTHON, missing
 
 BASE = {"SLEEVE_NAME": "alice", "SLEEVE_CLI": "shell"}
 UID = GID = 23456  # no passwd entry
-SYSTEM_PYTHON = "/usr/bin/python3"  # reachable by an unprivileged uid (the venv's may not be)
-
-
-def run_sidecar(
-    env: dict[str, str], tmp: Path, *, argv_prefix: tuple[str, ...] = (), **popen: object
-) -> subprocess.CompletedProcess[str]:
-    full = {
-        "PATH": os.environ["PATH"],
-        "PYTHONPATH": str(REPO),
-        "SIDECAR_STATE_DIR": str(tmp / "state"),
-        "SIDECAR_WORKSPACE": str(tmp / "ws"),
-        "SIDECAR_HOST": "127.0.0.1",
-        "SIDECAR_PORT": "1",  # never reached: every case here fails before listening
-        **BASE,
-        **env,
-    }
-    python = popen.pop("python", sys.executable)
-    return run_until_exit([*argv_prefix, str(python), "-m", "sidecar", "run"], full, 20, **popen)
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -74,7 +57,7 @@ def test_a_bad_sidecar_user_exits_2_naming_it(value: str, needle: str, tmp_path:
     with pytest.raises(ConfigError, match="SIDECAR_USER") as info:
         Config.from_env({**BASE, "SIDECAR_USER": value}, euid=0)
     assert needle in str(info.value)
-    line = one_line(run_sidecar({"SIDECAR_USER": value}, tmp_path))
+    line = one_line(run_sidecar({**BASE, "SIDECAR_USER": value}, tmp_path))
     assert line.startswith("sidecar: SIDECAR_USER") and needle in line
 
 
@@ -106,7 +89,12 @@ def test_sidecar_user_as_a_non_root_process_exits_2(tmp_path: Path) -> None:
     tmp_path.chmod(0o777)
     line = one_line(
         run_sidecar(
-            {"SIDECAR_USER": "4321"}, tmp_path, python=SYSTEM_PYTHON, user=UID, group=GID, cwd="/"
+            {**BASE, "SIDECAR_USER": "4321"},
+            tmp_path,
+            python=SYSTEM_PYTHON,
+            user=UID,
+            group=GID,
+            cwd="/",
         )
     )
     assert f"runs as uid {UID}" in line and "start as root" in line
@@ -119,7 +107,9 @@ def test_sidecar_user_without_the_capabilities_to_switch_exits_2_naming_them(
     if os.geteuid() != 0:
         missing("dropping capabilities from a root process needs root")
     setpriv = ("setpriv", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--")
-    line = one_line(run_sidecar({"SIDECAR_USER": f"{UID}:{GID}"}, tmp_path, argv_prefix=setpriv))
+    line = one_line(
+        run_sidecar({**BASE, "SIDECAR_USER": f"{UID}:{GID}"}, tmp_path, argv_prefix=setpriv)
+    )
     assert "--cap-add SETUID" in line and "--cap-add SETGID" in line and "--cap-add KILL" in line
 
 
@@ -199,7 +189,7 @@ def test_a_bad_token_file_exits_2_at_once(tmp_path: Path, kind: str, needle: str
     with pytest.raises(ConfigError, match="SIDECAR_TOKEN_FILE") as info:
         Config.from_env({**BASE, "SIDECAR_TOKEN_FILE": str(path)})
     assert needle in str(info.value)
-    line = one_line(run_sidecar({"SIDECAR_TOKEN_FILE": str(path)}, tmp_path))
+    line = one_line(run_sidecar({**BASE, "SIDECAR_TOKEN_FILE": str(path)}, tmp_path))
     assert line.startswith("sidecar: SIDECAR_TOKEN_FILE") and needle in line
     assert time.monotonic() - started < 10  # a FIFO with no writer is never waited on
 
@@ -212,7 +202,7 @@ def test_an_unreadable_token_file_exits_2(tmp_path: Path) -> None:
     secret.chmod(0o600)
     tmp_path.chmod(0o777)
     result = run_sidecar(
-        {"SIDECAR_VIEW_TOKEN_FILE": str(secret)},
+        {**BASE, "SIDECAR_VIEW_TOKEN_FILE": str(secret)},
         tmp_path,
         python=SYSTEM_PYTHON,
         user=UID,
@@ -230,7 +220,7 @@ def test_a_token_and_its_file_together_exit_2(var: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=f"{var} and {var}_FILE are both set"):
         Config.from_env({**BASE, **env})
     # Through the re-exec that moves the environment's token into a memfd, too.
-    assert f"{var} and {var}_FILE are both set" in one_line(run_sidecar(env, tmp_path))
+    assert f"{var} and {var}_FILE are both set" in one_line(run_sidecar({**BASE, **env}, tmp_path))
 
 
 # ---- the state dir ----------------------------------------------------------------------------
@@ -267,7 +257,7 @@ def test_a_state_dir_others_can_write_exits_2(
     state.chmod(mode)
     if owner is not None:
         os.chown(state, *owner)
-    line = one_line(run_sidecar({"SIDECAR_STATE_DIR": str(state)}, tmp_path))
+    line = one_line(run_sidecar({**BASE, "SIDECAR_STATE_DIR": str(state)}, tmp_path))
     assert line.startswith("sidecar: SIDECAR_STATE_DIR") and needle in line
 
 
@@ -275,7 +265,7 @@ def test_with_sidecar_user_a_state_dir_the_user_cannot_reach_exits_2(tmp_path: P
     if os.geteuid() != 0:
         missing("SIDECAR_USER needs root")
     tmp_path.chmod(0o700)  # pytest's temp dirs: the user cannot pass
-    line = one_line(run_sidecar({"SIDECAR_USER": f"{UID}:{GID}"}, tmp_path))
+    line = one_line(run_sidecar({**BASE, "SIDECAR_USER": f"{UID}:{GID}"}, tmp_path))
     assert "cannot reach" in line and "x for that user" in line
 
 

@@ -6,7 +6,6 @@ CLI forks at the wrong moment: the child is born after stop_tree's first look at
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -19,7 +18,7 @@ import pytest
 from sidecar.core.proc import start_time
 from sidecar.process.proctree import stop_tree
 from tests.harness import wait_for
-from tests.test_supervisor import gone
+from tests.proctools import all_exited
 
 FORKS_ON_SIGTERM = """
 import os, signal, sys
@@ -52,11 +51,11 @@ def test_a_child_forked_after_the_first_look_is_killed_with_the_tree(tmp_path: P
     )
     try:
         assert cli.stdout is not None and cli.stdout.readline() == b"ready\n"
-        asyncio.run(stop_tree(cli.pid, start_time(cli.pid), grace=0.5))
+        stop_tree(cli.pid, start_time(cli.pid), grace=0.5)
         forked = wait_for(lambda: children.exists() and children.read_text().split(), timeout=5)
         assert cli.wait(5) == -9
         # The child's parent is gone; whoever reaps it now, it must not be running.
-        wait_for(lambda: gone([int(forked[0])]), timeout=5, what="the late child gone")
+        wait_for(lambda: all_exited([int(forked[0])]), timeout=5, what="the late child gone")
     finally:
         for pid in [cli.pid, *map(int, children.read_text().split() if children.exists() else [])]:
             with contextlib.suppress(ProcessLookupError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,8 +24,8 @@ from sidecar.config import Config
 from sidecar.core.events import EventBus
 from sidecar.process.supervisor import Supervisor
 from tests.clis.screen_cli import ROWS, wide_line
+from tests.faulttools import only_server
 from tests.harness import CLIS, Sidecar, wait_for, write_cli_config
-from tests.test_faults import census
 
 TOKEN = "screen-admin-token-0123"
 VIEW = "screen-view-token-0123"
@@ -105,11 +106,6 @@ def test_an_exited_cli_shows_the_screen_tmux_kept(drawer: Callable[..., Sidecar]
     assert "ready>" in screen["lines"]
 
 
-def tmux_server(sc: Sidecar) -> int:
-    [server] = census(sc).servers
-    return server.pid
-
-
 def test_a_stopped_tmux_is_503_logged_once_and_the_next_look_is_right(
     drawer: Callable[..., Sidecar],
 ) -> None:
@@ -118,7 +114,7 @@ def test_a_stopped_tmux_is_503_logged_once_and_the_next_look_is_right(
     next look still gets its own answer."""
     sc = drawer().start()
     drawn(sc, MARKER)
-    server = tmux_server(sc)
+    server = only_server(sc)
     os.kill(server, signal.SIGSTOP)
     try:
         for _ in range(3):
@@ -138,7 +134,7 @@ def test_screen_right_after_tmux_is_killed_is_503_or_the_healed_screen(
     sc = drawer().start()
     first = sc.status()["cli_pid"]
     drawn(sc, MARKER)
-    os.kill(tmux_server(sc), signal.SIGKILL)
+    os.kill(only_server(sc), signal.SIGKILL)
     codes = set()
 
     def healed() -> bool:
@@ -189,3 +185,22 @@ def spawns(trace: Path) -> list[str]:
     """The calls in the trace that start a process (a clone without CLONE_THREAD) or a program."""
     lines = trace.read_text(errors="replace").splitlines()
     return [line for line in lines if SPAWN.match(line) and "CLONE_THREAD" not in line]
+
+
+def test_the_clis_pane_is_reached_by_its_id_after_someone_swaps_panes(
+    drawer: Callable[..., Sidecar],
+) -> None:
+    """Someone at the terminal splits the window and swaps the two panes (tmux's own keys do
+    that): `main:0.0` is now the other pane, and /screen and POST /input still reach the CLI,
+    whose pane the sidecar names by its id."""
+    sc = drawer().start()
+    drawn(sc, MARKER)
+    tmux = ["tmux", "-S", str(sc.state_dir / "tmux.sock")]
+    other = "sh -c 'echo OTHER-PANE; exec sleep 600'"
+    subprocess.run([*tmux, "split-window", "-h", "-t", "main", other], check=True)
+    subprocess.run([*tmux, "swap-pane", "-s", "%0", "-t", "%1"], check=True)
+    where = [*tmux, "display-message", "-p", "-t", "main:0.0", "#{pane_id}"]
+    assert subprocess.run(where, capture_output=True, text=True, check=True).stdout == "%1\n"
+    assert sc.post("/input", {"text": "typed-after-the-swap"})[0] == 202
+    screen = drawn(sc, "ready> typed-after-the-swap")
+    assert MARKER in screen["lines"] and not any("OTHER-PANE" in line for line in screen["lines"])

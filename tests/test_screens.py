@@ -19,39 +19,23 @@ from sidecar.core.events import EventBus
 from sidecar.core.states import ProcState
 from sidecar.pane.protocol import NoAnswer
 from sidecar.pane.screen import Screen
-
-SCREENS = Path(__file__).parent / "screens"
-
-
-def load(path: Path) -> tuple[Screen, Seen, str | None]:
-    head, *body = path.read_text(encoding="utf-8").split("\n")
-    fields = head.split(" ", 6)
-    rows, cols, row, col = (int(f) for f in fields[1:5])
-    lines = (body + [""] * rows)[:rows]
-    return Screen(rows, cols, tuple(lines), row, col), Seen(fields[5]), (fields[6:] or [None])[0]
-
-
-def screen_of(*lines: str, cursor: tuple[int, int] | None = None) -> Screen:
-    rows = 50
-    padded = (list(lines) + [""] * rows)[:rows]
-    row, col = cursor if cursor else (len(lines) - 1, len(lines[-1]) if lines else 0)
-    return Screen(rows, 200, tuple(padded), row, col)
+from tests.screentools import SCREENS, load_screen, screen_of
 
 
 @pytest.mark.parametrize(
     "path", sorted((SCREENS / "claude-code").glob("*.txt")), ids=lambda p: p.stem
 )
 def test_claude_codes_captured_screens(path: Path) -> None:
-    screen, seen, reason = load(path)
+    screen, expected = load_screen(path)
     reading = claude_code.read_screen(screen)
-    assert reading.seen is seen, reading
-    if reason is not None:
-        assert reading.reason == reason
+    assert reading.seen is expected.seen, reading
+    if expected.reason is not None:
+        assert reading.reason == expected.reason
 
 
 def test_a_claude_screen_never_seen_before_is_a_dialog_never_the_prompt() -> None:
     # The input box replaced by a question of a kind the recognizer does not know.
-    screen, _, _ = load(SCREENS / "claude-code" / "prompt-empty.txt")
+    screen, _ = load_screen(SCREENS / "claude-code" / "prompt-empty.txt")
     lines = list(screen.lines)
     box = next(i for i, line in enumerate(lines) if line.startswith("❯"))
     lines[box - 1 : box + 2] = ["", " Connect the new MCP server 'files'?", "  Allow once  Deny"]
@@ -203,13 +187,18 @@ async def test_a_look_tmux_does_not_answer_keeps_the_last_state() -> None:
     assert (machine.state, machine.status().reason) == ("waiting", "Delete it? [y/N]")
 
 
+def test_claude_codes_fixtures_show_what_its_package_declares() -> None:
+    seen = {load_screen(p)[1].seen for p in (SCREENS / "claude-code").glob("*.txt")}
+    assert claude_code.CLI.screen is not None and claude_code.CLI.screen.shows == seen
+
+
 async def test_an_early_look_counts_only_a_whole_frame_of_a_known_shape() -> None:
     """While the CLI has said nothing yet, output makes the sidecar look at once (a first-start
     dialog is `waiting` without waiting for the pane to settle), but only a complete reading
     counts then: a frame caught half-drawn waits for the settled look. The look is fed the
     real CLI's captured screens (the seam: what tmux would answer)."""
-    trust, _, _ = load(SCREENS / "claude-code" / "trust-folder.txt")
-    typed, _, _ = load(SCREENS / "claude-code" / "prompt-typed.txt")
+    trust, _ = load_screen(SCREENS / "claude-code" / "trust-folder.txt")
+    typed, _ = load_screen(SCREENS / "claude-code" / "prompt-typed.txt")
     for shown, expected in ((typed, "starting"), (trust, "waiting")):
         machine = running("hooks")
 
@@ -217,7 +206,7 @@ async def test_an_early_look_counts_only_a_whole_frame_of_a_known_shape() -> Non
             return shown
 
         source = ScreenSource(machine, look)
-        source.use(CLIDef("claude-code", ("claude",), screen="claude-code"))
+        source.use(CLIDef("claude-code", ("claude",), knowledge=claude_code.CLI))
         source.output()
         assert source._task is not None
         await source._task

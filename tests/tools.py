@@ -17,8 +17,14 @@ from typing import NoReturn
 import pytest
 
 SETUP = "scripts/setup --test installs it"
+REPO = Path(__file__).resolve().parent.parent
 # Codex, Gemini CLI and opencode as image/clis/ pins them (scripts/setup --test links them here)
-CLI_BIN = Path(__file__).resolve().parent.parent / ".cache" / "clis" / "bin"
+CLI_BIN = REPO / ".cache" / "clis" / "bin"
+# tmux 3.5a as scripts/build-tmux builds it (docs/tmux.md): first on the tests' PATH
+TMUX_BIN = REPO / ".cache" / "tmux" / "bin"
+# The system's Python, for what runs as an unprivileged uid: the venv's interpreter may live
+# under root's 0700 home.
+SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 def in_ci() -> bool:

@@ -11,8 +11,8 @@ from typing import Any
 from sidecar.agent.approvals import Answer, Approval
 from sidecar.audit.records import ApprovalRequestedRecord, ApprovalResolvedRecord
 from sidecar.audit.trail import AuditTrail
+from sidecar.core.event_shapes import ApprovalRequested, ApprovalResolved
 from sidecar.core.events import EventBus
-from sidecar.core.shapes import ApprovalRequested, ApprovalResolved
 from sidecar.core.text import one_line
 
 MAX_FACT = 4096  # characters of a command or path kept in a record

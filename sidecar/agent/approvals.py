@@ -24,17 +24,14 @@ import unicodedata
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from sidecar.core.contract import utc_now
+from sidecar.core.contract import ApprovalSource, DecidedBy, Decision, rfc3339
 from sidecar.core.text import MAX_REASON
 from sidecar.policy.rules import Facts, Kind, Policy, Verdict, tool_facts
 
 log = logging.getLogger(__name__)
 
-Decision = Literal["allow", "deny"]
-By = Literal["api", "terminal", "timeout", "policy"]
-Source = Literal["hooks", "screen", "events", "proxy"]
 REMEMBERED = 256  # resolved requests kept to tell a late answer who decided
 # Keys of a tool's input that say what it acts on, most telling first.
 SUMMARY_KEYS = ("command", "cmd", "file_path", "filePath", "notebook_path", "path", "url", "dialog")
@@ -72,7 +69,7 @@ def summary_of(tool: str, tool_input: Any) -> str:
 @dataclass(frozen=True)
 class Answer:
     decision: Decision
-    by: By
+    by: DecidedBy
     message: str | None = None  # told to the agent on deny
     remember: bool = False  # "don't ask again for this" where the CLI offers it
     rule: str | None = None  # the policy rule that decided (`by: "policy"`)
@@ -85,7 +82,7 @@ class Approval:
     summary: str
     input: Any
     since: str  # RFC 3339
-    source: Source
+    source: ApprovalSource
     key: str | None = None  # the CLI's own id for the request, where it has one
     kind: Kind = "tool"
     facts: Facts | None = None  # what the policy saw
@@ -145,7 +142,7 @@ class Approvals:
         # For /metrics: requests so far, answers by (decision, by), seconds to an answer, and
         # the policy's decisions by (rule, decision).
         self.requested = 0
-        self.decided: Counter[tuple[Decision, By]] = Counter()
+        self.decided: Counter[tuple[Decision, DecidedBy]] = Counter()
         self.by_rule: Counter[tuple[str, Decision]] = Counter()
         self.wait_seconds = 0.0
 
@@ -160,9 +157,14 @@ class Approvals:
     def by_key(self, key: str) -> Approval | None:
         return next((a for a in self._pending.values() if a.key == key), None)
 
+    def outcome(self, approval_id: str) -> tuple[Answer | None, str | None] | None:
+        """How a request that is no longer waiting went: (its answer, or None and why it was
+        withdrawn); None when no such request is remembered."""
+        return self._closed.get(approval_id)
+
     # ---- a source's side ---------------------------------------------------------------------
 
-    def facts(self, tool: str, tool_input: Any, source: Source) -> Facts:
+    def facts(self, tool: str, tool_input: Any, source: ApprovalSource) -> Facts:
         """What the policy sees of a tool's request."""
         return tool_facts(
             tool, tool_input, cli=self.cli, screen=source == "screen", resolve=self.resolve
@@ -173,7 +175,7 @@ class Approvals:
         return self.policy.decide(facts) if self.policy is not None else None
 
     @staticmethod
-    def applies(verdict: Verdict | None, source: Source) -> bool:
+    def applies(verdict: Verdict | None, source: ApprovalSource) -> bool:
         """Whether the policy answers (else a person decides: no policy, `ask`, or an `allow`
         of a dialog read off the screen)."""
         if verdict is None or verdict.action == "ask":
@@ -185,7 +187,7 @@ class Approvals:
         tool: str,
         tool_input: Any,
         *,
-        source: Source,
+        source: ApprovalSource,
         key: str | None = None,
         kind: Kind = "tool",
         facts: Facts | None = None,
@@ -204,7 +206,7 @@ class Approvals:
             tool=clean(tool, 100) or "tool",
             summary=clean(summary) if summary else summary_of(tool, tool_input),
             input=tool_input,
-            since=utc_now(),
+            since=rfc3339(),
             source=source,
             key=key,
             kind=kind,

@@ -1,5 +1,5 @@
 """Agent awareness, wired together: the state machine (`agent`) fed by the running CLI's source
-(`hook_source`, `opencode_events` or `activity_source`), `POST /input` (`input_delivery`) and the
+(`hook_source`, `event_source` or `activity_source`), `POST /input` (`input_delivery`) and the
 inbox notices (`notify`) typing under one lock, and what must survive a supervisor restart
 (`agent_files`).
 
@@ -18,7 +18,7 @@ from typing import Any
 from sidecar.agent.activity_source import ActivitySource
 from sidecar.agent.approval_log import ApprovalLog
 from sidecar.agent.approvals import Answer, Approvals
-from sidecar.agent.clis.opencode_events import EventSource
+from sidecar.agent.event_source import EventSource
 from sidecar.agent.hook_source import HookSource
 from sidecar.agent.inbox_notices import InboxNotices
 from sidecar.agent.input_delivery import InputDelivery
@@ -119,7 +119,7 @@ class Awareness:
         after a crash for a CLI whose held hook died with it (an event stream is read again and
         lists what still waits itself)."""
         hooked = self.hooks.cli is not None and self.hooks.cli.decides
-        channel = hooked or cli.state == "events"
+        channel = hooked or self.events.active
         self.on_screen.use(cli, channel=channel, adopted=adopted and hooked)
 
     # ---- the supervisor's side -----------------------------------------------------------------
@@ -132,7 +132,7 @@ class Awareness:
         self.quiet.launched(active=cli.state == "activity")
         self._use(cli)
         argv, added = self.hooks.launch(cli, argv, env, has_history=has_history)
-        if cli.state == "events":
+        if self.events.active:
             return self.events.launch(cli, argv)
         return argv, added
 
@@ -213,6 +213,10 @@ class Awareness:
 
     def hook_secret_matches(self, cli: str, given: str | None) -> bool:
         return self.hooks.secret_matches(cli, given)
+
+    def hook_event_known(self, event: str) -> bool:
+        """Whether `event` is one of the running CLI's hook events."""
+        return self.hooks.knows(event)
 
     async def hook(self, event: str, payload: dict[str, Any]) -> dict[str, Any] | None:
         """POST /hooks/<cli>/<event>, its secret checked: the hook's reply, if it has one."""

@@ -7,13 +7,11 @@ library only, run by its file.
 
 from __future__ import annotations
 
-import http.client
 import json
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 # The URL and secret come from the settings file the sidecar wrote for this CLI (readable by the
 # CLI's user only), never from an argv: its `sidecar` section where it has one (a document that
@@ -77,6 +75,11 @@ def target(settings_path: str, event: str) -> tuple[str, dict[str, str], float] 
 
 
 def main(argv: list[str]) -> int:
+    # Here, not at the top: the CLI packages import this module for `command`, and so does the
+    # init process (the registry); http.client and its email parser cost it ~6 MB.
+    import http.client
+    from urllib.parse import urlsplit
+
     try:
         payload = sys.stdin.buffer.read(MAX_INPUT)
         found = target(argv[1], argv[2])

@@ -1,4 +1,4 @@
-"""A CLI's hooks as the agent's state source (`sidecar.agent.hooks` says what each CLI must tell):
+"""A CLI's hooks as the agent's state source (`sidecar.agent.hooks` says what each CLI declares):
 each launch gets a new hook secret, a settings file of ours that carries it and the session
 arguments that pin its conversation; the events its hooks report are checked against that secret
 and applied to the agent's state, and a permission request is held until it is answered.
@@ -25,8 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sidecar.agent.approvals import Approvals, Withdrawn
-from sidecar.agent.clis import claude_code, codex, gemini_cli
-from sidecar.agent.hooks import HookCLI, HookLaunch, hook_base_url
+from sidecar.agent.hooks import HookLaunch, Hooks, hook_base_url
 from sidecar.agent.machine import AgentMachine
 from sidecar.agent.registry import CLIDef
 from sidecar.agent.statefile import AgentFiles
@@ -43,11 +42,6 @@ log = logging.getLogger(__name__)
 # comes from the screen and pane activity, until a hook reports after all.
 SILENT_AFTER = 15.0
 SILENCE = 10.0
-
-# The CLIs whose hooks the sidecar installs, by knowledge name (`CLIDef.screen`).
-HOOK_CLIS: dict[str, HookCLI] = {
-    h.name: h for h in (claude_code.ClaudeHooks(), codex.CodexHooks(), gemini_cli.GeminiHooks())
-}
 
 
 class HookSource:
@@ -66,7 +60,8 @@ class HookSource:
         self.files = files
         self.approvals = approvals
         self.on_idle = on_idle  # the agent went idle: an inbox notice may be due
-        self.cli: HookCLI | None = None  # the running CLI's, when it has hooks
+        self.cli: Hooks | None = None  # the running CLI's, when it has hooks
+        self.name = ""  # the running CLI's knowledge name: its hooks' URL segment
         # Where the CLI's user reads it (the session dir with SIDECAR_USER), as that user's.
         self._settings_owner = (
             Owner(config.user.uid, config.user.gid, act_as=True) if config.user else None
@@ -85,7 +80,9 @@ class HookSource:
 
     def use(self, cli: CLIDef) -> None:
         """The CLI that runs now (launched or adopted)."""
-        self.cli = HOOK_CLIS.get(cli.screen) if cli.state == "hooks" else None
+        known = cli.knowledge
+        self.cli = known.hooks if known is not None and cli.state == "hooks" else None
+        self.name = known.name if known is not None and self.cli is not None else ""
         self._unheard = False
         self._forget_silence()
 
@@ -102,9 +99,7 @@ class HookSource:
         if at_start and self.machine.screen_needs_person:
             self._arm(SILENT_AFTER, at_start=True)  # a first-start dialog: no hooks before it
             return
-        log.warning(
-            "%s: its hooks are silent; its state comes from screen and activity", self.cli.name
-        )
+        log.warning("%s: its hooks are silent; its state comes from screen and activity", self.name)
         self.silent = True
         self.on_silent(True)
 
@@ -128,7 +123,7 @@ class HookSource:
         if not self.silent or self.cli is None:
             return []
         return [
-            f"{self.cli.name}: no hook reported (this version rejected the sidecar's hook "
+            f"{self.name}: no hook reported (this version rejected the sidecar's hook "
             "config, or its user turned hooks off?); its state comes from the screen and pane "
             "activity until one does"
         ]
@@ -147,14 +142,14 @@ class HookSource:
         pinned = record.session_id if record.session_cli == cli.name else None
         secret = secrets.token_urlsafe(32)
         root = hooks.root_settings
-        settings_path = self.config.paths.hook_settings(hooks.name, root_owned=root)
+        settings_path = self.config.paths.hook_settings(self.name, root_owned=root)
         with acting(self._settings_owner):  # it may read the user's own files (history)
             launched = hooks.launch(
                 HookLaunch(
-                    cli=cli,
+                    command=cli.command,
                     argv=argv,
-                    env=env,
-                    base_url=hook_base_url(self.config.host, self.config.port, hooks.name),
+                    env={**env, **cli.env},
+                    base_url=hook_base_url(self.config.host, self.config.port, self.name),
                     secret=secret,
                     settings_path=settings_path,
                     session_id=pinned,
@@ -184,9 +179,13 @@ class HookSource:
     def secret_matches(self, cli_name: str, given: str | None) -> bool:
         """Constant-time check of a hook call's secret against the running CLI's."""
         expected = self.files.record.hook_secret
-        if given is None or expected is None or self.cli is None or self.cli.name != cli_name:
+        if given is None or expected is None or self.cli is None or self.name != cli_name:
             return False
         return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode())
+
+    def knows(self, event: str) -> bool:
+        """Whether `event` is one of the running CLI's hook events."""
+        return self.cli is not None and event in self.cli.events
 
     def hook(self, event: str, payload: dict[str, Any]) -> None:
         """A hook event from the running CLI (its secret was checked)."""
@@ -201,12 +200,8 @@ class HookSource:
         if effect.state is None or (effect.state == "waiting" and self._decided(event, payload)):
             return  # the policy answers this request at once: nobody is waited for
         reason = effect.reason
-        if (
-            event == "Notification"
-            and effect.state == "waiting"
-            and self.machine.state == "waiting"
-        ):
-            reason = self.machine.status().reason  # the hook's own reason names the tool
+        if effect.restates and effect.state == self.machine.state:
+            reason = self.machine.status().reason  # the first word on it named the tool
         self.machine.report(effect.state, reason)
         if effect.state == "idle":
             self.on_idle()

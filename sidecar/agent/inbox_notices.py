@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from sidecar.agent.machine import AgentMachine
 from sidecar.agent.statefile import AgentFiles
 from sidecar.config import InboxNotify
+from sidecar.core.event_shapes import InboxNotified
 from sidecar.core.events import EventBus
-from sidecar.core.shapes import InboxNotified
 from sidecar.core.states import ProcState
 from sidecar.core.text import one_line
 from sidecar.pane.send import PaneInput

@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sidecar.agent.screens import Reading, Seen
-from sidecar.core.contract import AGENT_STATES, AgentStateName
+from sidecar.core.contract import AGENT_STATES, AgentStateName, StateSource
+from sidecar.core.event_shapes import AgentStateEvent
 from sidecar.core.events import EventBus
-from sidecar.core.shapes import AgentStateEvent
 from sidecar.core.states import ProcState
 from sidecar.core.text import one_line
 
@@ -26,7 +26,7 @@ class AgentStatus:
     state: AgentStateName
     since: float  # wall-clock time (time.time()) the state began
     reason: str | None
-    source: str  # hooks, events, activity or none
+    source: StateSource
     session_id: str | None
 
 
@@ -36,7 +36,7 @@ class AgentMachine:
 
     def __init__(self, bus: EventBus) -> None:
         self.bus = bus
-        self.source = "none"
+        self.source: StateSource = "none"
         self._session_id: str | None = None
         self._process = ProcState.STOPPED
         # starting: launched, no sign yet; exited: the CLI process is not running (the
@@ -64,7 +64,7 @@ class AgentMachine:
 
     # ---- inputs ------------------------------------------------------------------------------
 
-    def launched(self, source: str) -> None:
+    def launched(self, source: StateSource) -> None:
         """A new CLI process was started: its source has said nothing yet."""
         self.source = source
         self._seen, self._seen_reason = (
@@ -74,7 +74,7 @@ class AgentMachine:
         self._status = self._make_status()  # the source is part of it, changed or not
         self._apply()
 
-    def source_changed(self, source: str) -> None:
+    def source_changed(self, source: StateSource) -> None:
         """The running CLI's state comes from another source from now on (its hooks never
         reported: the pane's activity); what it said so far stands."""
         self.source = source

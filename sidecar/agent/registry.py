@@ -1,112 +1,76 @@
-"""The registry of AI CLIs the sidecar can run: built-ins plus a YAML file that adds or overrides.
-A CLI is always an argv list (never a shell string); what each CLI keeps on disk and how it
-reports its state live in its own module (`sidecar.agent.clis.claude_code`).
+"""The registry of AI CLIs the sidecar can run: one knowledge object per CLI package (the
+built-ins below, and the packages SIDECAR_CLI_PACKAGES names), plus a YAML file that adds or
+overrides entries. A CLI is always an argv list (never a shell string).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
-import yaml
-
+from sidecar.agent.clis import claude_code, codex, gemini_cli, opencode, shell
+from sidecar.agent.knowledge import NAME_RE, STATE_SOURCES, CLIDef, Knowledge
 from sidecar.config import ConfigError
+from sidecar.core.contract import StateSource
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-StateSource = Literal["hooks", "events", "activity", "none"]
-STATE_SOURCES: tuple[str, ...] = get_args(StateSource)
-# The programs whose screens the sidecar knows (`sidecar.agent.screen_source.RECOGNIZERS`).
-SCREENS = {
-    "claude": "claude-code",
-    "codex": "codex",
-    "gemini": "gemini-cli",
-    "opencode": "opencode",
-}
-# The knowledge names whose hooks the sidecar installs (`sidecar.agent.hook_source.HOOK_CLIS`).
-HOOK_SCREENS = frozenset({"claude-code", "codex", "gemini-cli"})
+__all__ = ["BUILTINS", "CLIDef", "Knowledge", "load_registry", "packages"]
+
+#: The CLIs the sidecar knows, one line per package (in the order a slot mounts their homes).
+BUILTINS: tuple[Knowledge, ...] = (
+    claude_code.CLI,
+    shell.CLI,
+    codex.CLI,
+    gemini_cli.CLI,
+    opencode.CLI,
+)
 KEYS = ("command", "resume", "env", "prompt", "state", "prompt_pattern")
 
 
-# `resume` is the argv used when the CLI is started again in the same workspace (resleeve,
-# self-healing, a hard resleeve with history). `prompt` marks an interactive prompt that takes
-# typed lines (inbox notices); `state` says how the agent's state is known
-# (`sidecar.agent.machine`): `hooks` (the CLI's own hooks), `events` (opencode's server),
-# `activity` (pane output) or `none`. `screen` names whose
-# knowledge reads the CLI's screen (`sidecar.agent.screen_source.RECOGNIZERS`): a CLI the sidecar
-# knows, else `generic`, told the CLI's input prompt by `prompt_pattern` when the YAML gives it.
-@dataclass(frozen=True)
-class CLIDef:
-    name: str
-    command: tuple[str, ...]
-    resume: tuple[str, ...] | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    # Resume only when the CLI has history for this workspace (claude --continue fails without).
-    resume_needs_history: bool = False
-    prompt: bool = False  # takes typed lines: inbox notices are typed into it
-    state: StateSource = "activity"
-    screen: str = "generic"
-    prompt_pattern: re.Pattern[str] | None = None
-
-    def argv(self, *, resume: bool, has_history: bool) -> tuple[str, ...]:
-        """The argv to run. `resume` asks for the resume argv (resleeve, restart, self-heal).
-        A CLI whose history can be checked resumes exactly when it has history, first start
-        included (a hard resleeve: a new container with the same history)."""
-        if self.resume is None:
-            return self.command
-        if self.resume_needs_history:
-            return self.resume if has_history else self.command
-        return self.resume if resume else self.command
+def packages(names: Iterable[str], workspace: Path) -> tuple[Knowledge, ...]:
+    """The knowledge objects (`CLI`) of the CLI packages `names` (SIDECAR_CLI_PACKAGES: the
+    sidecar's own environment, which the agent cannot write). Each is imported from the
+    sidecar's own Python path, never from the workspace, where the agent could plant one."""
+    found = []
+    for name in names:
+        # Where the top-level package lies is known before any of its code runs.
+        for part in (name.partition(".")[0], name):
+            _outside(part, workspace, f"SIDECAR_CLI_PACKAGES: {name}")
+        try:
+            module = importlib.import_module(name)
+        except ConfigError:
+            raise  # its declaration contradicts itself: the line says where
+        except Exception as exc:  # anything its code raises: one line, exit 2, not a traceback
+            msg = f"SIDECAR_CLI_PACKAGES: {name}: importing it failed: {exc!r}"
+            raise ConfigError(msg) from None
+        knowledge = getattr(module, "CLI", None)
+        if not isinstance(knowledge, Knowledge):
+            msg = f"SIDECAR_CLI_PACKAGES: {name} has no `CLI` (a sidecar.agent.knowledge.Knowledge)"
+            raise ConfigError(msg)
+        found.append(knowledge)
+    return tuple(found)
 
 
-def _builtins(login_shell: str) -> dict[str, CLIDef]:
-    defs = [
-        # claude-code's session arguments (--session-id/--resume/--continue) and --settings
-        # come from sidecar.agent.clis.claude_code; `resume` is what it does without hooks.
-        CLIDef(
-            "claude-code",
-            ("claude",),
-            ("claude", "--continue"),
-            resume_needs_history=True,
-            prompt=True,
-            state="hooks",
-            screen="claude-code",
-        ),
-        # gemini-cli's session arguments (--session-id/--resume) and its hook settings come
-        # from sidecar.agent.clis.gemini_cli; `resume` is what it does without hooks.
-        CLIDef(
-            "gemini-cli",
-            ("gemini",),
-            ("gemini", "--resume", "latest"),
-            prompt=True,
-            state="hooks",
-            screen="gemini-cli",
-        ),
-        # opencode's --port/--session arguments and its server's password come from
-        # sidecar.agent.clis.opencode; `resume` is what it does while no session id is known.
-        CLIDef(
-            "opencode",
-            ("opencode",),
-            ("opencode", "--continue"),
-            prompt=True,
-            state="events",
-            screen="opencode",
-        ),
-        # codex's hooks and `resume <id>` come from sidecar.agent.clis.codex; `resume` is its
-        # fallback.
-        CLIDef(
-            "codex",
-            ("codex",),
-            ("codex", "resume", "--last"),
-            prompt=True,
-            state="hooks",
-            screen="codex",
-        ),
-        CLIDef("shell", (login_shell, "-l")),
-    ]
-    return {d.name: d for d in defs}
+def _outside(module: str, workspace: Path, where: str) -> None:
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:
+        msg = f"{where}: cannot be imported ({exc})"
+        raise ConfigError(msg) from None
+    if spec is None or spec.origin is None:
+        msg = f"{where}: no module {module} on the sidecar's Python path"
+        raise ConfigError(msg)
+    origin = Path(spec.origin).resolve()
+    if origin.is_relative_to(workspace.resolve()):
+        msg = f"{where}: {origin} is in the workspace, which the agent can write"
+        raise ConfigError(msg)
+
+
+def _builtins(login_shell: str, extra: Iterable[Knowledge]) -> dict[str, CLIDef]:
+    return {k.name: k.entry(login_shell) for k in (*BUILTINS, *extra)}
 
 
 def _argv(value: Any, where: str) -> tuple[str, ...]:
@@ -119,7 +83,7 @@ def _argv(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _parse_entry(name: Any, body: Any, source: str) -> CLIDef:
+def _parse_entry(name: Any, body: Any, source: str, known: tuple[Knowledge, ...]) -> CLIDef:
     if not isinstance(name, str) or not NAME_RE.match(name):
         msg = f"{source}: CLI name {name!r} must match {NAME_RE.pattern}"
         raise ConfigError(msg)
@@ -153,10 +117,11 @@ def _parse_entry(name: Any, body: Any, source: str) -> CLIDef:
     if not isinstance(prompt, bool):
         msg = f"{source}: clis.{name}.prompt must be true or false"
         raise ConfigError(msg)
-    state = _state(body.get("state", "activity"), command, where)
+    # A `claude` (`codex`, ...) of the user's own is still that CLI: its knowledge goes with it.
+    program = Path(command[0]).name
+    knowledge = next((k for k in known if not k.login_shell and k.program == program), None)
+    state = _state(body.get("state", "activity"), knowledge, known, where)
     pattern = _prompt_pattern(body.get("prompt_pattern"), where)
-    # A `claude` (`codex`, ...) of the user's own is still that CLI on screen.
-    screen = SCREENS.get(Path(command[0]).name, "generic")
     return CLIDef(
         name,
         command,
@@ -164,23 +129,26 @@ def _parse_entry(name: Any, body: Any, source: str) -> CLIDef:
         env,
         prompt=prompt,
         state=state,
-        screen=screen,
+        knowledge=knowledge,
         prompt_pattern=pattern,
     )
 
 
-def _state(value: Any, command: tuple[str, ...], where: str) -> StateSource:
+def _state(
+    value: Any, knowledge: Knowledge | None, known: Iterable[Knowledge], where: str
+) -> StateSource:
     if value not in STATE_SOURCES:
         msg = f"{where}.state must be one of {', '.join(STATE_SOURCES)}"
         raise ConfigError(msg)
-    if value == "hooks" and SCREENS.get(Path(command[0]).name) not in HOOK_SCREENS:
-        # The sidecar installs only the hooks of the CLIs it knows.
-        known = ", ".join(f"`{p}`" for p, n in sorted(SCREENS.items()) if n in HOOK_SCREENS)
-        msg = f"{where}.state: hooks needs a CLI whose hooks it knows ({known})"
+    # The sidecar installs only the hooks, and reads only the event streams, of the CLIs whose
+    # packages declare them.
+    if value == "hooks" and (knowledge is None or knowledge.hooks is None):
+        names = ", ".join(sorted(f"`{k.program}`" for k in known if k.hooks is not None))
+        msg = f"{where}.state: hooks needs a CLI whose hooks it knows ({names})"
         raise ConfigError(msg)
-    if value == "events" and Path(command[0]).name != "opencode":
-        # The only event stream the sidecar reads is opencode's server's.
-        msg = f"{where}.state: events needs opencode (command `opencode`)"
+    if value == "events" and (knowledge is None or knowledge.events is None):
+        names = ", ".join(f"{k.name} (command `{k.program}`)" for k in known if k.events)
+        msg = f"{where}.state: events needs {names}"
         raise ConfigError(msg)
     state: StateSource = value
     return state
@@ -199,9 +167,15 @@ def _prompt_pattern(value: Any, where: str) -> re.Pattern[str] | None:
         raise ConfigError(msg) from None
 
 
-def load_registry(config_file: Path | None, login_shell: str = "/bin/bash") -> dict[str, CLIDef]:
-    """Built-ins, then the YAML file's entries (which add or override by name)."""
-    registry = _builtins(login_shell)
+def load_registry(
+    config_file: Path | None,
+    login_shell: str = "/bin/bash",
+    extra: tuple[Knowledge, ...] = (),
+) -> dict[str, CLIDef]:
+    """Built-ins and `extra` (the packages of SIDECAR_CLI_PACKAGES: `packages`), then the YAML
+    file's entries (which add or override by name)."""
+    registry = _builtins(login_shell, extra)
+    known = (*BUILTINS, *extra)
     if config_file is None:
         return registry
     source = str(config_file)
@@ -210,6 +184,8 @@ def load_registry(config_file: Path | None, login_shell: str = "/bin/bash") -> d
     except (OSError, UnicodeDecodeError) as exc:
         msg = f"SIDECAR_CLI_CONFIG: cannot read {source}: {exc}"
         raise ConfigError(msg) from None
+    import yaml  # here: `sleeve` reads the built-ins without a YAML file
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -224,6 +200,6 @@ def load_registry(config_file: Path | None, login_shell: str = "/bin/bash") -> d
         msg = f"SIDECAR_CLI_CONFIG: {source} must be a mapping with a 'clis' mapping at the top"
         raise ConfigError(msg)
     for name, body in data["clis"].items():
-        entry = _parse_entry(name, body, f"SIDECAR_CLI_CONFIG: {source}")
+        entry = _parse_entry(name, body, f"SIDECAR_CLI_CONFIG: {source}", known)
         registry[entry.name] = entry
     return registry

@@ -13,24 +13,15 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from sidecar.agent.approvals import Approvals, Decision, NotFound, Withdrawn
-from sidecar.agent.clis import claude_code, codex, gemini_cli, opencode
+from sidecar.agent.approvals import Approvals, NotFound, Withdrawn
+from sidecar.agent.knowledge import ApprovalKeys
 from sidecar.agent.machine import AgentMachine
 from sidecar.agent.registry import CLIDef
 from sidecar.agent.screens import Seen
-from sidecar.core.contract import InputKey
+from sidecar.core.contract import Decision
 from sidecar.core.shapes import InputAccepted, InputRequest
 
 log = logging.getLogger(__name__)
-
-Keys = Callable[[Decision, bool], tuple[InputKey, ...]]
-#: The keys that answer each CLI's permission dialog (`approval_keys` in its own module).
-KEYS: dict[str, Keys] = {
-    "claude-code": claude_code.approval_keys,
-    "codex": codex.approval_keys,
-    "gemini-cli": gemini_cli.approval_keys,
-    "opencode": opencode.approval_keys,
-}
 
 
 class ScreenApprovals:
@@ -43,7 +34,7 @@ class ScreenApprovals:
         self.machine = machine
         self.approvals = approvals
         self.deliver = deliver
-        self.keys: Keys | None = None
+        self.keys: ApprovalKeys | None = None
         self.current: str | None = None  # the approval the dialog on screen answers
         self._covered = False  # the dialog on screen has (had) a request listed for it
         self._listing = "always"  # list dialogs from the screen: always, once, never
@@ -53,7 +44,8 @@ class ScreenApprovals:
         """`cli` runs now. `channel`: it has a decision channel of its own, whose requests
         arrive before their dialog is drawn, so a dialog is listed from the screen only when
         it was there before this supervisor (adopted after a crash: the held hook died)."""
-        self.keys = KEYS.get(cli.screen)
+        screen = cli.knowledge.screen if cli.knowledge is not None else None
+        self.keys = screen.keys if screen is not None else None
         self.current, self._covered = None, False
         self._listing = "once" if channel and adopted else "never" if channel else "always"
 

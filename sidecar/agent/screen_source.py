@@ -15,7 +15,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from sidecar.agent.clis import claude_code, codex, gemini_cli, opencode
 from sidecar.agent.machine import AgentMachine
 from sidecar.agent.registry import CLIDef
 from sidecar.agent.screens import Recognizer, generic
@@ -31,14 +30,6 @@ SETTLE = 0.4
 # EAGER_AGAIN apart, until one reads a whole frame (a first-start dialog drawn in one burst is
 # `waiting` within ~0.1 s, not after the pane settles). Bounded: only at start, only after output.
 EAGER_LOOKS, EAGER_AGAIN = 15, 0.02
-
-#: Whose knowledge reads a CLI's screen (`CLIDef.screen`); each lives in that CLI's own module.
-RECOGNIZERS: dict[str, Recognizer] = {
-    "claude-code": claude_code.read_screen,
-    "codex": codex.read_screen,
-    "gemini-cli": gemini_cli.read_screen,
-    "opencode": opencode.read_screen,
-}
 
 
 class ScreenSource:
@@ -56,9 +47,9 @@ class ScreenSource:
 
     def use(self, cli: CLIDef) -> None:
         """`cli` runs now: its screen is read with its own knowledge, else the generic one."""
-        known = RECOGNIZERS.get(cli.screen)
+        known = cli.knowledge.screen if cli.knowledge is not None else None
         pattern = cli.prompt_pattern
-        self.recognizer = known or (lambda screen: generic(screen, pattern))
+        self.recognizer = known.read if known else (lambda screen: generic(screen, pattern))
 
     def output(self) -> None:
         """The pane wrote: look once it settles; and now if a person's prompt was on screen

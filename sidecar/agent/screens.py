@@ -1,7 +1,7 @@
 """What a CLI's screen says about its agent, as a person looking at it would read it: its input
 prompt (it takes a typed prompt), a permission prompt, some other dialog that needs a person, or
 work in progress. The vocabulary and the generic reading live here; each CLI's own knowledge of
-its screen lives beside its other definitions (`sidecar.agent.clis.claude_code`, ...), all pure.
+its screen lives in its package (`sidecar.agent.clis.<name>.screen`), all pure.
 
 The rule every recognizer follows: a screen that is neither the input prompt nor work in
 progress is a dialog, so a shape never seen before reads as `waiting`, never as `idle`.
@@ -13,9 +13,23 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 
 from sidecar.core.text import one_line
-from sidecar.pane.screen import Screen
+
+
+class Screen(Protocol):
+    """What a recognizer reads of a screen: its lines and the cursor (`sidecar.pane.screen`'s
+    snapshot is one; a recognizer needs nothing of tmux, so a CLI's package imports no pane)."""
+
+    @property
+    def lines(self) -> Sequence[str]: ...
+
+    @property
+    def cursor_row(self) -> int: ...
+
+    @property
+    def cursor_col(self) -> int: ...
 
 
 class Seen(Enum):

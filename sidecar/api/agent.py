@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 from msgspec import UnsetType
 
 from sidecar.agent.awareness import Awareness
-from sidecar.agent.hook_source import HOOK_CLIS
 from sidecar.agent.hooks import HOOK_PATH, SECRET_HEADER
+from sidecar.agent.registry import CLIDef
 from sidecar.api import httpio
 from sidecar.api.openapi import Media, Operation
 from sidecar.core.shapes import InputAccepted, InputRequest
@@ -28,7 +29,6 @@ AWARENESS = web.AppKey("awareness", Awareness)
 # A bigger hook payload (a PostToolUse with a large result) is read no further: its event still
 # counts, with an empty payload. A permission request's tool input is listed whole up to this.
 MAX_HOOK_BODY = 2 * 1024 * 1024
-EVENTS = sorted({event for cli in HOOK_CLIS.values() for event in cli.events})
 
 
 class HookRefused(Exception):
@@ -69,7 +69,7 @@ async def _hook(request: web.Request) -> web.Response:
         msg = "hook secret missing or not the running CLI's"
         raise HookRefused(msg)
     event = request.match_info["event"]
-    if event not in HOOK_CLIS[cli].events:
+    if not awareness.hook_event_known(event):
         msg = f"unknown hook event {event!r}"
         raise httpio.BadRequest(msg)
     payload: dict[str, Any] = {}
@@ -90,8 +90,17 @@ async def _hook(request: web.Request) -> web.Response:
     return web.json_response(reply)
 
 
-def agent_operations(app: web.Application, awareness: Awareness) -> list[Operation]:
+def agent_operations(
+    app: web.Application, awareness: Awareness, registry: Mapping[str, CLIDef]
+) -> list[Operation]:
     app[AWARENESS] = awareness
+    # The CLIs whose hooks the sidecar installs, by their hooks' URL segment, and their events.
+    hooked = {
+        known.name: known.hooks.events
+        for cli in registry.values()
+        if (known := cli.knowledge) is not None and known.hooks is not None
+    }
+    events = sorted({event for names in hooked.values() for event in names})
     return [
         Operation(
             "POST",
@@ -135,13 +144,13 @@ def agent_operations(app: web.Application, awareness: Awareness) -> list[Operati
                     "name": "cli",
                     "in": "path",
                     "required": True,
-                    "schema": {"type": "string", "enum": sorted(HOOK_CLIS)},
+                    "schema": {"type": "string", "enum": sorted(hooked)},
                 },
                 {
                     "name": "event",
                     "in": "path",
                     "required": True,
-                    "schema": {"type": "string", "enum": EVENTS},
+                    "schema": {"type": "string", "enum": events},
                 },
                 {
                     "name": SECRET_HEADER,

@@ -24,8 +24,10 @@ from sidecar.api.egress import egress_operations
 from sidecar.api.events import events_operation
 from sidecar.api.guard import make_guard
 from sidecar.api.httpio import BadRequest, error
+from sidecar.api.links import link_operations
 from sidecar.api.messages import MAILBOXES, message_operations
 from sidecar.api.metrics import Metrics, RequestCounter
+from sidecar.api.notify import WebPushOff, notify_operations
 from sidecar.api.openapi import HTML, Media, Operation, document
 from sidecar.api.screen import NoScreen, screen_operation
 from sidecar.api.status import status_operations
@@ -35,7 +37,8 @@ from sidecar.core.shapes import ResleeveAccepted, ResleeveRequest
 from sidecar.egress.service import NoAllowlist
 from sidecar.pane.protocol import ControlError
 from sidecar.pane.send import DeliveryError, InputError
-from sidecar.process.supervisor import ResleeveBusy, Supervisor, UnknownCLI
+from sidecar.process.resleeve import ResleeveBusy, UnknownCLI
+from sidecar.process.supervisor import Supervisor
 from sidecar.workspace import mailbox
 
 log = logging.getLogger(__name__)
@@ -77,7 +80,7 @@ WORKSPACE_STATE_ERRORS = frozenset(
 CLIENT_ERRORS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
     ((BadRequest, UnknownCLI, InputError), 400),
     (HookRefused, 403),
-    (approvals.NotFound, 404),
+    ((approvals.NotFound, WebPushOff), 404),
     (
         (
             ResleeveBusy,
@@ -269,24 +272,30 @@ def create_app(sup: Supervisor) -> web.Application:
         *page_operations(),
         *message_operations(app, cfg.workspace, sup.owner),
         *terminal_operations(app, sup),
-        *agent_operations(app, sup.awareness),
+        *agent_operations(app, sup.awareness, sup.registry),
         *approval_operations(sup.awareness.approvals),
         *egress_operations(sup.egress, sup.audit),
         audit_operation(sup.audit),
+        *link_operations(sup.notifier),
+        *notify_operations(sup.notifier),
     ]
     boxes = app[MAILBOXES]
     requests = RequestCounter()
     operations.append(metrics_operation(Metrics(sup, requests, boxes.inbox, boxes.outbox)))
     public = []  # the routes that need no API token (/health, Claude Code's hooks)
+    capability = []  # and those whose URL is the credential (notification links)
     for op in operations:
         route = app.router.add_route(op.method, op.path, op.handler)
         if op.public and route.resource is not None:
             public.append(route.resource)
+        if op.capability and route.resource is not None:
+            capability.append(route.resource)
     guard = make_guard(
         allowed_origins=cfg.allowed_origins,
         token=cfg.token,
         view_token=cfg.view_token,
         public=public,
+        capability=capability,
     )
     app.middlewares.extend([make_answers(requests), guard])
     spec = document(operations, cli_names=sup.registry, secured=bool(cfg.token or cfg.view_token))

@@ -12,8 +12,8 @@ from aiohttp import ClientConnectionResetError, web
 
 from sidecar.api import view
 from sidecar.api.openapi import NDJSON, Media, Operation
+from sidecar.core.event_shapes import Heartbeat, SidecarRestart
 from sidecar.core.events import encode_line
-from sidecar.core.shapes import Heartbeat, SidecarRestart
 from sidecar.process.supervisor import Supervisor
 
 log = logging.getLogger(__name__)

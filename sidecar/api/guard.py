@@ -95,10 +95,13 @@ def make_guard(
     token: str | None,
     view_token: str | None,
     public: Collection[AbstractResource],
+    capability: Collection[AbstractResource] = (),
 ) -> typedefs.Middleware:
     """The middleware: the browser checks, then the tokens (every route but the `public` ones,
     named by their resources, so a route with a variable part is matched as a whole). It sets
-    `request[ROLE]`: `admin`, `viewer`, or `public` on a public route."""
+    `request[ROLE]`: `admin`, `viewer`, or `public` on a public route. A `capability` route's
+    URL is its credential (a notification's link): neither check applies, since whoever can
+    make a browser send it knows the URL, and could send it as well."""
     tokens: dict[str, Role] = {}
     if token:
         tokens[token] = "admin"
@@ -106,10 +109,14 @@ def make_guard(
         tokens[view_token] = "viewer"
     have_token = bool(token)
     public = frozenset(public)  # an identity set: a lookup per request
+    capability = frozenset(capability)
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         headers = request.headers
+        if capability and request.match_info.route.resource in capability:
+            request[ROLE] = "public"
+            return await handler(request)
         if "Origin" in headers or "Sec-Fetch-Site" in headers:  # a browser (else: nothing to check)
             refusal = _browser_refusal(request, allowed_origins, have_token)
             if refusal is not None:

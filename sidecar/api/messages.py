@@ -14,6 +14,7 @@ from msgspec import UnsetType
 
 from sidecar.api import httpio
 from sidecar.api.openapi import Operation
+from sidecar.core.contract import rfc3339
 from sidecar.core.shapes import (
     AckRequest,
     AckResult,
@@ -110,7 +111,7 @@ async def _post_inbox(request: web.Request) -> web.Response:
         id=needlecast.new_message_id(),
         sender=_one_line("from", body.from_),
         type=body.type,
-        time=needlecast.utc_now(),
+        time=rfc3339(ms=False),
         body=body.content,
         to=_one_line("to", body.to),
         thread=_one_line("thread", body.thread),

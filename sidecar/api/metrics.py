@@ -74,11 +74,12 @@ def approvals(out: Exposition, book: Approvals) -> None:
     out.family(
         "sidecar_approvals_decided_total",
         "counter",
-        "Permission requests answered, by decision and by whom (api, terminal, timeout, policy)",
+        "Permission requests answered, by decision and by whom (api, terminal, timeout, link, "
+        "policy)",
         [
             ((("decision", decision), ("by", by)), book.decided[decision, by])
             for decision in ("allow", "deny")
-            for by in ("api", "terminal", "timeout", "policy")
+            for by in ("api", "terminal", "timeout", "link", "policy")
         ],
     )
     out.family(
@@ -99,6 +100,16 @@ def approvals(out: Exposition, book: Approvals) -> None:
         sum(book.decided.values()),
         round(book.wait_seconds, 3),
     )
+
+
+# Always present, 0 until they happen, so that an alert on a crash sees the series from the start.
+TMUX_DEATH_SIGNALS = ("SIGSEGV", "SIGABRT", "SIGKILL", "SIGTERM")
+
+
+def tmux_deaths(seen: tuple[tuple[str, int], ...]) -> list[tuple[str, int]]:
+    counts = dict.fromkeys(TMUX_DEATH_SIGNALS, 0)
+    counts.update(seen)
+    return sorted(counts.items())
 
 
 class Metrics:
@@ -196,6 +207,13 @@ class Metrics:
             "tmux servers recreated after dying",
             v.tmux_heals,
         )
+        out.family(
+            "sidecar_tmux_server_deaths_total",
+            "counter",
+            "tmux servers that died under the sidecar, by the signal that killed them "
+            "(SIGSEGV, SIGABRT: a crash; SIGKILL, SIGTERM: a kill; none: it exited)",
+            [((("signal", name),), n) for name, n in tmux_deaths(v.tmux_deaths)],
+        )
         out.summary(
             "sidecar_resleeve_duration_seconds",
             "Finished resleeves: from the request to the new CLI running",
@@ -244,6 +262,17 @@ class Metrics:
             "gauge",
             "1 while the disk refuses the audit trail (records held in memory)",
             int(audit.problem is not None),
+        )
+        out.family(
+            "sidecar_notifications_total",
+            "counter",
+            "Notifications by channel and outcome: sent (delivered), failed (after its retries), "
+            "suppressed (held back: cooldown, a person typing)",
+            [
+                ((("channel", c.name), ("outcome", outcome)), getattr(c, outcome))
+                for c in v.notify.channels
+                for outcome in ("sent", "failed", "suppressed")
+            ],
         )
         process_metrics(out, self.started)
         return out

@@ -1,6 +1,7 @@
 """The OpenAPI 3.1 document served at `GET /openapi.json`, generated from the route table (each
-route module's `Operation`s) and the typed shapes in `sidecar.core.shapes`, so that the server and
-its description cannot drift. Built once per app: it describes this sidecar (its CLIs, its tokens).
+route module's `Operation`s) and the typed shapes (`sidecar.core.shapes`, `.event_shapes`), so
+that the server and its description cannot drift. Built once per app: it describes this sidecar
+(its CLIs, its tokens).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, get_args
 import msgspec
 
 from sidecar import __version__
-from sidecar.core import shapes
+from sidecar.core import event_shapes, shapes
 
 OPENAPI_VERSION = "3.1.0"
 JSON = "application/json"
@@ -48,6 +49,7 @@ ERRORS = {
     404: "no such thing (for an approval: no request of that id is waiting)",
     409: "conflict: the state does not allow it now (see the message; an approval answered "
     "already also names `decision` and `by`)",
+    410: "gone: a one-tap link that worked once no longer does",
     413: "request body too large",
     503: "a part is not available now (the terminal's ttyd; tmux, for the screen); retry after "
     "`Retry-After` seconds",
@@ -59,7 +61,28 @@ TAGS = {
     "messages": "inbox and outbox (`.needlecast/`)",
     "control": "resleeve and typing into the CLI",
     "terminal": "the CLI's terminal (ttyd)",
+    "notify": "notifications: one-tap links, Web Push, a test",
     "meta": "dashboard and this document",
+}
+
+
+# What the sidecar POSTs to SIDECAR_NOTIFY_WEBHOOK (OpenAPI 3.1's `webhooks`).
+WEBHOOK = {
+    "post": {
+        "operationId": "notification",
+        "tags": ["notify"],
+        "summary": "A notification, POSTed to SIDECAR_NOTIFY_WEBHOOK",
+        "description": "Signed: `X-Sleeve-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 over "
+        '"<t>.<body>">` with the secret in SIDECAR_NOTIFY_WEBHOOK_SECRET_FILE. Any 2xx is '
+        "success; a 5xx, a network error or no answer within 10 s is tried again (3 tries in "
+        "all), a 4xx or a redirect is not. `X-Sleeve-Delivery` is the notification's id on "
+        "every try.",
+        "requestBody": {
+            "required": True,
+            "content": {JSON: {"schema": {"$ref": REF.format(name="WebhookNotification")}}},
+        },
+        "responses": {"200": {"description": "received"}},
+    }
 }
 
 
@@ -72,6 +95,10 @@ class Media:
     schema: type | Mapping[str, Any] | None = None  # a shape (JSON Schema from it) or a schema
 
 
+# An answer's body: a shape (JSON), a Media, or several by content type (negotiated by Accept).
+Answered = type | Media | tuple[type | Media, ...]
+
+
 @dataclass(frozen=True)
 class Operation:
     """One route: what aiohttp serves and what the document says about it, in one place."""
@@ -82,12 +109,13 @@ class Operation:
     op_id: str
     tag: str
     summary: str
-    answers: Mapping[int, type | Media]
+    answers: Mapping[int, Answered]
     description: str = ""
     body: type[shapes.Request] | None = None
     body_required: bool = True
     errors: tuple[int, ...] = ()
     public: bool = False  # no token needed
+    capability: bool = False  # the URL is the credential: no token, no browser checks either
     parameters: tuple[Mapping[str, Any], ...] = ()  # OpenAPI parameter objects (path, header)
     raw_body: Mapping[str, Any] | None = None  # a request body schema not given as a shape
     extra_paths: tuple[str, ...] = field(default=())  # the same operation under other paths
@@ -104,7 +132,11 @@ def _schema_of(kind: type | Mapping[str, Any]) -> dict[str, Any]:
     return {"$ref": REF.format(name=kind.__name__)}
 
 
-def _answer(kind: type | Media) -> dict[str, Any]:
+def _answer(kind: Answered) -> dict[str, Any]:
+    if isinstance(kind, tuple):
+        parts = [_answer(k) for k in kind]
+        content = {t: c for part in parts for t, c in part.get("content", {}).items()}
+        return {"description": " / ".join(p["description"] for p in parts), "content": content}
     if isinstance(kind, Media):
         out: dict[str, Any] = {"description": kind.description}
         if kind.content_type is not None:
@@ -152,16 +184,17 @@ def document(
     """The OpenAPI document for these routes. `cli_names` (the registry) become the enum of
     /resleeve's `cli`; `secured` (a token is set) adds the security schemes and 401s."""
     ops = list(operations)
-    used: list[Any] = [shapes.Error, *get_args(shapes.AnyEvent)]
+    used: list[Any] = [shapes.Error, shapes.WebhookNotification, *get_args(event_shapes.AnyEvent)]
     for op in ops:
         if op.body is not None:
             used.append(op.body)
-        for kind in op.answers.values():
-            if isinstance(kind, Media):
-                if isinstance(kind.schema, type):
-                    used.append(kind.schema)
-            else:
-                used.append(kind)
+        for answered in op.answers.values():
+            for kind in answered if isinstance(answered, tuple) else (answered,):
+                if isinstance(kind, Media):
+                    if isinstance(kind.schema, type):
+                        used.append(kind.schema)
+                else:
+                    used.append(kind)
     schemas = _schemas(dict.fromkeys(used))
     names = sorted(cli_names)
     if names and "ResleeveRequest" in schemas:  # JSON Schema forbids an empty enum
@@ -177,7 +210,7 @@ def document(
         ]
     schemas["Event"] = {
         "description": "One line of `/events`: the object's `type` tells which.",
-        "oneOf": [_schema_of(t) for t in get_args(shapes.AnyEvent)],
+        "oneOf": [_schema_of(t) for t in get_args(event_shapes.AnyEvent)],
         "discriminator": {"propertyName": "type"},
     }
 
@@ -205,6 +238,7 @@ def document(
         },
         "tags": [{"name": name, "description": text} for name, text in TAGS.items()],
         "paths": paths,
+        "webhooks": {"notification": WEBHOOK},
         "components": components,
     }
     if secured:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from datetime import UTC, datetime
 
 from aiohttp import web
 
@@ -15,20 +14,11 @@ from sidecar.api import httpio, view
 from sidecar.api.openapi import Operation
 from sidecar.api.view import HealthView, SupervisorView
 from sidecar.config import Config
+from sidecar.core.contract import rfc3339
 from sidecar.core.shapes import AgentInfo, HealthAnswer, Progress, StatusAnswer
 from sidecar.core.states import ProcState
 from sidecar.process.supervisor import Supervisor
 from sidecar.workspace.cstack import CurrentState
-
-
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _iso_ms(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def health_answer(v: HealthView) -> HealthAnswer:
@@ -37,7 +27,7 @@ def health_answer(v: HealthView) -> HealthAnswer:
     )
 
 
-def _last_activity(v: SupervisorView) -> float | None:
+def _last_activity(v: SupervisorView) -> str | None:
     times = [v.current_mtime]
     if v.pane_tty is not None:
         # The kernel stamps a tty's mtime when it is written (to within 8 s): the CLI's
@@ -45,16 +35,16 @@ def _last_activity(v: SupervisorView) -> float | None:
         with contextlib.suppress(OSError):
             times.append(os.stat(v.pane_tty).st_mtime)
     known = [t for t in times if t is not None]
-    return max(known) if known else None
+    return rfc3339(max(known), ms=False) if known else None
 
 
 def agent_info(v: SupervisorView) -> AgentInfo:
     agent = v.agent
     return AgentInfo(
         state=agent.state,
-        since=_iso_ms(agent.since),
+        since=rfc3339(agent.since),
         reason=agent.reason,
-        source=agent.source,  # type: ignore[arg-type]  # hooks, events, activity or none
+        source=agent.source,
         session_id=agent.session_id,
     )
 
@@ -80,13 +70,14 @@ def status_answer(v: SupervisorView, current: CurrentState, config: Config) -> S
         cli_exit_code=v.cli.exit_code,
         resleeving=v.resleeving,
         ttyd_state=v.ttyd.state,
-        last_activity=_iso(_last_activity(v)),
+        last_activity=_last_activity(v),
         health="healthy" if v.healthy else "degraded",
         repo=config.repo,
         warnings=warnings,
         sidecar_restarts=v.restarts,
         agent=agent_info(v),
         egress=v.egress,
+        notify=v.notify,
     )
 
 

@@ -19,6 +19,7 @@ from sidecar.api import httpio, view
 from sidecar.api.guard import ROLE, set_token_cookie
 from sidecar.api.openapi import HTML, Media, Operation
 from sidecar.core.shapes import TerminalToken
+from sidecar.notify.service import Presence
 from sidecar.process.supervisor import Supervisor
 from sidecar.process.ttyd import BASE_PATH, VIEWER_FLAGS, WRITER_FLAGS, Upstream
 
@@ -40,6 +41,7 @@ CLIENTS = web.AppKey("terminal_clients", weakref.WeakSet[web.WebSocketResponse])
 # "rows"}); after it every frame starts with one command byte.
 INPUT, RESIZE = ord("0"), ord("1")
 VIEWER_ALLOWED = frozenset({ord("2"), ord("3")})  # pause / resume output: flow control only
+TYPED = (bytes((INPUT,)), chr(INPUT))  # an input frame's first byte, as bytes or text
 INIT_TIMEOUT = 10.0  # a client that never sends the init message is closed after this
 OUTPUT = ord("0")  # ttyd -> client: terminal output
 # After the init message a client's frames wait (unread) until ttyd's first output frame, or
@@ -84,6 +86,8 @@ async def _relay_to_ttyd(
     viewer: bool,
     auth_token: str,
     first_output: asyncio.Event,
+    *,
+    presence: Presence,
 ) -> None:
     try:
         msg = await client.receive(timeout=INIT_TIMEOUT)
@@ -121,6 +125,8 @@ async def _relay_to_ttyd(
             return  # close, error
         if viewer and not allowed_from_viewer(msg.data):
             continue
+        if not viewer and msg.data[:1] in TYPED:
+            presence.typed()  # a person types here: notifications but approvals wait
         # Awaiting the send is the backpressure: we read no faster than ttyd accepts.
         if msg.type is WSMsgType.TEXT:
             await upstream.send_str(msg.data)
@@ -166,6 +172,7 @@ async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse
     client = web.WebSocketResponse(
         protocols=("tty",), heartbeat=20.0, max_msg_size=MAX_FRAME, timeout=CLOSE_TIMEOUT
     )
+    presence = sup.notifier.presence
     async with upstream:
         await client.prepare(request)
         request.app[CLIENTS].add(client)
@@ -173,13 +180,19 @@ async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse
         first_output = asyncio.Event()
         tasks = [
             asyncio.create_task(
-                _relay_to_ttyd(client, upstream, viewer, target.auth_token, first_output)
+                _relay_to_ttyd(
+                    client, upstream, viewer, target.auth_token, first_output, presence=presence
+                )
             ),
             asyncio.create_task(_relay_to_client(upstream, client, first_output)),
         ]
+        if not viewer:
+            presence.attached()
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            if not viewer:
+                presence.detached()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

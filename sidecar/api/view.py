@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from sidecar.agent.machine import AgentStatus, seconds_in_states
 from sidecar.core.contract import AgentStateName
-from sidecar.core.shapes import EgressInfo
+from sidecar.core.shapes import EgressInfo, NotifyInfo
 from sidecar.core.states import ProcState, ProcStatus
 
 if TYPE_CHECKING:  # typing only: the snapshot sits below the supervisor, which may take it
@@ -41,11 +41,13 @@ class SupervisorView(NamedTuple):
     cli_exits: tuple[tuple[str, int], ...]  # CLI exits the sidecar did not cause, by code
     cli_restarts: int  # CLI starts by the restart policy
     tmux_heals: int  # tmux servers recreated after dying
+    tmux_deaths: tuple[tuple[str, int], ...]  # tmux server deaths, by signal
     resleeves: int  # finished resleeves
     resleeve_seconds: float  # their summed duration
     egress: EgressInfo
     egress_allowed: tuple[tuple[str, int], ...]  # connections allowed, by listed pattern
     egress_denied: tuple[tuple[str, int], ...]  # attempts refused, by how (never by host)
+    notify: NotifyInfo  # the notification channels and their counts
 
     def agent_seconds(self) -> dict[str, float]:
         """Seconds the agent spent in each state, up to the snapshot."""
@@ -94,9 +96,11 @@ def of(sup: Supervisor) -> SupervisorView:
         tuple(stats.cli_exits.items()),
         stats.cli_restarts,
         stats.tmux_heals,
+        tuple(stats.tmux_deaths.items()),
         stats.resleeves,
         stats.resleeve_seconds,
         sup.egress.info(),
         tuple(sup.egress.allowed_by.items()),
         tuple(sup.egress.denied_by_how.items()),
+        sup.notifier.info(),
     )

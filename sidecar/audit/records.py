@@ -12,18 +12,18 @@ from typing import Annotated, Final, Literal, get_args
 
 from msgspec import Meta, Struct, field
 
-from sidecar.core.contract import utc_now
-from sidecar.core.shapes import Answer, DecidedBy, Decision, Timestamp
+from sidecar.core.contract import ApprovalKind, DecidedBy, Decision, rfc3339
+from sidecar.core.shapes import Answer, Timestamp
 
 SCHEMA: Final = "sleeve-audit/1"
-Kind = Literal["tool", "egress"]
+Kind = ApprovalKind
 
 
 class Record(Struct, tag_field="type", kw_only=True, omit_defaults=True):
     """One line of the audit trail; `type` tells which."""
 
     seq: Annotated[int, Meta(ge=0, description="increasing for the trail's life")] = 0
-    time: Timestamp = field(default_factory=utc_now)
+    time: Timestamp = field(default_factory=rfc3339)
     sleeve: Annotated[str, Meta(description="`SLEEVE_NAME`")] = ""
 
 

@@ -6,6 +6,7 @@ OpenAPI document, the client commands. Standard library only (the launcher impor
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Final, Literal, get_args
 
@@ -26,14 +27,35 @@ MAX_BODY_BYTES: Final = 256 * 1024
 MAX_NAME_CHARS: Final = 256
 
 
-def utc_now() -> str:
-    """RFC 3339 UTC time with milliseconds and a Z: the format of every time the API gives."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def rfc3339(ts: float | None = None, *, ms: bool = True) -> str:
+    """`ts` (seconds since the epoch; None: now) as RFC 3339 UTC time with a Z: the format of
+    every time the API gives. With milliseconds; `ms=False`: whole seconds (a message's `time`,
+    `last_activity`)."""
+    when = datetime.now(UTC) if ts is None else datetime.fromtimestamp(ts, UTC)
+    return when.isoformat(timespec="milliseconds" if ms else "seconds").replace("+00:00", "Z")
 
 
 #: What the agent is doing (`agent.state` in /status, `agent` in /health, `agent-state` events).
 AgentStateName = Literal["starting", "working", "waiting", "idle", "exited", "unknown"]
 AGENT_STATES: Final[tuple[str, ...]] = get_args(AgentStateName)
+
+#: How the sidecar learns the agent's state (`agent.source` in /status; a CLI's `state` in the
+#: registry): the CLI's hooks, its own server's event stream, or its pane's output.
+StateSource = Literal["hooks", "events", "activity", "none"]
+
+#: A permission request's answer, who gave it, and how the sidecar learnt of the request and
+#: answers it (/approvals, `approval-resolved` events).
+Decision = Literal["allow", "deny"]
+DecidedBy = Literal["api", "terminal", "timeout", "link", "policy"]
+ApprovalSource = Literal["hooks", "screen", "events", "proxy"]
+#: What an approval is about: a permission request of the CLI, or a held request for a host off
+#: the egress allowlist.
+ApprovalKind = Literal["tool", "egress"]
+
+#: The CLI's network (`egress.mode` in /status), and how a refused attempt was made (`how` of
+#: `egress-denied` events).
+EgressMode = Literal["open", "allowlist"]
+EgressHow = Literal["proxy", "direct", "udp", "ipv6", "raw", "unix"]
 
 #: Key names `POST /input` accepts (`keys`).
 InputKey = Literal[
@@ -49,9 +71,20 @@ DEFAULT_PORT: Final = 8080
 DEFAULT_HOST: Final = "0.0.0.0"  # noqa: S104 - the container's API is meant to be published
 DEFAULT_WORKSPACE: Final = "/workspace"
 DEFAULT_STATE_DIR: Final = "/run/sidecar"
-#: `SIDECAR_STOP_GRACE`: seconds between SIGTERM and SIGKILL for the CLI's tree (and, in a pod,
-#: what `terminationGracePeriodSeconds` must exceed).
+#: `SIDECAR_STOP_GRACE`: seconds between SIGTERM and SIGKILL for the CLI's tree.
 STOP_GRACE: Final = 5.0
+#: Seconds the sidecar's own shutdown may take after the CLI's grace: ttyd (up to 2 s), the tmux
+#: server (up to 2 s), CURRENT.md.
+SHUTDOWN_MARGIN: Final = 5
+
+
+def runtime_grace(stop_grace: float = STOP_GRACE) -> int:
+    """The stop-grace rule: seconds whatever runs a sleeve gives it between its SIGTERM and its
+    SIGKILL (`docker create --stop-timeout`, `sleeve stop` for docker and bwrap, a pod's
+    `terminationGracePeriodSeconds` at least, the Helm chart's check of it): the CLI's grace
+    (`stop_grace`, SIDECAR_STOP_GRACE) rounded up, and the sidecar's shutdown after it."""
+    return math.ceil(stop_grace) + SHUTDOWN_MARGIN
+
 
 #: The tmux session that hosts the CLI (`sidecar attach` attaches to it).
 TMUX_SESSION: Final = "main"

@@ -1,16 +1,18 @@
 """In-process event bus behind `GET /events`: every subscriber gets every event, in order, each
 event encoded once when published. Queues are bounded: a subscriber that stops reading is
-dropped (its stream ends) instead of growing memory without limit.
+dropped (its stream ends) instead of growing memory without limit. Listeners inside the sidecar
+(the notifier) are called with the event itself, at once, and are not /events clients.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import msgspec
 
-from sidecar.core.shapes import Event
+from sidecar.core.event_shapes import Event
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ class EventBus:
     def __init__(self, maxsize: int = 256) -> None:
         self._maxsize = maxsize
         self._subs: set[Subscription] = set()
+        self._listeners: list[Callable[[Event], None]] = []
         self._closed = False
 
     def subscribe(self) -> Subscription:
@@ -51,21 +54,31 @@ class EventBus:
     def unsubscribe(self, sub: Subscription) -> None:
         self._subs.discard(sub)
 
+    def listen(self, listener: Callable[[Event], None]) -> None:
+        """Call `listener` with every event published from now on, once the streams have it.
+        It must be quick and must not raise (a listener that does is logged and kept)."""
+        self._listeners.append(listener)
+
     @property
     def subscribers(self) -> int:
         return len(self._subs)
 
     def publish(self, event: Event) -> Event:
-        if not self._subs:
-            return event
-        line = encode_line(event)
-        for sub in list(self._subs):
+        if self._subs:
+            line = encode_line(event)
+            for sub in list(self._subs):
+                try:
+                    sub.queue.put_nowait(line)
+                except asyncio.QueueFull:
+                    # A reader this far behind is not reading: drop it and wake its handler.
+                    log.warning("dropping an /events subscriber that stopped reading")
+                    self._end(sub)
+        # After the streams: what a listener publishes in turn comes after this event.
+        for listener in self._listeners:
             try:
-                sub.queue.put_nowait(line)
-            except asyncio.QueueFull:
-                # A reader this far behind is not reading: drop it and wake its handler.
-                log.warning("dropping an /events subscriber that stopped reading")
-                self._end(sub)
+                listener(event)
+            except Exception:  # a listener's bug must not cost the event its other readers
+                log.exception("event listener failed on %s", type(event).__name__)
         return event
 
     def close(self) -> None:

@@ -34,6 +34,21 @@ class Layout:
         return self.state_dir / "agent.json"
 
     @property
+    def vapid_key(self) -> Path:
+        """Web Push's VAPID private key (PEM, 0600), made the first time it is needed."""
+        return self.state_dir / "vapid.pem"
+
+    @property
+    def vapid_public(self) -> Path:
+        """Its public key, base64url, so that serving it needs no crypto library."""
+        return self.state_dir / "vapid.pub"
+
+    @property
+    def push_devices(self) -> Path:
+        """The browsers' Web Push subscriptions (0600)."""
+        return self.state_dir / "webpush.json"
+
+    @property
     def tmux_conf(self) -> Path:
         return self.state_dir / "tmux.conf"
 

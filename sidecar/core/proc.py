@@ -16,10 +16,13 @@ class Stat(NamedTuple):
 
     ppid: int
     start: float  # when the process started, in seconds after boot (see `start_time`)
+    session: int  # its session's id (the pid of the session's leader)
+    zombie: bool  # exited, its parent yet to reap it: nothing to signal or wait for
 
 
 def stat(pid: int) -> Stat | None:
-    """`pid`'s parent and start time from /proc/PID/stat (fields 4 and 22); None if it is gone."""
+    """`pid`'s state, parent, session and start time from /proc/PID/stat (fields 3, 4, 6 and
+    22); None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             raw = fh.read()
@@ -27,7 +30,8 @@ def stat(pid: int) -> Stat | None:
         return None
     # Field 2 (the command name, in parentheses) may hold spaces and ')': split after the last.
     fields = raw[raw.rindex(b")") + 2 :].split()
-    return Stat(int(fields[1]), int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    start = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    return Stat(int(fields[1]), start, int(fields[3]), fields[0] == b"Z")
 
 
 def start_time(pid: int) -> float | None:

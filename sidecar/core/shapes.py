@@ -1,6 +1,6 @@
-"""Every JSON shape of the HTTP API, declared once: request bodies (validated on the way in),
-answers and `/events` lines (encoded from these on the way out), and the OpenAPI schemas
-(generated from these by `sidecar.api.openapi`). A new field is one edit here.
+"""Every request body and answer of the HTTP API, declared once: bodies are validated on the way
+in, answers encoded from these on the way out, and the OpenAPI schemas generated from these by
+`sidecar.api.openapi` (the `/events` lines: `sidecar.core.event_shapes`). A new field is one edit.
 """
 
 from __future__ import annotations
@@ -13,11 +13,16 @@ from sidecar.core.contract import (
     MAX_INPUT_BYTES,
     MAX_NAME_CHARS,
     AgentStateName,
+    ApprovalKind,
+    ApprovalSource,
+    DecidedBy,
+    Decision,
+    EgressMode,
     Health,
     InputKey,
     MessageType,
+    StateSource,
     Status,
-    utc_now,
 )
 from sidecar.core.states import ProcState
 
@@ -86,7 +91,7 @@ class AgentInfo(Answer):
         ),
     ]
     source: Annotated[
-        Literal["hooks", "events", "activity", "none"],
+        StateSource,
         Meta(
             description="`hooks`: the CLI reports its lifecycle; `events`: the CLI's own "
             "server's event stream (opencode); `activity`: pane output"
@@ -95,20 +100,10 @@ class AgentInfo(Answer):
     session_id: Annotated[str | None, Meta(description="the CLI's conversation id, when known")]
 
 
-EgressHow = Annotated[
-    Literal["proxy", "direct", "udp", "ipv6", "raw", "unix"],
-    Meta(
-        description="`proxy`: refused by the egress proxy; `direct`: a TCP connection around "
-        "it; `udp` (DNS included), `ipv6`, `raw`: sockets the enforcement refused; `unix`: a "
-        "unix socket leading out of the guard (the sidecar's tmux, a daemon's socket)"
-    ),
-]
-
-
 class EgressInfo(Answer):
     """The CLI's network: open, or the egress allowlist (`SIDECAR_EGRESS_ALLOW`)."""
 
-    mode: Literal["open", "allowlist"]
+    mode: EgressMode
     allow: Annotated[list[str], Meta(description="the allowed host patterns, as normalised")]
     denied: Annotated[int, Meta(ge=0, description="refused attempts since the supervisor started")]
 
@@ -187,6 +182,7 @@ class StatusAnswer(Answer):
     agent: AgentInfo
     # Always sent; a default, so that the schema does not require it of answers made before it.
     egress: EgressInfo = field(default_factory=lambda: EgressInfo(mode="open", allow=[], denied=0))
+    notify: NotifyInfo = field(default_factory=lambda: NotifyInfo(channels=[], on=[]))
 
 
 # ---- messages ----------------------------------------------------------------------------------
@@ -327,16 +323,16 @@ class InputAccepted(Answer):
 # ---- approvals ---------------------------------------------------------------------------------
 
 MAX_APPROVAL_MESSAGE = 2048
-Decision = Annotated[Literal["allow", "deny"], Meta(description="allow or deny the request")]
-DecidedBy = Annotated[
-    Literal["api", "terminal", "timeout", "policy"],
+DecisionField = Annotated[Decision, Meta(description="allow or deny the request")]
+DecidedByField = Annotated[
+    DecidedBy,
     Meta(
-        description="who answered: the API, a person in the terminal, the timeout policy, or "
-        "a rule of the policy file (`rule` names it)"
+        description="who answered: the API, a person in the terminal, the timeout policy, a "
+        "notification's one-tap link, or a rule of the policy file (`rule` names it)"
     ),
 ]
-ApprovalKind = Annotated[
-    Literal["tool", "egress"],
+ApprovalKindField = Annotated[
+    ApprovalKind,
     Meta(
         description="`tool`: a permission request of the CLI; `egress`: a proxied request for "
         "a host off the allowlist, held while it waits (SIDECAR_EGRESS_ASK)"
@@ -366,10 +362,10 @@ class ApprovalItem(Struct):
     ]
     since: Timestamp
     source: Annotated[
-        Literal["hooks", "screen", "events", "proxy"],
+        ApprovalSource,
         Meta(description="how the sidecar learnt of it and answers it"),
     ]
-    kind: ApprovalKind = "tool"
+    kind: ApprovalKindField = "tool"
     rule: Annotated[
         str | None,
         Meta(
@@ -386,7 +382,7 @@ class ApprovalsAnswer(Answer):
 class ApprovalRequest(Request):
     """An answer to one permission request."""
 
-    decision: Decision
+    decision: DecisionField
     message: (
         Annotated[
             str,
@@ -415,15 +411,173 @@ class ApprovalConflict(Error):
     """409 of `POST /approvals/{id}`: the request was answered already, or withdrawn."""
 
     id: str
-    decision: Decision | None
-    by: DecidedBy | None
+    decision: DecisionField | None
+    by: DecidedByField | None
     reason: str | UnsetType = UNSET
 
 
 class ApprovalDecided(Answer):
     id: str
+    decision: DecisionField
+    by: DecidedByField
+
+
+# ---- notifications -----------------------------------------------------------------------------
+
+NotifyKindName = Literal["waiting", "idle", "exited", "budget", "egress", "test"]
+NotifyKind = Annotated[
+    NotifyKindName,
+    Meta(
+        description="what happened: `waiting` (a dialog or a permission request, once it lasted "
+        "SIDECAR_NOTIFY_DWELL), `idle` (a turn ended), `exited` (the CLI ended or cannot start), "
+        "`budget`, `egress` (a request for a host off the allowlist waits), `test`"
+    ),
+]
+ChannelName = Literal["webhook", "ntfy", "webpush"]
+
+
+class ChannelLast(Answer):
+    """The last delivery to a channel."""
+
+    time: Timestamp
+    ok: bool
+    detail: Annotated[str, Meta(description="the status the channel answered, or what failed")]
+
+
+class ChannelInfo(Answer):
+    """One notification channel (`SIDECAR_NOTIFY_*`)."""
+
+    name: ChannelName
+    target: Annotated[
+        str, Meta(description="where it goes: scheme and host only (a URL's path may be its key)")
+    ]
+    sent: Count
+    failed: Count
+    suppressed: Annotated[
+        int, Meta(ge=0, description="notifications held back (cooldown, a person typing)")
+    ]
+    last: ChannelLast | None
+    devices: Annotated[int, Meta(ge=0, description="Web Push: subscribed devices")] | UnsetType = (
+        UNSET
+    )
+
+
+class NotifyInfo(Answer):
+    """Notifications: the channels and what is sent when (see `docs/notifications.md`)."""
+
+    channels: list[ChannelInfo]
+    on: Annotated[list[str], Meta(description="`SIDECAR_NOTIFY_ON`")]
+    dwell: Annotated[float, Meta(ge=0, description="`SIDECAR_NOTIFY_DWELL` seconds")] = 5.0
+    cooldown: Annotated[float, Meta(ge=0, description="`SIDECAR_NOTIFY_COOLDOWN` seconds")] = 60.0
+    links: Annotated[
+        bool, Meta(description="approvals carry one-tap links (`SIDECAR_PUBLIC_URL` is set)")
+    ] = False
+
+
+class NotificationActions(Answer):
+    """One-tap capability links (`/a/<token>`): each answers its approval once, no token needed."""
+
+    allow: str
+    deny: str
+
+
+class NotificationApproval(Answer):
+    """The permission request a `waiting` notification is about."""
+
+    id: str
+    kind: Literal["tool", "egress"]
+    tool: str
+    summary: str
+    actions: (
+        Annotated[NotificationActions, Meta(description="absent without SIDECAR_PUBLIC_URL")]
+        | UnsetType
+    ) = UNSET
+
+
+class NotificationAgent(Answer):
+    state: AgentStateField
+    reason: str | None
+
+
+class WebhookNotification(Answer, kw_only=True):
+    """The body POSTed to `SIDECAR_NOTIFY_WEBHOOK`, signed in `X-Sleeve-Signature: t=<unix
+    seconds>,v1=<hex HMAC-SHA256 over "<t>.<body>">` with the secret in
+    `SIDECAR_NOTIFY_WEBHOOK_SECRET_FILE`. A retry sends the same body (same `id`)."""
+
+    type: Literal["notification"] = "notification"
+    id: Annotated[str, Meta(description="the notification's id (the same on every channel)")]
+    event: NotifyKind
+    sleeve_id: str
+    agent: NotificationAgent
+    approval: NotificationApproval | UnsetType = UNSET
+    url: Annotated[str | None, Meta(description="the dashboard, under SIDECAR_PUBLIC_URL")]
+    time: Timestamp
+
+
+class LinkInfo(Answer):
+    """What a one-tap link would do (a GET decides nothing)."""
+
+    id: Annotated[str, Meta(description="the permission request's id")]
     decision: Decision
-    by: DecidedBy
+    tool: str
+    summary: str
+    since: Timestamp
+
+
+class ChannelResult(Answer):
+    channel: ChannelName
+    ok: bool
+    detail: str
+
+
+class NotifyTestAnswer(Answer):
+    """One test notification was sent to each channel; what each answered."""
+
+    results: list[ChannelResult]
+
+
+class WebPushInfo(Answer):
+    """Whether this sidecar offers Web Push (`SIDECAR_NOTIFY_WEBPUSH=on`)."""
+
+    enabled: bool
+    devices: Count
+
+
+class WebPushKey(Answer):
+    """The VAPID public key (`applicationServerKey` of `PushManager.subscribe`)."""
+
+    public_key: Annotated[str, Meta(description="base64url, the uncompressed P-256 point")]
+
+
+class PushKeys(Request):
+    p256dh: Annotated[str, Meta(min_length=1, max_length=256)]
+    auth: Annotated[str, Meta(min_length=1, max_length=64)]
+
+
+class PushSubscription(Request):
+    """A browser's push subscription, as `PushSubscription.toJSON()` gives it."""
+
+    endpoint: Annotated[
+        str,
+        Meta(
+            min_length=1,
+            max_length=2048,
+            pattern="^https?://",
+            description="the push service's URL for the device: https (http only on loopback)",
+        ),
+    ]
+    keys: PushKeys
+    expirationTime: int | UnsetType | None = UNSET  # the browser's name for it
+
+
+class PushEndpoint(Request):
+    """The subscription to forget, by its endpoint."""
+
+    endpoint: Annotated[str, Meta(min_length=1, max_length=2048)]
+
+
+class PushStored(Answer):
+    devices: Annotated[int, Meta(ge=0, description="devices subscribed now")]
 
 
 # ---- screen ------------------------------------------------------------------------------------
@@ -458,160 +612,3 @@ class TerminalToken(Answer):
     """The token for ttyd's init message: always empty (the proxy authenticates)."""
 
     token: Annotated[str, Meta(max_length=0, description="always empty: the proxy authenticates")]
-
-
-# ---- /events lines -----------------------------------------------------------------------------
-
-
-class Event(Struct, tag_field="type", kw_only=True):
-    """One line of `/events`; `type` tells which."""
-
-    time: Timestamp = field(default_factory=utc_now)
-
-
-class Heartbeat(Event, tag="heartbeat"):
-    """The first line of every stream (but see `sidecar-restart`), and after 15 s of silence."""
-
-
-class SidecarRestart(Event, tag="sidecar-restart"):
-    """The first line of a stream from a supervisor that init started again after a crash (at
-    `time`). Streams of the dead one were cut; what happened in between is not replayed."""
-
-    restarts: Annotated[int, Meta(ge=1, description="supervisor crashes so far")]
-
-
-class ProgressUpdate(Event, tag="progress-update"):
-    """CURRENT.md's status, task or progress changed."""
-
-    status: Status
-    task: str | None
-    progress: Progress
-
-
-class Completion(Event, tag="completion"):
-    """CURRENT.md's status became `done`."""
-
-    task: str | None
-
-
-class CliExit(Event, tag="cli-exit"):
-    """The CLI ended by itself."""
-
-    cli: str
-    exit_code: int | None
-    pid: int | None
-
-
-class Resleeve(Event, tag="resleeve"):
-    """A resleeve started (`phase` `started`) or ended (`done`, with the new CLI's pid and
-    state)."""
-
-    phase: Literal["started", "done"]
-    previous: str
-    cli: str
-    pid: int | UnsetType | None = UNSET
-    state: ProcStateName | UnsetType = UNSET
-
-
-class ErrorEvent(Event, tag="error"):
-    """Something went wrong that the envoy may want to know about."""
-
-    message: str
-    cli: str | UnsetType = UNSET
-
-
-class AgentStateEvent(Event, tag="agent-state"):
-    """The agent's state (or the reason for it) changed."""
-
-    state: AgentStateField
-    previous: AgentStateField
-    reason: str | None
-
-
-class InboxNotified(Event, tag="inbox-notified"):
-    """A notice about new inbox messages was typed into the CLI."""
-
-    ids: Annotated[list[str], Meta(description="the messages it announced")]
-    text: Annotated[str, Meta(description="the line typed")]
-
-
-class ApprovalRequested(Event, tag="approval-requested"):
-    """The agent asks for permission (`GET /approvals` lists it until it is answered)."""
-
-    id: str
-    tool: str
-    summary: str
-    kind: ApprovalKind = "tool"
-
-
-class ApprovalResolved(Event, tag="approval-resolved"):
-    """A permission request was answered, or withdrawn unanswered (`decision` and `by` null,
-    `reason` says why: the turn was interrupted, the CLI exited, a resleeve). One the policy
-    decided at once was never listed: this event (`by: "policy"`, `rule`) is its only one."""
-
-    id: str
-    decision: Decision | None
-    by: DecidedBy | None
-    reason: str | UnsetType = UNSET
-    kind: ApprovalKind = "tool"
-    tool: str | UnsetType = UNSET
-    summary: str | UnsetType = UNSET
-    rule: Annotated[str, Meta(description="the policy rule that decided")] | UnsetType = UNSET
-
-
-class EgressDenied(Event, tag="egress-denied"):
-    """The CLI tried to reach a host off the egress allowlist (one event per host and `how` a
-    minute; every attempt is counted in /status and /metrics)."""
-
-    host: Annotated[str, Meta(description="the host name asked for, or the address")]
-    port: Annotated[int, Meta(ge=0, le=65535)]
-    how: EgressHow
-    reason: (
-        Annotated[
-            str,
-            Meta(
-                description="with SIDECAR_EGRESS_ASK: why this one was not held for an "
-                "approval (a connection around the proxy cannot be held safely)"
-            ),
-        ]
-        | UnsetType
-    ) = UNSET
-
-
-class EgressChanged(Event, tag="egress-changed"):
-    """The allowlist changed while the sleeve runs: `PATCH /egress` (`api`), an egress
-    approval allowed with `remember` (`approval`), the allow file read again on SIGHUP
-    (`reload`)."""
-
-    added: list[str]
-    removed: list[str]
-    by: Literal["api", "approval", "reload"]
-    allow: Annotated[list[str], Meta(description="the whole list after the change")]
-    closed: Annotated[int, Meta(ge=0, description="open connections closed by the change")] = 0
-
-
-class PolicyChanged(Event, tag="policy-changed"):
-    """The policy file was read again (SIGHUP): the new rules apply (`error` null), or it was
-    refused and the policy before it stays (`error` says why)."""
-
-    file: str
-    rules: Annotated[int, Meta(ge=0, description="rules in force now")]
-    error: str | None = None
-
-
-AnyEvent = (
-    Heartbeat
-    | SidecarRestart
-    | ProgressUpdate
-    | Completion
-    | CliExit
-    | Resleeve
-    | AgentStateEvent
-    | InboxNotified
-    | ApprovalRequested
-    | ApprovalResolved
-    | EgressDenied
-    | EgressChanged
-    | PolicyChanged
-    | ErrorEvent
-)

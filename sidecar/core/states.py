@@ -1,16 +1,27 @@
-"""Named process states (supervisord's model), shared by the CLI, the tmux server and ttyd.
+"""Named process states (supervisord's model), shared by the CLI and ttyd.
 
 A process moves STOPPED -> STARTING -> RUNNING -> (EXITED -> BACKOFF -> STARTING ...) and ends
 in STOPPING -> STOPPED at shutdown; FATAL means it cannot start and nothing retries by itself.
 `MOVES` lists every legal transition; `ProcessState.change` refuses the others. Each
-transition is commented where it is made.
+transition is commented where it is made. The record a move carries (a `ProcStatus`, which a
+process may extend) is all a supervisor started again after a crash needs of that process, and
+the move that makes it is what saves it; the backoff's bookkeeping is kept in the move into
+BACKOFF (`ProcessState.back_off`), as supervisord's `change_state` keeps it, by one rule for
+every process (`next_backoff`).
+
+The tmux server has no state of its own: it is the CLI's host, and what happens to it shows in
+the CLI's moves (its death: RUNNING -> STARTING, healed in a new server; a launch it could not
+carry out: STARTING -> BACKOFF). Nothing reads a server's state, and a machine of its own would
+only mirror the CLI's; `sidecar.process.tmux_server` keeps which server is ours.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Generic, TypeVar, cast
 
 
 class ProcState(Enum):
@@ -30,6 +41,10 @@ class ProcStatus:
     exit_code: int | None = None
     reason: str | None = None
     started_at: float | None = None  # time.monotonic()
+    # The backoff's bookkeeping, kept by `ProcessState.back_off`: failures in a row (ends and
+    # failed starts, see `next_backoff`), and time.monotonic() when the next start is due.
+    failures: int = 0
+    restart_due: float | None = None
 
 
 _S = ProcState
@@ -47,22 +62,45 @@ MOVES: dict[ProcState, frozenset[ProcState]] = {
     _S.FATAL: frozenset({_S.STARTING, _S.STOPPING}),
 }
 
+# The backoff between starts, for every supervised process (the CLI's restarts and the launches
+# tmux could not carry out, ttyd's): 1 s, doubling, capped.
+BACKOFF_START, BACKOFF_CAP = 1.0, 30.0
+# A process that stayed up this long was healthy: it starts again soon, and its count anew.
+BACKOFF_RESET_AFTER = 10.0
+RETRY_SOON = 0.1  # seconds before the start that follows a healthy run
+
+
+def next_backoff(failures: int, ran: float) -> tuple[int, float]:
+    """The backoff rule: after a process that had failed `failures` times in a row ended, or
+    failed to start, having run `ran` seconds, its failures in a row now and the seconds to wait
+    before it starts again."""
+    if ran >= BACKOFF_RESET_AFTER:
+        return 0, RETRY_SOON
+    failures += 1
+    return failures, min(BACKOFF_START * 2 ** (failures - 1), BACKOFF_CAP)
+
 
 class IllegalMove(RuntimeError):
     """A state change `MOVES` does not allow: a bug in the caller, never a user's input."""
 
 
-class ProcessState:
-    """One process's status, changed only through `change` (supervisord's `change_state`):
+S = TypeVar("S", bound=ProcStatus)
+
+
+class ProcessState(Generic[S]):
+    """One process's record, changed only through `change` (supervisord's `change_state`):
     the move is checked, made, and `on_change(old, new, restored)` runs (persist, notify,
-    publish; `restored`: a state taken over from a dead supervisor, announced before)."""
+    publish; `restored`: a state taken over from a dead supervisor, announced before).
+    `initial`: the record before any move (a bare ProcStatus when not given)."""
 
     def __init__(
         self,
-        on_change: Callable[[ProcStatus, ProcStatus, bool], None],
+        on_change: Callable[[S, S, bool], None],
         moves: Mapping[ProcState, frozenset[ProcState]] = MOVES,
+        initial: S | None = None,
     ) -> None:
-        self.status = ProcStatus()
+        # Without `initial` this is a ProcessState[ProcStatus]: its callers give no other type.
+        self.status: S = initial if initial is not None else cast("S", ProcStatus())
         self._on_change = on_change
         self._moves = moves
         self._moved = False
@@ -71,31 +109,49 @@ class ProcessState:
     def state(self) -> ProcState:
         return self.status.state
 
-    def change(self, new: ProcStatus) -> None:
+    def change(self, new: S) -> None:
         old = self.status
         if new.state not in self._moves[old.state]:
             msg = f"illegal process state change {old.state.value} -> {new.state.value}"
             raise IllegalMove(msg)
         self._set(old, new, restored=False)
 
-    def restore(self, status: ProcStatus) -> None:
+    def back_off(self, failed: S, why: str | None = None) -> float:
+        """-> BACKOFF after a failure (an end, or a start that failed): `failed` is the record as
+        the failure left it, and this move adds the backoff's bookkeeping (`next_backoff`, from
+        how long the process ran since `started_at`) and the reason: `why`, and when it starts
+        again. Returns the delay in seconds."""
+        now = time.monotonic()
+        started = self.status.started_at
+        ran = 0.0 if started is None else now - started
+        failures, delay = next_backoff(self.status.failures, ran)
+        again = f"restarting in {delay:g}s"
+        backoff = replace(
+            failed,
+            state=ProcState.BACKOFF,
+            reason=f"{why}; {again}" if why else again,
+            failures=failures,
+            restart_due=now + delay,
+        )
+        self.change(backoff)
+        return delay
+
+    def amend(self, new: S) -> None:
+        """A change of the record that is no move (the same state, a new fact: the pid of a
+        process being started), saved as a move is."""
+        old = self.status
+        if new.state is not old.state:
+            msg = f"amend cannot change the state ({old.state.value} -> {new.state.value})"
+            raise IllegalMove(msg)
+        self._set(old, new, restored=False)
+
+    def restore(self, status: S) -> None:
         """Take over a state a dead supervisor recorded: only before any other change."""
         if self._moved:
             msg = f"restore to {status.state.value} after the state has changed"
             raise IllegalMove(msg)
         self._set(self.status, status, restored=True)
 
-    def _set(self, old: ProcStatus, new: ProcStatus, *, restored: bool) -> None:
+    def _set(self, old: S, new: S, *, restored: bool) -> None:
         self.status, self._moved = new, True
         self._on_change(old, new, restored)
-
-
-# Backoff between restarts (the CLI's and ttyd's): 1 s, doubling, capped.
-BACKOFF_START, BACKOFF_CAP = 1.0, 30.0
-# A process that stayed up this long is healthy again: its next failure starts the backoff anew.
-BACKOFF_RESET_AFTER = 10.0
-
-
-def backoff_delay(failures: int) -> float:
-    """Seconds to wait before try number `failures + 1` (`failures` >= 1)."""
-    return float(min(BACKOFF_START * 2 ** max(failures - 1, 0), BACKOFF_CAP))

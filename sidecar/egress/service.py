@@ -17,13 +17,15 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from sidecar.audit.records import EgressChangedRecord, EgressConnectionRecord
 from sidecar.audit.trail import AuditTrail
+from sidecar.core.contract import EgressHow, EgressMode
+from sidecar.core.event_shapes import EgressChanged, EgressDenied
 from sidecar.core.events import EventBus
 from sidecar.core.loopback import loopback_url
-from sidecar.core.shapes import EgressAnswer, EgressChanged, EgressDenied, EgressInfo
+from sidecar.core.shapes import EgressAnswer, EgressInfo
 from sidecar.egress.allowlist import MAX_PATTERNS, Allowlist, AllowlistError, parse_pattern
 from sidecar.egress.guard import ReportListener, guard_argv
 from sidecar.egress.peer import Peer, PeerFinder
@@ -33,8 +35,7 @@ from sidecar.security.acting import Owner, acting
 
 log = logging.getLogger(__name__)
 
-How = Literal["proxy", "direct", "udp", "ipv6", "raw", "unix"]
-HOWS: tuple[How, ...] = ("proxy", "direct", "udp", "ipv6", "raw", "unix")
+HOWS: tuple[EgressHow, ...] = get_args(EgressHow)
 QUIET = 60.0  # one event per (host, how), one log line per host, in this many seconds
 MAX_REMEMBERED = 4096  # distinct hosts kept for the rate limits (an attacker picks names)
 MAX_LOOKUPS = 64  # connections waiting for their process to be looked up
@@ -141,7 +142,7 @@ class Egress:
         return host.strip("[]"), self.api[1]
 
     @property
-    def mode(self) -> Literal["open", "allowlist"]:
+    def mode(self) -> EgressMode:
         return "open" if self.allow is None else "allowlist"
 
     @property
@@ -199,11 +200,11 @@ class Egress:
         self.allowed_by[pattern] = self.allowed_by.get(pattern, 0) + 1
 
     def denied(self, host: str, port: int, how: str) -> None:
-        """A refused attempt of the CLI's (`how`: proxy, direct, udp, ipv6, raw): counted,
+        """A refused attempt of the CLI's (`how`: an EgressHow, else counted as direct): counted,
         an `egress-denied` event once per (host, how) a minute (a refusal around the proxy
         recorded in the audit trail with it), a log line once per host."""
         self.denied_total += 1
-        how_: How = how if how in HOWS else "direct"
+        how_: EgressHow = how if how in HOWS else "direct"
         self.denied_by_how[how_] += 1
         if self._events.due((host, how_)):
             event = EgressDenied(host=host, port=port, how=how_)

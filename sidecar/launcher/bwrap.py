@@ -66,6 +66,20 @@ class HostPython:
         return cls(sys.executable, tuple(prefixes), None if inside else pkg_root)
 
 
+def host_tmux_dir(path: str | None = None) -> Path | None:
+    """The folder of the tmux on the launcher's PATH (`path`: another PATH) when the sandbox
+    would not see it otherwise (it is not under /usr or /bin): bound read-only and first on the
+    sandbox's PATH after Python's, so that a sleeve runs the tmux its user runs (a newer one
+    than the system's, docs/tmux.md). None: the system's tmux serves."""
+    found = shutil.which("tmux", path=path)
+    if found is None:
+        return None
+    folder = Path(found).parent
+    if any(folder.is_relative_to(top) for top in ("/usr", "/bin", "/sbin")):
+        return None
+    return folder
+
+
 def _system_binds() -> list[str]:
     argv = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     # Merged-/usr systems have /bin -> usr/bin etc.; mirror whatever the host has.
@@ -93,7 +107,8 @@ def bwrap_argv(plan: RunPlan, python: HostPython) -> list[str]:
     bound: list[Path] = [Path("/usr"), Path("/etc")]
     # Only the package dir, not the whole checkout, when running from a source tree.
     package = [python.package_root / "sidecar"] if python.package_root else []
-    for path in [*package, *python.prefixes]:
+    tmux = host_tmux_dir()
+    for path in [*package, *python.prefixes, *([tmux] if tmux else [])]:
         if not any(path.is_relative_to(b) for b in bound):
             argv += ["--ro-bind", str(path), str(path)]
             bound.append(path)
@@ -141,7 +156,10 @@ def bwrap_env(plan: RunPlan, python: HostPython) -> dict[str, str]:
     """
     env = dict(plan.passthrough)
     env.update(fixed_env(plan, port=plan.port, host="127.0.0.1"))
-    env["PATH"] = f"{Path(python.executable).parent}:{SANDBOX_PATH_TAIL}"
+    tmux = host_tmux_dir()
+    env["PATH"] = ":".join(
+        [str(Path(python.executable).parent), *([str(tmux)] if tmux else []), SANDBOX_PATH_TAIL]
+    )
     env.setdefault("TERM", "xterm-256color")
     env.setdefault("LANG", "C.UTF-8")
     if python.package_root is not None:

@@ -1,5 +1,6 @@
 """`sleeve`: the host launcher's command line (its subcommands, their options and help) and
-`main`, which runs one subcommand of `commands` and turns a LauncherError into exit 1.
+`main`, which runs one subcommand (`commands`, `listings`, `build`, `approve`) and turns a
+LauncherError into exit 1.
 """
 
 from __future__ import annotations
@@ -12,20 +13,18 @@ from collections.abc import Callable, Mapping, Sequence
 
 from sidecar.launcher import runtimes
 from sidecar.launcher.approve import cmd_approve, cmd_deny
+from sidecar.launcher.build import cmd_build
 from sidecar.launcher.commands import (
     Settings,
-    cmd_build,
     cmd_create,
-    cmd_gc,
-    cmd_instances,
     cmd_manifest,
-    cmd_ps,
     cmd_rm,
     cmd_run,
     cmd_slots,
     cmd_stop,
 )
 from sidecar.launcher.fsutil import LauncherError
+from sidecar.launcher.listings import cmd_gc, cmd_instances, cmd_ps
 
 EPILOG = """\
 state lives in $SLEEVE_HOME (default ~/.sleeve).
@@ -76,21 +75,38 @@ def _add_slot_commands(subs: _Subcommands) -> None:
     p.add_argument("--force", action="store_true", help="stop it first if it is running")
     p = subs.add("stop", cmd_stop, "stop the sleeve running in slot N")
     p.add_argument("slot", type=int, metavar="N")
-    p.add_argument("--grace", type=float, default=15.0, help="seconds before SIGKILL (bwrap)")
+    p.add_argument(
+        "--grace",
+        type=float,
+        help="seconds before SIGKILL (default: the sleeve's SIDECAR_STOP_GRACE rounded up, + 5)",
+    )
+
+
+def _add_sleeve(p: argparse.ArgumentParser, *, slot: str, image: str) -> None:
+    """What `run` and `manifest` both ask: the slot, the CLI and its goal, the image, egress.
+    `slot` and `image`: their help."""
+    p.add_argument("--slot", type=int, metavar="N", help=f"this slot (default: {slot})")
+    p.add_argument("--cli", default="claude-code", help="CLI to run (default claude-code)")
+    p.add_argument("--goal", metavar="TEXT", help="task for the sleeve (SLEEVE_GOAL)")
+    p.add_argument("--image", default="sleeve:latest", help=f"{image} (default %(default)s)")
+    p.add_argument(
+        "--egress",
+        default="default",
+        metavar="default|open|FILE",
+        help="the hosts the agent may reach: the CLI's default list (default), open (no "
+        "limit), or a file of patterns",
+    )
 
 
 def _add_run(subs: _Subcommands) -> None:
     p = subs.add("run", cmd_run, "start a sleeve in the first free slot")
-    p.add_argument("--slot", type=int, metavar="N", help="this slot (default: first not running)")
-    p.add_argument("--cli", default="claude-code", help="CLI to run (default claude-code)")
+    _add_sleeve(p, slot="first not running", image="docker image")
     p.add_argument("--shell", action="store_true", help="run the `shell` CLI instead")
-    p.add_argument("--goal", metavar="TEXT", help="task for the sleeve (SLEEVE_GOAL)")
     p.add_argument(
         "--runtime",
         choices=list(runtimes.RUNTIMES),
         help="default: docker when an engine answers, else bwrap",
     )
-    p.add_argument("--image", default="sleeve:latest", help="docker image (default %(default)s)")
     p.add_argument("--port", type=int, help="API port on 127.0.0.1 (default: a free one)")
     p.add_argument(
         "--network",
@@ -102,7 +118,6 @@ def _add_run(subs: _Subcommands) -> None:
     p.add_argument("--cpus", type=float, help="CPU limit, e.g. 1.5 (bwrap: needs systemd)")
     p.add_argument("--memory", help="memory limit, e.g. 512m or 2g (bwrap: needs systemd)")
     p.add_argument("--pids-limit", type=int, help="most processes at once (bwrap: needs systemd)")
-    _add_egress(p)
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -110,26 +125,11 @@ def _add_run(subs: _Subcommands) -> None:
     )
 
 
-def _add_egress(p: argparse.ArgumentParser) -> None:
-    """`--egress`, the same for `run` and `manifest`."""
-    p.add_argument(
-        "--egress",
-        default="default",
-        metavar="default|open|FILE",
-        help="the hosts the agent may reach: the CLI's default list (default), open (no "
-        "limit), or a file of patterns",
-    )
-
-
 def _add_manifest(subs: _Subcommands) -> None:
     p = subs.add("manifest", cmd_manifest, "print one slot's sleeve as Kubernetes YAML")
-    p.add_argument("--slot", type=int, metavar="N", help="this slot (default: the first one)")
-    p.add_argument("--cli", default="claude-code", help="CLI to run (default claude-code)")
-    p.add_argument("--goal", metavar="TEXT", help="task for the sleeve (SLEEVE_GOAL)")
-    p.add_argument("--image", default="sleeve:latest", help="image (default %(default)s)")
+    _add_sleeve(p, slot="the first one", image="image")
     p.add_argument("--name", help="StatefulSet and Service name (default sleeve-<project>-<id>)")
     p.add_argument("--namespace", default="default", help="namespace (default %(default)s)")
-    _add_egress(p)
     p.add_argument(
         "--token-secret",
         metavar="SECRET",

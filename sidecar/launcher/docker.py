@@ -105,6 +105,8 @@ def docker_argv(plan: RunPlan) -> list[str]:
     for key, value in docker_labels(plan).items():
         argv += ["--label", f"{key}={value}"]
     argv += ["--user", "0:0"]  # the sidecar starts as root; SIDECAR_USER is the CLI's user
+    # What any `docker stop` (the engine's own at its shutdown too) gives the sleeve.
+    argv += ["--stop-timeout", str(plan.stop_timeout)]
     if plan.user is not None:
         argv += ["--cap-drop", "ALL"]
         for cap in DOCKER_CAPS:

@@ -156,7 +156,7 @@ def run(argv: list[str], env: Mapping[str, str], stdin: bytes | None = None) -> 
         raise LauncherError(msg)
 
 
-def stop(name: str, grace: int = 10) -> None:
+def stop(name: str, grace: int) -> None:
     out = _answered(["docker", "stop", "--time", str(grace), name], grace + _STOP_MARGIN)
     if out.returncode != 0:
         msg = f"runtime docker: cannot stop {name}: {out.stderr.strip()}"

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sidecar.launcher import homes
 from sidecar.launcher.fsutil import LauncherError, private_dir, touch_private
 
 logger = logging.getLogger(__name__)
@@ -70,8 +71,7 @@ def ensure_instance(home: Path, root: Path) -> Path:
     """Create the instance for `root` if missing; `project-root` is written once, on creation."""
     path = private_dir(instance_dir(home, root))
     touch_private(path / ROOT_FILE, os.fsencode(str(root)))
-    private_dir(path / "projects")
-    touch_private(path / "history.jsonl")
+    homes.make_instance(path)
     return path
 
 

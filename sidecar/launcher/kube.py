@@ -9,27 +9,30 @@ a target in, objects and YAML text out (the command's input checks live in `mani
 from __future__ import annotations
 
 import base64
-import math
 import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 
 from sidecar import config
+from sidecar.core.contract import runtime_grace
+from sidecar.launcher.homes import seeded
 from sidecar.launcher.plan import (
     CONTAINER_PORT,
     PASSTHROUGH_PREFIXES,
     SANDBOX_HOME,
     STATE_DIR,
+    TOKEN_FILES,
     TOKEN_SETTINGS,
     WORKSPACE,
     RunPlan,
     fixed_env,
 )
+from sidecar.security.tokens import TOKEN_VAR, VIEW_TOKEN_VAR
 
 Obj = dict[str, Any]
 
@@ -39,8 +42,6 @@ POD_GID = 1000
 TOKEN_DIR = "/etc/sleeve/tokens"  # noqa: S105 - a path, not a password
 SEED_DIR = "/etc/sleeve/seed"
 DEFAULT_TERMINATION_GRACE = 30
-# Seconds the sidecar needs after the CLI's grace: ttyd and tmux stop, CURRENT.md is written.
-SHUTDOWN_MARGIN = 5
 RESOURCES: Obj = {
     "requests": {"cpu": "250m", "memory": "512Mi"},
     "limits": {"cpu": "2", "memory": "2Gi"},
@@ -55,13 +56,16 @@ PROBES: dict[str, Obj] = {
     "livenessProbe": {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
     "readinessProbe": {"periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 2},
 }
-# Copies a seeded OAuth credentials file into the home volume once; later refreshes rewrite it.
+# Copies a seeded sign-in file (the CLI package's `homes.sign_in`: an OAuth credentials file)
+# into the home volume once; later refreshes rewrite it.
+SEEDED = seeded()
+_SIGN_IN = PurePosixPath(SANDBOX_HOME) / str(SEEDED.sign_in)
 SEED_SCRIPT = f"""\
 set -eu
 seed={SEED_DIR}/credentials.json
-dest={SANDBOX_HOME}/.claude/.credentials.json
+dest={_SIGN_IN}
 if [ -f "$seed" ] && [ ! -e "$dest" ]; then
-  mkdir -p -m 700 {SANDBOX_HOME}/.claude
+  mkdir -p -m 700 {_SIGN_IN.parent}
   install -m 600 "$seed" "$dest"
   echo "seeded $dest"
 fi
@@ -132,14 +136,14 @@ def pod_env(plan: RunPlan) -> list[Obj]:
     fixed = fixed_env(plan, port=CONTAINER_PORT, host="0.0.0.0")  # noqa: S104
     env.update(fixed)
     env["SIDECAR_STOP_GRACE"] = f"{stop_grace(host):g}"
-    env["SIDECAR_TOKEN_FILE"] = f"{TOKEN_DIR}/token"
-    env["SIDECAR_VIEW_TOKEN_FILE"] = f"{TOKEN_DIR}/view-token"
+    for var, name in TOKEN_FILES.items():  # the Secret's keys (token_secret), mounted as files
+        env[f"{var}_FILE"] = f"{TOKEN_DIR}/{name}"
     return [{"name": k, "value": env[k]} for k in sorted(env)]
 
 
 def termination_grace(grace: float) -> int:
-    """At least the default, and always SHUTDOWN_MARGIN seconds beyond the CLI's grace."""
-    return max(DEFAULT_TERMINATION_GRACE, math.ceil(grace) + SHUTDOWN_MARGIN)
+    """At least the default, and always what the stop-grace rule gives the CLI's `grace`."""
+    return max(DEFAULT_TERMINATION_GRACE, runtime_grace(grace))
 
 
 def _security_context() -> Obj:
@@ -198,10 +202,10 @@ def _volumes(target: Target) -> list[Obj]:
         {
             "name": "seed",
             "secret": {
-                "secretName": f"{target.name}-claude-credentials",
+                "secretName": f"{target.name}-{SEEDED.seed}",
                 "optional": True,
                 "defaultMode": 288,
-                "items": [{"key": ".credentials.json", "path": "credentials.json"}],
+                "items": [{"key": _SIGN_IN.name, "path": "credentials.json"}],
             },
         },
         {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": RUN_SIZE}},
@@ -281,12 +285,14 @@ def token_secret(target: Target, tokens: Tokens) -> Obj:
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
+    # Its keys are the names of the files the sleeve reads its tokens from (mounted at TOKEN_DIR).
+    files = {TOKEN_FILES[TOKEN_VAR]: tokens.token, TOKEN_FILES[VIEW_TOKEN_VAR]: tokens.view_token}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": _meta(target, f"{target.name}-tokens"),
         "type": "Opaque",
-        "data": {"token": b64(tokens.token), "view-token": b64(tokens.view_token)},
+        "data": {name: b64(value) for name, value in files.items()},
     }
 
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from sidecar.core.contract import runtime_grace
 from sidecar.launcher import engine
 from sidecar.launcher.fsutil import LauncherError
 from sidecar.launcher.runtime import POLL_INTERVAL
@@ -106,7 +107,7 @@ def await_health(home: Path, run: Run, deadline_s: float) -> str:
     except LauncherError as exc:
         if runtime_of(run).may_be_running(run):
             with contextlib.suppress(LauncherError):  # the start-up error is the one to report
-                stop(home, run, grace=5)
+                stop(home, run)
         raise LauncherError(str(exc) + _tail(run.log)) from exc
     StateStore(home).advance(run.id, RUNNING, only_from=frozenset({STARTING}))
     return url
@@ -153,8 +154,12 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d%H%M%S") + "-" + secrets.token_hex(3)
 
 
-def stop(home: Path, run: Run, grace: float = 15.0) -> None:
-    """Stop one active run and wait for it; a bwrap run gets SIGTERM via its waiter first."""
+def stop(home: Path, run: Run, grace: float | None = None) -> None:
+    """Stop one active run and wait for it; a bwrap run gets SIGTERM via its waiter first.
+    SIGKILL after `grace` seconds: by default what the run was started with, else what the
+    stop-grace rule gives the sidecar's default grace."""
+    if grace is None:
+        grace = runtime_grace() if run.stop_timeout is None else run.stop_timeout
     runtime = runtime_of(run)
     StateStore(home).mark(run.id, stop_requested=True)
     runtime.stop(home, run, grace)

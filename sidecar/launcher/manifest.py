@@ -9,9 +9,10 @@ import json
 import re
 import shlex
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from sidecar.launcher.fsutil import LauncherError, atomic_write, private_dir
+from sidecar.launcher.homes import seeded
 from sidecar.launcher.kube import ManifestError, Target, Tokens
 from sidecar.launcher.plan import PASSTHROUGH, RunPlan
 from sidecar.launcher.slots import Project, Slot, SlotState
@@ -130,11 +131,13 @@ def hints(target: Target, slot: Slot, plan: RunPlan) -> list[str]:
             f"API keys come from Secret {name}-api-keys, never from this output: "
             f"kubectl -n {ns} create secret generic {name}-api-keys {literals}"
         )
-    if slot.state is SlotState.AUTHENTICATED:
-        creds = shlex.quote(str(slot.path / ".claude" / ".credentials.json"))
+    seed = seeded()
+    sign_in = str(seed.sign_in)
+    if slot.state is SlotState.AUTHENTICATED and (slot.path / sign_in).exists():
+        creds = shlex.quote(str(slot.path / sign_in))
         lines.append(
             f"slot {slot.index} is logged in; to seed the pod with that login once: "
-            f"kubectl -n {ns} create secret generic {name}-claude-credentials "
-            f"--from-file=.credentials.json={creds}"
+            f"kubectl -n {ns} create secret generic {name}-{seed.seed} "
+            f"--from-file={PurePosixPath(sign_in).name}={creds}"
         )
     return lines

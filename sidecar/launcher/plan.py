@@ -12,18 +12,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar.security.tokens import TOKEN_VARS
+from sidecar.core.contract import (
+    DEFAULT_PORT,
+    DEFAULT_STATE_DIR,
+    DEFAULT_WORKSPACE,
+    runtime_grace,
+)
+from sidecar.launcher import homes
+from sidecar.launcher.fsutil import LauncherError
+from sidecar.security.tokens import TOKEN_VAR, TOKEN_VARS, VIEW_TOKEN_VAR
 
 SANDBOX_HOME = "/home/sleeve"
-# The other CLIs' own folders in the slot (config, sign-in, conversations), kept like `.claude`:
-# Codex's, Gemini CLI's, opencode's data (its config is under `.config`).
-CLI_HOMES = (".codex", ".gemini", ".local/share/opencode")
-WORKSPACE = "/workspace"
-STATE_DIR = "/run/sidecar"
-CONTAINER_PORT = 8080  # the sidecar's default; docker publishes it on 127.0.0.1:<port>
+# Inside a sleeve the sidecar keeps the contract's defaults; docker publishes the port on
+# 127.0.0.1:<port>.
+WORKSPACE = DEFAULT_WORKSPACE
+STATE_DIR = DEFAULT_STATE_DIR
+CONTAINER_PORT = DEFAULT_PORT
 #: Inside a sleeve: the API token files (root's, 0700, in the container).
 TOKEN_DIR = "/run/sleeve"  # noqa: S105 - a path, not a password
-TOKEN_FILES = {"SIDECAR_TOKEN": "token", "SIDECAR_VIEW_TOKEN": "view-token"}
+TOKEN_FILES = {TOKEN_VAR: "token", VIEW_TOKEN_VAR: "view-token"}
 # Copied from the host when set. Values stay out of argv; `sleeve run --dry-run` names them.
 PASSTHROUGH = (
     "TERM",
@@ -97,24 +104,32 @@ class RunPlan:
     # The egress allowlist's patterns (`--egress`); None: the network is open.
     egress: tuple[str, ...] | None = None
 
+    @property
+    def stop_timeout(self) -> int:
+        """Seconds the runtime gives this sleeve between SIGTERM and SIGKILL: the stop-grace
+        rule (`contract.runtime_grace`) for the SIDECAR_STOP_GRACE it passes in. LauncherError
+        for a value the sidecar would refuse."""
+        from sidecar import config  # here, not at the top: `sleeve slots` does without it
+
+        try:
+            return runtime_grace(config.stop_grace(self.passthrough))
+        except config.ConfigError as exc:
+            raise LauncherError(str(exc)) from None
+
 
 def home_mounts(plan: RunPlan) -> list[Mount]:
     """The shared mount plan, in order: later mounts sit on top of earlier ones.
 
-    The slot's `.claude/` is the CLI's config dir (read-write: OAuth refresh rewrites the
-    credentials file); the instance's `projects/` and `history.jsonl` go over the config dir's
-    own, so history belongs to the project and survives a hard resleeve.
+    The workspace, then what the slot keeps of each CLI (`sidecar.launcher.homes`): its config
+    dir read-write (an OAuth refresh rewrites the sign-in), and the instance's per-project paths
+    over it, so history belongs to the project and survives a hard resleeve.
     """
-    claude = f"{SANDBOX_HOME}/.claude"
     return [
         Mount(plan.workspace, WORKSPACE),
-        Mount(plan.slot_dir / ".claude", claude),
-        Mount(plan.instance_dir / "projects", f"{claude}/projects"),
-        Mount(plan.instance_dir / "history.jsonl", f"{claude}/history.jsonl"),
-        Mount(plan.slot_dir / ".claude.json", f"{SANDBOX_HOME}/.claude.json"),
-        Mount(plan.slot_dir / ".config", f"{SANDBOX_HOME}/.config"),
-        Mount(plan.slot_dir / ".cache", f"{SANDBOX_HOME}/.cache"),
-        *(Mount(plan.slot_dir / sub, f"{SANDBOX_HOME}/{sub}") for sub in CLI_HOMES),
+        *(
+            Mount(source, f"{SANDBOX_HOME}/{path}")
+            for source, path in homes.mounts(plan.slot_dir, plan.instance_dir)
+        ),
     ]
 
 

@@ -51,5 +51,5 @@ def sleeve_tokens(env: Mapping[str, str]) -> dict[str, str]:
             raise LauncherError(str(exc)) from None
         if value is not None:
             found[var] = value
-    found.setdefault("SIDECAR_TOKEN", secrets.token_urlsafe(32))
+    found.setdefault(tokens.TOKEN_VAR, secrets.token_urlsafe(32))
     return found

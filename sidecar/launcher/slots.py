@@ -16,14 +16,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.launcher.fsutil import (
-    LauncherError,
-    atomic_write,
-    locked,
-    private_dir,
-    touch_private,
-)
-from sidecar.launcher.plan import CLI_HOMES
+from sidecar.launcher import homes
+from sidecar.launcher.fsutil import LauncherError, atomic_write, locked, private_dir, touch_private
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +202,7 @@ class Project:
         path = self.dir / slot_id
         if not path.is_dir():
             state = SlotState.DEAD
-        elif (path / ".claude" / ".credentials.json").exists():
+        elif homes.signed_in(path):
             state = SlotState.AUTHENTICATED
         else:
             state = SlotState.UNAUTHENTICATED
@@ -228,8 +222,8 @@ class Project:
                 msg = f"{self.root} already has {index - 1} slots; `sleeve rm N` frees one"
                 raise LauncherError(msg)
             path = self.dir / ids[index]
-            for sub in ("", ".claude", ".config", ".cache"):
-                private_dir(path / sub)
+            private_dir(path)
+            homes.make_dirs(path)
             if index > top:
                 atomic_write(self.dir / COUNTER_FILE, str(index))
         logger.info("created slot %d (%s) for %s", index, ids[index], self.root)
@@ -267,10 +261,6 @@ class Project:
 
 def prepare_home_files(slot: Slot) -> None:
     """Make every bind source the CLI home needs exist (a missing one becomes a dir in Docker)."""
-    for sub in (".claude", ".config", ".cache", ".claude/projects", *CLI_HOMES):
-        private_dir(slot.path / sub)
-    # `{}` rather than empty: the CLI parses the file and an empty one is invalid JSON.
-    touch_private(slot.path / ".claude.json", "{}")
-    touch_private(slot.path / ".claude" / "history.jsonl")
+    homes.make_slot(slot.path)
     with contextlib.suppress(OSError):
         os.chmod(slot.path, 0o700)

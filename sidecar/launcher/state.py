@@ -65,6 +65,8 @@ class Run:
     log: str | None = None
     # The sleeve's API token (state.json is 0600): `sleeve ps --json` shows it to its owner.
     token: str | None = None
+    # Seconds a stop gives it before SIGKILL (`RunPlan.stop_timeout`); None: not recorded.
+    stop_timeout: int | None = None
 
     @property
     def active(self) -> bool:

@@ -9,13 +9,13 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from sidecar.core.contract import TMUX_SESSION
 from sidecar.pane.protocol import CommandFailed, ControlError, Reply
+from sidecar.pane.tmux import PANE
 
 log = logging.getLogger(__name__)
 
 LOOK_TIMEOUT = 1.0  # seconds tmux gets to answer a look
-TARGET = f"{TMUX_SESSION}:0.0"
+TARGET = f"'{PANE}'"  # quoted: these command lines are parsed by tmux
 # Size and cursor, then the text. Sent in one write, the two run back to back in tmux's command
 # queue, before it reads from the pane again: both describe the same screen.
 SIZE_FORMAT = "#{pane_width} #{pane_height} #{cursor_x} #{cursor_y}"

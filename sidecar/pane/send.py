@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 
 from sidecar.core.contract import INPUT_KEYS, MAX_INPUT_BYTES
-from sidecar.pane.tmux import Tmux, TmuxError
+from sidecar.pane.tmux import PANE, Tmux, TmuxError
 
 # Text goes to `tmux load-buffer -` on the client's standard input, then `paste-buffer -p`
 # (bracketed paste where the application enabled it, so a TUI takes it as one paste); keys are
@@ -67,7 +67,7 @@ class PaneInput:
     """Types into the pane through tmux clients of the session's own (`Tmux.run_client`: with
     SIDECAR_USER they run as the CLI's user, never as root)."""
 
-    def __init__(self, tmux: Tmux, target: str = "main:0.0") -> None:
+    def __init__(self, tmux: Tmux, target: str = PANE) -> None:
         self.tmux = tmux
         self.target = target
 

@@ -27,6 +27,11 @@ from sidecar.security.users import User, spawn_credentials
 log = logging.getLogger(__name__)
 
 WIDTH, HEIGHT = 200, 50
+#: The CLI's pane, targeted by its id: `new-session` makes it the first pane of a server we
+#: start, which tmux numbers %0, and respawn-pane keeps the id. Unlike a position
+#: (`main:0.0`), it stays the CLI's pane when someone at the terminal splits the window and
+#: swaps panes. (In a command line tmux parses, quote it: a word starting with % is a directive.)
+PANE = "%0"
 
 # Options are in a config file read when the server starts, so they are in force before the
 # first pane exists (history-limit only applies to panes created after it is set, and
@@ -161,6 +166,15 @@ class Tmux:
             msg = "tmux is not installed"
             raise TmuxError(msg) from None
 
+    def version(self) -> str | None:
+        """What `tmux -V` answers ("tmux 3.5a"); None when tmux cannot be run."""
+        try:
+            result = self.run_client(["-V"], timeout=10)
+        except (TmuxError, OSError, subprocess.TimeoutExpired):
+            return None
+        answer = result.stdout.decode(errors="replace").strip()
+        return answer if result.returncode == 0 and answer else None
+
     def _cmd_as_user(self, args: Sequence[str]) -> list[str]:
         result = self.run_client(args)
         if result.returncode != 0:
@@ -227,7 +241,7 @@ class Tmux:
             "respawn-pane",
             "-k",
             "-t",
-            f"{TMUX_SESSION}:0.0",
+            PANE,
             "-c",
             str(cwd),
             *self._pane_command(argv, env),
@@ -260,7 +274,7 @@ class Tmux:
         # A printable separator: for a client it takes for non-UTF-8 (LC_ALL=C), tmux 3.3a
         # prints a tab as "_". No field holds a "|" (numbers and the pane's tty path).
         fmt = "|".join(f"#{{{name}}}" for name in fields)
-        out = self._cmd("display-message", "-p", "-t", f"{TMUX_SESSION}:0.0", fmt)
+        out = self._cmd("display-message", "-p", "-t", PANE, fmt)
         if not out:
             msg = "tmux display-message printed nothing"
             raise TmuxError(msg)

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 from urllib.parse import urlsplit
 
+from sidecar.core.contract import ApprovalKind
 from sidecar.egress.allowlist import Pattern, normalise_host
 from sidecar.policy import command as commands
 
 Action = Literal["allow", "deny", "ask"]
 ACTIONS: Final[tuple[str, ...]] = get_args(Action)
-Kind = Literal["tool", "egress"]
+Kind = ApprovalKind
 KINDS: Final[tuple[str, ...]] = get_args(Kind)
 DEFAULT_RULE: Final = "default"  # the `rule` of a decision no rule matched
 

@@ -14,18 +14,15 @@ from sidecar.agent.approvals import Approvals
 from sidecar.agent.egress_approvals import EgressApprovals
 from sidecar.audit.records import PolicyChangedRecord, ResleeveRecord
 from sidecar.audit.trail import AuditTrail
-from sidecar.config import Config
+from sidecar.config import EGRESS_FILE_VAR, POLICY_VAR, Config
+from sidecar.core.event_shapes import ErrorEvent, Event, PolicyChanged, Resleeve
 from sidecar.core.events import EventBus
-from sidecar.core.shapes import ErrorEvent, PolicyChanged
 from sidecar.egress.allowlist import AllowlistError, parse_list, read_file
 from sidecar.egress.service import Egress
 from sidecar.policy.load import PolicyError, read_policy
 from sidecar.policy.rules import Policy
 
 log = logging.getLogger(__name__)
-
-ALLOW_FILE_VAR = "SIDECAR_EGRESS_ALLOW_FILE"
-POLICY_VAR = "SIDECAR_POLICY_FILE"
 
 
 def open_trail(config: Config, bus: EventBus) -> AuditTrail:
@@ -63,6 +60,7 @@ class Governance:
             egress.use_asker(self.asks.ask)
         if config.policy is not None and config.policy_file is not None:
             self._policy_record(config.policy_file, config.policy, "start")
+        bus.listen(self._event)
 
     @property
     def warnings(self) -> list[str]:
@@ -81,8 +79,11 @@ class Governance:
         except AllowlistError as exc:  # a host the list's syntax cannot hold (checked already)
             log.warning("egress approval: %s not added to the list: %s", pattern, exc)
 
-    def resleeved(self, previous: str, cli: str, pid: int | None) -> None:
-        self.audit.write(ResleeveRecord(previous=previous, cli=cli, pid=pid))
+    def _event(self, event: Event) -> None:
+        """A finished resleeve, from the bus (process/resleeve.py publishes it)."""
+        if isinstance(event, Resleeve) and event.phase == "done":
+            pid = event.pid if isinstance(event.pid, int) else None
+            self.audit.write(ResleeveRecord(previous=event.previous, cli=event.cli, pid=pid))
 
     # ---- SIGHUP ---------------------------------------------------------------------------------
 
@@ -100,12 +101,12 @@ class Governance:
 
     async def _reload_allowlist(self, path: Path) -> None:
         try:
-            texts = await asyncio.to_thread(read_file, ALLOW_FILE_VAR, path)
-            allow = parse_list(ALLOW_FILE_VAR, texts)
+            texts = await asyncio.to_thread(read_file, EGRESS_FILE_VAR, path)
+            allow = parse_list(EGRESS_FILE_VAR, texts)
         except AllowlistError as exc:
-            self._refuse(ALLOW_FILE_VAR, str(exc).removeprefix(f"{ALLOW_FILE_VAR}: "))
+            self._refuse(EGRESS_FILE_VAR, str(exc).removeprefix(f"{EGRESS_FILE_VAR}: "))
             return
-        self._refused.pop(ALLOW_FILE_VAR, None)
+        self._refused.pop(EGRESS_FILE_VAR, None)
         self.egress.replace(allow)
 
     async def _reload_policy(self, path: Path) -> None:

@@ -1,6 +1,7 @@
 """PID-1 duties in tini's model: a tiny init process reaps every orphan and forwards signals to
 the real work (the asyncio supervisor), which runs as its only direct child. It also starts a
-supervisor that crashed again (the crash-only part), and gives up after too many crashes.
+supervisor that crashed again (the crash-only part), and gives up after too many crashes. What
+it reaps it reports to the supervisor (`REPORT`): how an orphan such as the tmux server ended.
 
 Why split: a blanket `waitpid(-1)` in the supervisor would steal exit statuses from asyncio's
 child watcher and from `subprocess` (libtmux runs tmux through it). Here the reaper lives in a
@@ -15,8 +16,8 @@ import ctypes
 import gc
 import json
 import os
-import select
 import signal
+import struct
 import sys
 import time
 import traceback
@@ -26,7 +27,8 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from sidecar.core.contract import STOP_GRACE
-from sidecar.core.proc import Stat, parent_death_signal, start_time, stat
+from sidecar.core.proc import parent_death_signal, start_time
+from sidecar.process import proctree
 
 PR_SET_CHILD_SUBREAPER = 36
 # Everything a container runtime or a terminal may send that the supervisor should see.
@@ -55,10 +57,11 @@ CLEAN_EXITS = frozenset({0, 2})
 CRASH_WINDOW = 60.0
 MAX_CRASHES = 5
 RESTART_DELAYS = (0.0, 0.5, 1.0, 2.0)
-# Giving up (or exiting with processes left): SIGKILL after the stop grace, then this long at
-# most for the kernel to free them (a process stuck in an uninterruptible sleep must not hold
-# init up for ever).
-KILL_WAIT = 5.0
+# What init tells the supervisor of each process it reaps (the supervisor itself excepted), on a
+# pipe: pid, start time (`sidecar.core.proc.start_time`), wait status. The tmux server is init's
+# orphan, so this is how the supervisor learns which signal killed it (`sidecar.process.deaths`).
+# One record is one write far below PIPE_BUF: never split.
+REPORT = struct.Struct("=idi")
 
 
 def _log(level: str, message: str, **fields: object) -> None:
@@ -92,6 +95,7 @@ class Incarnation:
     stop: bool  # a stop was asked for (SIGTERM/SIGINT): adopt what runs, then shut down
     started: float  # time.monotonic() when init started: the sidecar's uptime
     sigmask: frozenset[int]  # the signal mask to restore once the loop's handlers are in place
+    reaped: int | None = None  # the read end of init's pipe of `REPORT`s
 
     def release_signals(self) -> None:
         """Unblock the signals init kept blocked: call once the loop's handlers are installed.
@@ -103,104 +107,24 @@ class Incarnation:
 # ---- processes init reaps for ----------------------------------------------------------------
 
 
-def descendants(root: int) -> dict[int, float]:
-    """Every process under `root`, with its start time. As PID 1 or a subreaper, init is the
-    ancestor of everything the sidecar started: orphans re-parent to it."""
-    table: dict[int, Stat] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (entry := stat(int(name))) is not None:
-            table[int(name)] = entry
-    children: dict[int, list[int]] = {}
-    for pid, entry in table.items():
-        children.setdefault(entry.ppid, []).append(pid)
-    found: dict[int, float] = {}
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in found:
-                found[child] = table[child].start
-                todo.append(child)
-    return found
-
-
-def _pidfds(procs: dict[int, float]) -> dict[int, int]:
-    """pidfd per process that is still the one seen (same start time): signals sent through
-    it can never reach a process that got a reused pid."""
-    fds: dict[int, int] = {}
-    for pid, started in procs.items():
-        try:
-            fd = os.pidfd_open(pid)
-        except OSError:
-            continue
-        if start_time(pid) != started:
-            os.close(fd)
-            continue
-        fds[pid] = fd
-    return fds
-
-
-def _signal(fds: dict[int, int], *sigs: int) -> None:
-    for fd in fds.values():
-        for sig in sigs:
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(fd, sig)
-
-
 def _reap() -> None:
     with contextlib.suppress(ChildProcessError):
         while os.waitpid(-1, os.WNOHANG)[0] != 0:
             pass
 
 
-def _wait_gone(fds: dict[int, int], timeout: float) -> set[int]:
-    """Reap while waiting (pidfds turn readable on exit) until all are gone or `timeout`
-    passes; the pids still running."""
-    deadline = time.monotonic() + timeout
-    poller = select.poll()
-    by_fd = {fd: pid for pid, fd in fds.items()}
-    for fd in by_fd:
-        poller.register(fd, select.POLLIN)
-    alive = set(by_fd)
-    while alive:
-        _reap()
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        for fd, _ in poller.poll(left * 1000):
-            poller.unregister(fd)
-            alive.discard(fd)
-    _reap()
-    return {by_fd[fd] for fd in alive}
-
-
 def stop_descendants(grace: float) -> int:
-    """Stop every process init reaps for: SIGTERM, SIGHUP (an interactive shell ignores
-    SIGTERM) and SIGCONT to all at once — the CLI's tree, ttyd, the tmux server (which then
-    ends its panes) — and SIGKILL to whatever is left after `grace`. Returns how many there
-    were. Used when init gives up, and before it exits with anything still running."""
-    procs = descendants(os.getpid())
-    if not procs:
-        return 0
-    fds = _pidfds(procs)
-    try:
-        _signal(fds, signal.SIGTERM, signal.SIGHUP, signal.SIGCONT)
-        _wait_gone(fds, grace)
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    # Again from the table: a process may have forked while it was being stopped.
-    left = _pidfds(descendants(os.getpid()))
-    try:
-        if left:
-            _log("warning", "SIGKILL to processes that outlived the grace", count=len(left))
-            _signal(left, signal.SIGKILL)
-            still = _wait_gone(left, KILL_WAIT)
-            if still:
-                _log("error", "processes did not die on SIGKILL", pids=sorted(still))
-    finally:
-        for fd in left.values():
-            os.close(fd)
-    return len(procs)
+    """Stop every process init reaps for (the CLI's tree, ttyd, the tmux server, which then ends
+    its panes) the way the supervisor stops the CLI's tree (`sidecar.process.proctree`),
+    reaping meanwhile. Returns how many there were. Used when init gives up, and before it
+    exits with anything still running."""
+    me = os.getpid()
+    stopped = proctree.stop_all(lambda: proctree.descendants(me), grace, reap=_reap)
+    if stopped.killed:
+        _log("warning", "SIGKILL to processes that outlived the grace", count=stopped.killed)
+    if stopped.stuck:
+        _log("error", "processes did not die on SIGKILL", pids=list(stopped.stuck))
+    return stopped.found
 
 
 # ---- the supervisor's life -------------------------------------------------------------------
@@ -217,19 +141,42 @@ class _Init:
         self.crashes: deque[float] = deque()
         self.stop_requested = False
         self.restart_at = 0.0
+        self.reports: int | None = None  # the write end of the running supervisor's `REPORT`s
         # Looked up before any fork: the child only calls it.
         self.arm = parent_death_signal(signal.SIGTERM)
 
     def spawn(self) -> None:
-        incarnation = Incarnation(self.restarts, self.stop_requested, self.started, self.mask)
+        self._close_reports()
+        # Close-on-exec (Python's default): nothing the supervisor starts inherits either end.
+        reaped, reports = os.pipe()
+        incarnation = Incarnation(
+            self.restarts, self.stop_requested, self.started, self.mask, reaped
+        )
         parent = os.getpid()
         # Objects inherited across fork stay out of the child's collections, so its collector
         # does not write to (and unshare) every page it inherited from init.
         gc.freeze()
         child = os.fork()
         if child == 0:
+            os.close(reports)
             self._child(incarnation, parent)
+        os.close(reaped)
+        # Never blocks init: a supervisor that does not read loses only the reports.
+        os.set_blocking(reports, False)
+        self.reports = reports
         self.child = child
+
+    def _close_reports(self) -> None:
+        if self.reports is not None:
+            os.close(self.reports)
+            self.reports = None
+
+    def _report(self, pid: int, started: float | None, status: int) -> None:
+        if self.reports is None or started is None:
+            return
+        # A full pipe (a supervisor busy or hung) or a closed one (it died) drops the report.
+        with contextlib.suppress(BlockingIOError, BrokenPipeError):
+            os.write(self.reports, REPORT.pack(pid, started, status))
 
     def _child(self, incarnation: Incarnation, parent: int) -> NoReturn:
         code = 1
@@ -293,14 +240,20 @@ class _Init:
         # SIGCHLDs coalesce, so reap until there is nothing left to reap.
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                # Found first and reaped second: the start time of a zombie is still readable.
+                found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 break
-            if pid == 0:
+            if found is None:
                 break
+            started = start_time(found.si_pid)
+            pid, status = os.waitpid(found.si_pid, 0)
             if pid == self.child:
                 self.child = None
+                self._close_reports()
                 final = self.on_supervisor_exit(status)
+            else:
+                self._report(pid, started, status)
         return final
 
     def on_supervisor_exit(self, status: int) -> int | None:

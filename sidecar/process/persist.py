@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +24,8 @@ import msgspec
 
 from sidecar.core.files import write_new
 from sidecar.core.proc import cmdline, start_time
+
+log = logging.getLogger(__name__)
 
 VERSION = 1
 MAX_BYTES = 64 * 1024  # a larger file is not ours
@@ -132,3 +135,26 @@ def write_atomic(path: Path, data: bytes) -> None:
 def remove(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
+
+
+class StateFile:
+    """The state file at `path`, written when the record changed (never on a timer). A write
+    that fails costs only the adoption after a crash (the next supervisor starts afresh)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._saved = b""
+
+    def save(self, record: SupervisorState) -> None:
+        data = encode(record)
+        if data == self._saved:
+            return
+        try:
+            write_atomic(self.path, data)
+        except OSError as exc:
+            log.warning("state file %s not written: %s", self.path, exc)
+            return
+        self._saved = data
+
+    def remove(self) -> None:
+        remove(self.path)

@@ -1,5 +1,6 @@
 """Process exits noticed on the event loop through pidfds: a pidfd names one process for as
-long as it is open, so a watch never fires for another process that got the pid later.
+long as it is open, so a watch (or a wait) never fires for another process that got the pid
+later.
 """
 
 from __future__ import annotations
@@ -36,4 +37,33 @@ class PidWatches:
         fd = self._fds.pop(key, None)
         if fd is not None:
             asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def wait_exited(pids: list[int], timeout: float) -> set[int]:
+    """Wait (on pidfds, no polling) until every pid has exited; return those still alive."""
+    loop = asyncio.get_running_loop()
+    waiters: dict[int, asyncio.Future[None]] = {}
+    fds: list[int] = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue  # already gone and reaped
+        fds.append(fd)
+        fut: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, _resolve, fut)
+        waiters[pid] = fut
+    try:
+        if waiters:
+            await asyncio.wait(waiters.values(), timeout=timeout)
+        return {pid for pid, fut in waiters.items() if not fut.done()}
+    finally:
+        for fd in fds:
+            loop.remove_reader(fd)
             os.close(fd)

@@ -17,6 +17,8 @@ class SupervisorStats:
     resleeves: int = 0  # finished resleeves
     resleeve_seconds: float = 0.0  # their summed duration: POST to the new CLI running
     tmux_heals: int = 0  # tmux servers recreated after dying
+    # tmux server deaths by signal (`sidecar.process.deaths.Death.label`: `none` for an exit)
+    tmux_deaths: Counter[str] = field(default_factory=Counter)
 
     def cli_exited(self, code: int | None) -> None:
         self.cli_exits["unknown" if code is None else str(code)] += 1

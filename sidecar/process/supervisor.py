@@ -1,7 +1,8 @@
 """Owns the sleeve's processes: the CLI in its tmux pane (`sidecar.process.cli_runner`) and ttyd
 beside it (`sidecar.process.ttyd_runner`), composed with the state file that lets a supervisor
-started again after a crash adopt what runs (`sidecar.process.persist`, `sidecar.process.adopt`),
-the resleeve, the once-a-second tick and the shutdown order.
+started again after a crash adopt what runs (`sidecar.process.persist`, `sidecar.process.adopt`,
+`sidecar.process.takeover`), the resleeve (`sidecar.process.resleeve`), the once-a-second tick
+and the shutdown order.
 
 Process exits are noticed through pidfds on the event loop, never by polling tmux. Every change
 of state is saved when it happens, never on a timer.
@@ -21,38 +22,32 @@ from typing import Any
 from sidecar.agent.awareness import Awareness
 from sidecar.agent.registry import CLIDef
 from sidecar.config import Config
-from sidecar.core.contract import utc_now
+from sidecar.core.contract import rfc3339
+from sidecar.core.event_shapes import ErrorEvent
 from sidecar.core.events import EventBus
-from sidecar.core.proc import send_signal, start_time
-from sidecar.core.shapes import ErrorEvent, Resleeve
+from sidecar.core.proc import send_signal
 from sidecar.core.states import ProcState, ProcStatus
 from sidecar.egress.service import Egress
+from sidecar.notify.service import Notifier
+from sidecar.pane import tmux_version
 from sidecar.pane.tmux import PaneInfo, Tmux
-from sidecar.process import adopt, persist
-from sidecar.process.adopt import Plan
+from sidecar.process import adopt, cli_status, persist, takeover
 from sidecar.process.cli_runner import CliRunner
 from sidecar.process.governance import Governance, open_trail
 from sidecar.process.persist import ProcRef, SupervisorState
-from sidecar.process.proctree import stop_tree, wait_exited
+from sidecar.process.pidfd import wait_exited
+from sidecar.process.resleeve import Resleeves
 from sidecar.process.stats import SupervisorStats
 from sidecar.process.ttyd_runner import TtydRunner, stop_stale
 from sidecar.security import users
 from sidecar.security.acting import acting, workspace_owner
+from sidecar.security.tokens import TOKEN_VARS
 from sidecar.workspace import cstack_files
 from sidecar.workspace.watch import CurrentWatcher
 
 log = logging.getLogger(__name__)
 
 TICK = 1.0  # the only periodic work: one stat of CURRENT.md and of the tmux socket
-SECRET_VARS = ("SIDECAR_TOKEN", "SIDECAR_VIEW_TOKEN")
-
-
-class ResleeveBusy(Exception):
-    """A resleeve is already in progress."""
-
-
-class UnknownCLI(Exception):
-    """The requested CLI is not in the registry."""
 
 
 class Supervisor:
@@ -64,6 +59,7 @@ class Supervisor:
         *,
         restarts: int = 0,
         started: float | None = None,
+        link_key: bytes | None = None,
     ) -> None:
         self.config = config
         self.registry = dict(registry)
@@ -85,7 +81,7 @@ class Supervisor:
         # The sidecar's start (init's), not this supervisor's: /health's uptime survives a crash.
         self.started = time.monotonic() if started is None else started
         self.restarts = restarts  # supervisors that ran before this one (crashed)
-        self.restarted_at = utc_now() if restarts else None
+        self.restarted_at = rfc3339() if restarts else None
         # Set when a task of ours failed: `main` then ends this supervisor without stopping
         # anything, and init starts a new one that adopts what runs (crash-only).
         self.crashed = asyncio.Event()
@@ -110,14 +106,19 @@ class Supervisor:
         )
         # The policy and the allow file read again on SIGHUP; held egress requests asked.
         self.rules = Governance(config, bus, self.awareness.approvals, self.egress, self.audit)
-        self.resleeving = False
-        self._resleeve_move: tuple[str, str] | None = None  # (from, to) while one is under way
+        # Notifications, from the bus; its links outlive a crash (`link_key` is init's).
+        self.notifier = Notifier(
+            config,
+            bus,
+            self.awareness.machine,
+            self.awareness.approvals,
+            link_key=link_key,
+            generation=restarts,
+        )
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
-        # What the state file says besides the CLI's and ttyd's own (see `SupervisorState`).
-        self.state_file = config.paths.supervisor_state
+        self.state_file = persist.StateFile(config.paths.supervisor_state)
         self._init = ProcRef.of(os.getppid())  # None: no more saves
-        self._saved = b""
         self.runner = CliRunner(
             config,
             self.registry,
@@ -129,6 +130,9 @@ class Supervisor:
             owner=self.owner,
             spawn=self._spawn,
             save=self._save,
+        )
+        self.resleeves = Resleeves(
+            self.runner, self.registry, bus, self.stats, spawn=self._spawn, save=self._save
         )
 
     # ---- what the API reads ----------------------------------------------------------------
@@ -149,6 +153,10 @@ class Supervisor:
     def healthy(self) -> bool:
         return self.cli.state is ProcState.RUNNING
 
+    @property
+    def resleeving(self) -> bool:
+        return self.resleeves.busy
+
     # ---- tasks and the state file ----------------------------------------------------------
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
@@ -167,44 +175,23 @@ class Supervisor:
                 self.crashed.set()
 
     def _save(self) -> None:
-        """Write the state file when something in it changed (never on a timer). A write that
-        fails costs only the adoption after a crash (the next supervisor starts afresh)."""
+        """Write the state file when something in it changed: the CLI's record as its last move
+        made it, ttyd's, and the supervisor's own (set in `start` before the first move, the
+        resleeve's under way, a shutdown's)."""
         if self._init is None:
             return
-        run, cli = self.runner, self.cli
-        move = self._resleeve_move
+        move = self.resleeves.move
         record = SupervisorState(
             init=self._init,
-            cli=run.name,
-            cli_state=cli.state.value,
-            command=run.command,
-            argv=run.argv,
-            resume=run.resume,
-            pane_command=run.pane_command,
-            tmux=run.server.ref,
-            pane=run.server.pane_ref,
-            cli_pid=run.cli_ref,
-            exit_code=cli.exit_code,
-            reason=cli.reason,
-            started_at=cli.started_at,
-            backoff_n=run.backoff_n,
-            restart_due=run.restart_due,
             resleeve_from=move[0] if move else None,
             resleeve_to=move[1] if move else None,
             stopping=self._stopping,
-            ttyd=self.ttyd.process,
+            ttyd=self.ttyd.status.process,
             warnings=tuple(self.warnings),
             egress_port=self.egress.port,
+            **cli_status.fields_of(self.runner.status),
         )
-        data = persist.encode(record)
-        if data == self._saved:
-            return
-        try:
-            persist.write_atomic(self.state_file, data)
-        except OSError as exc:
-            log.warning("state file %s not written: %s", self.state_file, exc)
-            return
-        self._saved = data
+        self.state_file.save(record)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -215,15 +202,16 @@ class Supervisor:
         begun a shutdown. Then nothing new is started. The state dir exists already (0700):
         `main` makes it before anything starts, so that an unusable one is a configuration
         error."""
-        for var in SECRET_VARS:
-            # Children (tmux, the CLI, ttyd) must not inherit the API's tokens.
+        for var in [*TOKEN_VARS, *(v for v in os.environ if v.startswith("SIDECAR_NOTIFY_"))]:
+            # Children (tmux, the CLI, ttyd) must not inherit the API's tokens, nor learn
+            # where notifications go.
             os.environ.pop(var, None)
-        record, found = persist.load(self.state_file)
+        record, found = persist.load(self.state_file.path)
         ours = record if record is not None and record.init == self._init else None
         if ours is not None and ours.ttyd is not None:
             await stop_stale(ours.ttyd, self.config.paths.tmux_socket)
         if stop_at_once or (ours is not None and ours.stopping):
-            live = await adopt.find_pane(self.tmux, ours)
+            live = await takeover.find_pane(self.tmux, ours)
             self.runner.stop_only(live, ours)
             log.warning(
                 "supervisor restart %d: shutting down at once (found %s)",
@@ -231,16 +219,22 @@ class Supervisor:
                 adopt.found_text(live),
             )
             return True
+        # Listening before anything is listed: approvals an adopted CLI waits on come early.
+        self.notifier.start()
         # Before the CLI: its environment names the proxy, on the port an adopted CLI knows.
         await self.egress.start(ours.egress_port if ours is not None else None)
         if self.egress.started:
             paths = self.config.paths
             await self.egress.listen_reports(paths.egress_reports, self.owner)
-            self.runner.egress_guard = functools.partial(
+            self.runner.plans.egress_guard = functools.partial(
                 self.egress.guard, deny_unix=(paths.tmux_socket, paths.ttyd_socket)
             )
-        self.runner.egress_env = self.egress.env()
+        self.runner.plans.egress_env = self.egress.env()
         await self._prepare_workspace(ours)
+        old_tmux = tmux_version.warning(await asyncio.to_thread(self.tmux.version))
+        if old_tmux is not None and old_tmux not in self.warnings:
+            log.warning("%s", old_tmux)
+            self.warnings.append(old_tmux)
         self.current.get()
         if self.restarts and (left := self.awareness.activity.stop_orphans(os.getppid())):
             log.warning("stopped %d tmux control clients a dead supervisor left", left)
@@ -282,98 +276,37 @@ class Supervisor:
 
     async def _take_over(self, record: SupervisorState | None, found: str) -> None:
         """After a crash: adopt what the state file names if it matches what runs, else heal
-        or start afresh (caller holds the runner's lock): `adopt.decide`'s plan, carried out
-        by the runner's own methods. Logs one line: what was found, what was adopted or
-        started, and why."""
-        run = self.runner
-        live = await adopt.find_pane(self.tmux, record)
+        or start afresh (caller holds the runner's lock): the supervisor observes what runs,
+        `adopt.decide` decides, `takeover.carry_out` acts. Logs one line: what was found, what
+        was adopted or started, and why."""
+        live = await takeover.find_pane(self.tmux, record)
+        seen = takeover.observe(live, record)
         argvs = adopt.argvs_of(record, self.registry) if record is not None else set()
-        decision = adopt.decide(record, found, self._init, live, argvs)
+        decision = adopt.decide(record, found, self._init, seen, argvs)
         plan = decision.plan
-        if plan is Plan.FRESH or record is None:
-            if live is not None:
-                # Not ours to adopt, but on our socket: stopped, never left running.
-                await stop_tree(live.pane_pid, start_time(live.pane_pid), self.config.stop_grace)
-            await run.launch(resume=False, fresh_server=True)
-        elif plan is Plan.ADOPT:
-            assert live is not None
-            await run.adopt(record, live)
-        else:
-            run.backoff_n = record.backoff_n
-            if plan is Plan.HEAL and record.pane is not None:
-                # A CLI that ignores SIGHUP outlives its tmux server.
-                await stop_tree(record.pane.pid, record.pane.start, self.config.stop_grace)
-            elif plan is Plan.RELAUNCH:
-                assert live is not None
-                run.take(live, record.pane)
-                await run.stop_pane_tree()
-            run.name = record.resleeve_to or record.cli
-            await run.launch(
-                resume=plan is Plan.HEAL or record.resume, fresh_server=plan is Plan.HEAL
-            )
+        await takeover.carry_out(self.runner, plan, record, live)
         log.warning(
             "supervisor restart %d: %s (%s; found %s): CLI %s %s, pid %s; ttyd restarted",
             self.restarts,
-            "adopted" if plan is Plan.ADOPT else plan.value,
+            "adopted" if plan is adopt.Plan.ADOPT else plan.value,
             decision.why,
             adopt.found_text(live),
-            run.name,
+            self.runner.name,
             self.cli.state.value,
             self.cli.pid,
         )
-        if record is not None and plan is not Plan.FRESH and record.resleeve_to is not None:
-            # A resleeve the dead supervisor began is finished, never undone half way: the
-            # old CLI's stop is done again (and the new one started) unless it was over.
-            stop_first = plan is Plan.ADOPT and record.cli_state == ProcState.STOPPING.value
+        if record is not None and plan is not adopt.Plan.FRESH and record.resleeve_to is not None:
+            # A resleeve the dead supervisor began is finished, never undone half way.
+            stop_first = plan is adopt.Plan.ADOPT and record.cli_state == ProcState.STOPPING.value
             previous = record.resleeve_from or record.cli
             log.warning("finishing the resleeve %s -> %s", previous, record.resleeve_to)
-            self.resleeving = True
-            try:
-                await self._resleeve_steps(previous, record.resleeve_to, stop_first=stop_first)
-            finally:
-                self.resleeving = False
+            await self.resleeves.finish(previous, record.resleeve_to, stop_first=stop_first)
 
     # ---- resleeve ------------------------------------------------------------------------
 
     def begin_resleeve(self, cli_name: str | None) -> tuple[str, asyncio.Task[None]]:
-        """Validate and start a resleeve; raises UnknownCLI or ResleeveBusy synchronously so the
-        caller can answer 400/409 before anything happens."""
-        name = cli_name or self.cli_name
-        if name not in self.registry:
-            msg = f"unknown CLI {name!r}; known: {', '.join(sorted(self.registry))}"
-            raise UnknownCLI(msg)
-        if self.resleeving or self._stopping:
-            msg = "a resleeve is already in progress" if self.resleeving else "shutting down"
-            raise ResleeveBusy(msg)
-        self.resleeving = True
-        return name, self._spawn(self._resleeve(name), "resleeve")
-
-    async def _resleeve(self, name: str) -> None:
-        began = time.monotonic()
-        try:
-            async with self.runner.lock:
-                previous = self.cli_name
-                self.bus.publish(Resleeve(phase="started", previous=previous, cli=name))
-                await self._resleeve_steps(previous, name, stop_first=True)
-                self.stats.resleeved(time.monotonic() - began)
-        finally:
-            self.resleeving = False
-
-    async def _resleeve_steps(self, previous: str, name: str, *, stop_first: bool) -> None:
-        """Stop the CLI's tree, start `name` (caller holds the runner's lock). The move is
-        saved before it is taken, so that a supervisor that crashes half way leaves a state
-        file from which the next one finishes the resleeve."""
-        self._resleeve_move = (previous, name)
-        if stop_first:
-            await self.runner.switch(name)
-        self._resleeve_move = None
-        self._save()
-        self.bus.publish(
-            Resleeve(
-                phase="done", previous=previous, cli=name, pid=self.cli.pid, state=self.cli.state
-            )
-        )
-        self.rules.resleeved(previous, name, self.cli.pid)
+        """`Resleeves.begin`: raises UnknownCLI or ResleeveBusy before anything happens."""
+        return self.resleeves.begin(cli_name, stopping=self._stopping)
 
     # ---- periodic ------------------------------------------------------------------------
 
@@ -400,6 +333,8 @@ class Supervisor:
             return
         self._stopping = True
         log.info("shutting down")
+        # First: the CLI stopped on purpose is nobody's news.
+        await self.notifier.close()
         # A supervisor that crashes from here on is started again only to finish this.
         self._save()
         run = self.runner
@@ -435,7 +370,7 @@ class Supervisor:
             )
         except OSError as exc:
             log.warning("could not mark CURRENT.md killed: %s", exc)
-        persist.remove(self.state_file)
+        self.state_file.remove()
         for task in list(self._tasks):
             if task is not asyncio.current_task():
                 task.cancel()

@@ -62,7 +62,11 @@ class TmuxServer:
         self.ref = self.pane = self.pane_started = None
 
     def recreate_socket(self) -> bool:
-        """tmux recreates its socket on SIGUSR1 (agents have been seen to `rm -rf` it); sent to
-        our server only if it is still that process. Whether it was sent."""
-        ref = self.ref
-        return ref is not None and send_signal(ref.pid, ref.start, signal.SIGUSR1)
+        """Have our server make its socket again (`recreate_socket`). Whether it was asked."""
+        return self.ref is not None and recreate_socket(self.ref)
+
+
+def recreate_socket(server: ProcRef) -> bool:
+    """tmux recreates its socket on SIGUSR1 (agents have been seen to `rm -rf` it): sent to
+    `server` only if it is still that process. Whether it was sent."""
+    return send_signal(server.pid, server.start, signal.SIGUSR1)

@@ -11,22 +11,18 @@ import os
 import signal
 import time
 from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from sidecar.core.event_shapes import ErrorEvent
 from sidecar.core.events import EventBus
 from sidecar.core.layout import Layout
 from sidecar.core.proc import cmdline, parent_death_signal, send_signal
-from sidecar.core.shapes import ErrorEvent
-from sidecar.core.states import (
-    BACKOFF_RESET_AFTER,
-    ProcessState,
-    ProcState,
-    ProcStatus,
-    backoff_delay,
-)
+from sidecar.core.states import ProcessState, ProcState, ProcStatus
+from sidecar.process.deaths import Death
 from sidecar.process.persist import ProcRef
-from sidecar.process.proctree import wait_exited
+from sidecar.process.pidfd import wait_exited
 from sidecar.process.ttyd import Credential, TtydNotFound, Upstream, find_ttyd, port_free, ttyd_argv
 from sidecar.security.users import User, spawn_credentials
 
@@ -63,7 +59,6 @@ async def _wait_accepting(
 
 
 READY_WITHIN = 5.0  # seconds from spawn until ttyd must accept connections
-RETRY_SOON = 0.1  # seconds before the first retry after ttyd ran long enough to count as healthy
 STALE_WAIT = 2.0  # seconds a dead supervisor's ttyd gets to vanish after SIGKILL
 
 
@@ -83,6 +78,14 @@ async def stop_stale(ttyd: ProcRef, tmux_socket: Path) -> bool:
         return False
     await wait_exited([ttyd.pid], STALE_WAIT)
     return True
+
+
+@dataclass(frozen=True)
+class TtydStatus(ProcStatus):
+    """ttyd's record: its status, and the ttyd process from its spawn until it has exited (the
+    state file keeps it, for a supervisor started again to stop it: `stop_stale`)."""
+
+    process: ProcRef | None = None
 
 
 _S = ProcState
@@ -123,10 +126,8 @@ class TtydRunner:
         self.ttyd_copy = paths.ttyd_copy
         self.path_env = path_env
         self.bus = bus
-        self.on_change = on_change  # called when `status` or `process` changed
-        self._state = ProcessState(self._changed, TTYD_MOVES)
-        # The ttyd process from its spawn until it has exited (the supervisor persists it).
-        self.process: ProcRef | None = None
+        self.on_change = on_change  # called when `status` changed
+        self._state = ProcessState(self._changed, TTYD_MOVES, initial=TtydStatus())
         # The running ttyd's credential (new on every start); only the /terminal proxy uses it.
         self.credential: Credential | None = None
         self._proc: asyncio.subprocess.Process | None = None
@@ -135,13 +136,10 @@ class TtydRunner:
         self._log_tasks: set[asyncio.Task[None]] = set()
 
     @property
-    def status(self) -> ProcStatus:
+    def status(self) -> TtydStatus:
         return self._state.status
 
-    def _set(self, status: ProcStatus) -> None:
-        self._state.change(status)
-
-    def _changed(self, old: ProcStatus, new: ProcStatus, restored: bool) -> None:
+    def _changed(self, old: TtydStatus, new: TtydStatus, restored: bool) -> None:
         self._changed_event.set()
         self._changed_event = asyncio.Event()
         if self.on_change is not None:
@@ -167,31 +165,25 @@ class TtydRunner:
 
     async def run(self) -> None:
         """Run ttyd until `stop()`; a ttyd that exits is started again after a backoff."""
-        failures = 0
         while not self._stopping:
             try:
                 binary = await asyncio.to_thread(find_ttyd, self.ttyd_copy, self.path_env)
             except TtydNotFound as exc:
                 # -> FATAL: nothing to start; a new binary needs a new sidecar.
-                self._set(ProcStatus(ProcState.FATAL, reason=str(exc)))
+                self._state.change(TtydStatus(ProcState.FATAL, reason=str(exc)))
                 log.error("%s", exc)
                 self.bus.publish(ErrorEvent(message=str(exc)))
                 return
             started = time.monotonic()
-            # STOPPED/BACKOFF -> STARTING
-            self._set(ProcStatus(ProcState.STARTING))
+            # STOPPED/BACKOFF -> STARTING, its backoff's count kept.
+            self._state.change(
+                TtydStatus(ProcState.STARTING, started_at=started, failures=self.status.failures)
+            )
             code, problem = await self._once(binary, started)
-            self.process = None
             if self._stopping:
                 break
-            failures = 0 if time.monotonic() - started >= BACKOFF_RESET_AFTER else failures + 1
-            delay = backoff_delay(failures) if failures else RETRY_SOON
             # STARTING/RUNNING -> BACKOFF: ttyd could not start or died; try again after the delay.
-            self._set(
-                ProcStatus(
-                    ProcState.BACKOFF, exit_code=code, reason=f"{problem}; retry in {delay:g}s"
-                )
-            )
+            delay = self._state.back_off(TtydStatus(exit_code=code), problem)
             log.warning("ttyd: %s; retrying in %gs", problem, delay)
             self.bus.publish(ErrorEvent(message=f"ttyd: {problem}; retrying"))
             await asyncio.sleep(delay)
@@ -235,9 +227,8 @@ class TtydRunner:
         except OSError as exc:
             return None, f"cannot start {binary}: {exc.strerror}"
         self._proc = proc
-        self.process = ProcRef.of(proc.pid)
-        if self.on_change is not None:
-            self.on_change()
+        # Still STARTING, now with the process a crash must not leave behind.
+        self._state.amend(replace(self.status, process=ProcRef.of(proc.pid)))
         # Ends by itself when ttyd's output closes; cancelled at stop() should a child hold it.
         task = asyncio.create_task(self._forward_output(proc, credential), name="ttyd-log")
         self._log_tasks.add(task)
@@ -253,11 +244,11 @@ class TtydRunner:
             return proc.returncode, f"not accepting connections within {READY_WITHIN:g}s"
         if proc.returncode is None:
             # STARTING -> RUNNING: ttyd accepts connections.
-            self._set(ProcStatus(ProcState.RUNNING, pid=proc.pid, started_at=started))
+            self._state.change(replace(self.status, state=ProcState.RUNNING, pid=proc.pid))
             where = self.socket_path or f"127.0.0.1:{self.port}"
             log.info("ttyd running as pid %d on %s", proc.pid, where)
         code = await proc.wait()
-        return code, f"exited with {code}"
+        return code, Death.of_returncode(code).describe()
 
     @staticmethod
     async def _forward_output(
@@ -284,10 +275,9 @@ class TtydRunner:
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
-        self.process = None
         for task in list(self._log_tasks):
             task.cancel()
         await asyncio.gather(*self._log_tasks, return_exceptions=True)
         if self.status.state is not ProcState.STOPPED:
             # -> STOPPED
-            self._set(ProcStatus(ProcState.STOPPED))
+            self._state.change(TtydStatus(ProcState.STOPPED))

@@ -1,5 +1,6 @@
 """The API tokens: from the environment or from files (the Docker/Kubernetes secrets
-convention), and handed across init's re-exec so that no readable environment keeps them.
+convention), and handed across init's re-exec (with where notifications go) so that no readable
+environment keeps them.
 
 `os.environ.pop` changes nothing the kernel shows: /proc/<pid>/environ is the block the process
 was started with. So a sidecar given a token in its environment starts itself again at once
@@ -16,7 +17,13 @@ import sys
 from collections.abc import Mapping
 from typing import NoReturn
 
+#: The admin token's variable and the read-only (view) token's; each may name a file instead
+#: (`<var>_FILE`).
 TOKEN_VARS = ("SIDECAR_TOKEN", "SIDECAR_VIEW_TOKEN")
+TOKEN_VAR, VIEW_TOKEN_VAR = TOKEN_VARS
+#: Kept out of every environment block the CLI could read, like the tokens: where notifications
+#: go (an ntfy topic's URL, or a webhook's, is often the only key to it).
+HIDDEN_VARS = (*TOKEN_VARS, "SIDECAR_NOTIFY_WEBHOOK", "SIDECAR_NOTIFY_NTFY")
 #: Internal: the descriptor of the memfd holding the tokens across the re-exec.
 HANDOVER_VAR = "SIDECAR_TOKENS_FD"
 MEMFD_NAME = "sidecar-tokens"
@@ -96,17 +103,17 @@ def resolve(env: Mapping[str, str], var: str) -> str | None:
 
 
 def in_environment(env: Mapping[str, str]) -> bool:
-    return any(var in env for var in TOKEN_VARS)
+    return any(var in env for var in HIDDEN_VARS)
 
 
 def reexec_without_tokens(env: Mapping[str, str]) -> NoReturn:
-    """Start this program again in this process, the token variables moved into a memfd."""
-    payload = json.dumps({var: env[var] for var in TOKEN_VARS if var in env}).encode()
+    """Start this program again in this process, the hidden variables moved into a memfd."""
+    payload = json.dumps({var: env[var] for var in HIDDEN_VARS if var in env}).encode()
     fd = os.memfd_create(MEMFD_NAME, 0)  # no MFD_CLOEXEC: the new image must inherit it
     os.write(fd, payload)
     os.lseek(fd, 0, os.SEEK_SET)
     os.set_inheritable(fd, True)
-    clean = {k: v for k, v in env.items() if k not in TOKEN_VARS}
+    clean = {k: v for k, v in env.items() if k not in HIDDEN_VARS}
     clean[HANDOVER_VAR] = str(fd)
     # sys.orig_argv is exactly how this interpreter was started (`sidecar`, `python -m ...`).
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], clean)  # noqa: S606
@@ -134,4 +141,4 @@ def take_over(env: dict[str, str]) -> dict[str, str]:
     finally:
         os.close(fd)
     data = json.loads(b"".join(chunks) or b"{}")
-    return {k: v for k, v in data.items() if k in TOKEN_VARS and isinstance(v, str)}
+    return {k: v for k, v in data.items() if k in HIDDEN_VARS and isinstance(v, str)}

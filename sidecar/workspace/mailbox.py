@@ -28,12 +28,11 @@ from sidecar.security.acting import Owner, acting, claim
 from sidecar.workspace.needlecast import (
     Message,
     ParseResult,
-    blank_line_after,
     message_ids,
     parse_bytes,
     render_message,
-    window_cut,
 )
+from sidecar.workspace.needlecast_bounds import blank_line_after, window_cut
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sidecar.core.event_shapes import Completion, ProgressUpdate
 from sidecar.core.events import EventBus
-from sidecar.core.shapes import Completion, Progress, ProgressUpdate
+from sidecar.core.shapes import Progress
 from sidecar.security.acting import Owner
 from sidecar.workspace.cstack import CurrentState
 from sidecar.workspace.cstack_files import read_current

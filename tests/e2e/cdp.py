@@ -1,6 +1,7 @@
 """Headless Chromium driven over the DevTools protocol: open a page, wait for a condition in it,
-take a screenshot. Chromium's one-shot `--screenshot` fires on the load event, before a
-WebSocket terminal has drawn anything, so a test that must see the terminal waits in the page.
+take a screenshot (kept where `fresh_artifact` says). Chromium's one-shot `--screenshot` fires
+on the load event, before a WebSocket terminal has drawn anything, so a test that must see the
+terminal waits in the page.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ import base64
 import contextlib
 import itertools
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from tests.harness import wait_for_async
+from tests.harness import REPO, wait_for_async
 
 # ttyd's page keeps its xterm.js Terminal in `window.term`: its buffer is the screen as text.
 TERMINAL_TEXT_JS = """
@@ -38,6 +40,15 @@ TERMINAL_TEXT_JS = """
 PAINTED_JS = "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(1))))"
 
 
+def fresh_artifact(name: str) -> Path:
+    """Where a screenshot is kept (SIDECAR_ARTIFACTS, else artifacts/), any old one removed."""
+    artifacts = Path(os.environ.get("SIDECAR_ARTIFACTS", REPO / "artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shot = artifacts / name
+    shot.unlink(missing_ok=True)
+    return shot
+
+
 class Browser:
     def __init__(self, proc: subprocess.Popen[bytes], session: aiohttp.ClientSession,
                  ws: aiohttp.ClientWebSocketResponse) -> None:  # fmt: skip
@@ -45,6 +56,7 @@ class Browser:
         self._session = session
         self._ws = ws
         self._ids = itertools.count(1)
+        self.events: list[dict[str, Any]] = []  # what the browser told meanwhile (if enabled)
 
     @classmethod
     async def start(cls, chromium: str, profile: Path, size: tuple[int, int]) -> Browser:
@@ -80,21 +92,31 @@ class Browser:
             raise
         return cls(proc, session, ws)
 
-    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+    async def call(self, method: str, session: str | None = None, **params: Any) -> dict[str, Any]:
+        """`session`: a target attached with `flatten` (a service worker), else the page."""
         msg_id = next(self._ids)
-        await self._ws.send_str(json.dumps({"id": msg_id, "method": method, "params": params}))
+        message: dict[str, Any] = {"id": msg_id, "method": method, "params": params}
+        if session is not None:
+            message["sessionId"] = session
+        await self._ws.send_str(json.dumps(message))
         async for msg in self._ws:
             data = json.loads(msg.data)
-            if data.get("id") == msg_id:  # events in between are not needed here
+            if "method" in data:
+                self.events.append(data)
+            elif data.get("id") == msg_id:
                 if "error" in data:
                     raise RuntimeError(f"{method}: {data['error']}")
                 return dict(data.get("result", {}))
         msg = "DevTools connection closed"
         raise RuntimeError(msg)
 
-    async def evaluate(self, expression: str) -> Any:
+    async def evaluate(self, expression: str, session: str | None = None) -> Any:
         result = await self.call(
-            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+            "Runtime.evaluate",
+            session,
+            expression=expression,
+            returnByValue=True,
+            awaitPromise=True,
         )
         return result.get("result", {}).get("value")
 

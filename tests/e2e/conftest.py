@@ -1,10 +1,10 @@
 """Fixtures for the end-to-end tests: a private Docker engine, the image, the `sleeve` launcher.
 
-Expensive parts are session-scoped and cached on disk between runs (see `dockerenv`). The engine
-is stopped by its pid at the end, and every container it ran is removed first, even when a
-test fails. Without a usable engine (or debootstrap for the base image, or the vendored ttyd)
-the tests skip on a developer machine and FAIL in CI, by the rule of tests/tools.py: CI must
-never go green by not running them.
+Expensive parts are made once per run, before the first test that needs them (`Prepared`), and
+cached on disk between runs (see `dockerenv`). The engine is stopped by its pid at the end, and
+every container it ran is removed first, even when a test fails. Without a usable engine (or
+debootstrap for the base image, or the vendored ttyd) the tests skip on a developer machine and
+FAIL in CI, by the rule of tests/tools.py: CI must never go green by not running them.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -36,6 +37,114 @@ ARTIFACTS = dockerenv.REPO / "artifacts" / "e2e"
 SLEEVE = Path(sys.executable).parent / "sleeve"
 
 
+class Prepared:
+    """The engine, the base image and the image under test, each made once per run: before the
+    first test that needs them (`pytest_collection_finish`), else by the first fixture that
+    asks. A cold image build takes minutes; made in a fixture's setup, it would count against
+    pytest-timeout's limit of whichever test happened to ask first. What failed is kept and
+    raised again to every test that needs it."""
+
+    def __init__(self) -> None:
+        self.stack = contextlib.ExitStack()  # closed at the session's end
+        self.timings: dict[str, float] = {}
+        self._made: dict[str, tuple[Any, BaseException | None]] = {}
+
+    def _once(self, name: str, make: Callable[[], Any]) -> Any:
+        if name not in self._made:
+            try:
+                self._made[name] = (make(), None)
+            except Exception as exc:  # raised again below, to each test that needs it
+                self._made[name] = (None, exc)
+        value, error = self._made[name]
+        if error is not None:
+            raise error
+        return value
+
+    def engine(self) -> dockerenv.Engine:
+        return cast(dockerenv.Engine, self._once("engine", self._start_engine))
+
+    def base_image(self) -> str:
+        return cast(str, self._once("base_image", self._make_base_image))
+
+    def image(self) -> str:
+        return cast(str, self._once("image", self._build_image))
+
+    def _start_engine(self) -> dockerenv.Engine:
+        cache = dockerenv.cache_root()
+        self.stack.enter_context(dockerenv.file_lock(cache / "engine.lock"))
+        t0 = time.monotonic()
+        eng = dockerenv.start_engine(cache / "engine")
+        self.timings["engine_start"] = round(time.monotonic() - t0, 2)
+        self.stack.callback(eng.stop)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.stack.callback(_save_logs_and_remove_containers, eng)
+        dockerenv.remove_all_containers(eng)
+        return eng
+
+    def _make_base_image(self) -> str:
+        eng = self.engine()
+        t0 = time.monotonic()
+        how = dockerenv.ensure_base_image(eng)
+        self.timings[f"base_image_{how}"] = round(time.monotonic() - t0, 2)
+        return dockerenv.BASE_IMAGE
+
+    def _build_image(self) -> str:
+        """`sleeve build` of image/Dockerfile, as a user runs it (warm: skipped by its
+        checksum). SLEEVE_E2E_CONTEXT builds another checkout instead (e.g. a clean
+        `git worktree`)."""
+        eng, _ = self.engine(), self.base_image()
+        dockerenv.prepare_context()
+        home = Path(self.stack.enter_context(tempfile.TemporaryDirectory(prefix="build-home-")))
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [str(SLEEVE), *build_args()],
+            env=sleeve_env(eng, home),
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        elapsed = round(time.monotonic() - t0, 2)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / "sleeve-build.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            msg = f"sleeve build failed:\n{proc.stdout[-3000:]}{proc.stderr}"
+            raise ImageBuildError(msg)
+        skipped = "up to date" in proc.stdout
+        self.timings["image_build_skipped" if skipped else "image_build"] = elapsed
+        size = eng.docker("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout
+        self.timings["image_size_mb"] = round(int(size) / 1e6, 1)
+        return IMAGE
+
+
+class ImageBuildError(Exception):
+    """`sleeve build` of the image under test failed."""
+
+
+PREPARED = Prepared()
+# What each of the fixtures below needs made first, in order.
+NEEDS = {
+    "engine": ("engine",),
+    "base_image": ("engine", "base_image"),
+    "image": ("engine", "base_image", "image"),
+}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Make what the selected tests need, once they are known and before the first runs."""
+    if session.config.option.collectonly:
+        return
+    wanted = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    steps = [step for fixture, steps in NEEDS.items() if fixture in wanted for step in steps]
+    for step in dict.fromkeys(steps):  # in order, each once
+        with contextlib.suppress(Exception):  # kept by Prepared: each test that needs it says
+            getattr(PREPARED, step)()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    PREPARED.stack.close()
+
+
 @pytest.fixture(scope="session")
 def artifacts() -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -48,32 +157,23 @@ def timings(artifacts: Path) -> Iterator[dict[str, float]]:
     found: dict[str, float] = {}
     start = time.monotonic()
     yield found
+    found.update(PREPARED.timings)
     found["session"] = round(time.monotonic() - start, 2)
     (artifacts / "timings.json").write_text(json.dumps(found, indent=2) + "\n")
 
 
 @pytest.fixture(scope="session")
-def engine(timings: dict[str, float], artifacts: Path) -> Iterator[dockerenv.Engine]:
-    cache = dockerenv.cache_root()
-    with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(dockerenv.file_lock(cache / "engine.lock"))
-            t0 = time.monotonic()
-            eng = dockerenv.start_engine(cache / "engine")
-            timings["engine_start"] = round(time.monotonic() - t0, 2)
-        except dockerenv.EngineUnavailableError as exc:
-            missing(f"no Docker engine: {exc}")
-        stack.callback(eng.stop)
-        stack.callback(_save_logs_and_remove_containers, eng, artifacts)
-        dockerenv.remove_all_containers(eng)
-        yield eng
+def engine() -> dockerenv.Engine:
+    try:
+        return PREPARED.engine()
+    except dockerenv.EngineUnavailableError as exc:
+        missing(f"no Docker engine: {exc}")
 
 
-def _save_logs_and_remove_containers(eng: dockerenv.Engine, artifacts: Path) -> None:
-    """Keep each container's log as an artifact (the first thing to read when a test failed)."""
+def _save_logs_and_remove_containers(eng: dockerenv.Engine) -> None:
+    """Keep each container's log as an artifact (`keep_logs`), then remove them all."""
     for name in eng.docker("ps", "-a", "--format", "{{.Names}}", check=False).stdout.split():
-        logs = eng.docker("logs", name, check=False)
-        (artifacts / f"container-{name}.log").write_text(logs.stdout + logs.stderr)
+        keep_logs(eng, name)
     dockerenv.remove_all_containers(eng)
     # Superseded builds pile up in the cached data-root. Not all dangling images are garbage:
     # the classic builder keeps the ttyd and claude build stages as untagged images, and they
@@ -82,14 +182,11 @@ def _save_logs_and_remove_containers(eng: dockerenv.Engine, artifacts: Path) -> 
 
 
 @pytest.fixture(scope="session")
-def base_image(engine: dockerenv.Engine, timings: dict[str, float]) -> str:
-    t0 = time.monotonic()
+def base_image(engine: dockerenv.Engine) -> str:
     try:
-        how = dockerenv.ensure_base_image(engine)
+        return PREPARED.base_image()
     except dockerenv.EngineUnavailableError as exc:  # debootstrap is not installed
         missing(f"no base image: {exc}")
-    timings[f"base_image_{how}"] = round(time.monotonic() - t0, 2)
-    return dockerenv.BASE_IMAGE
 
 
 def sleeve_env(engine: dockerenv.Engine, home: Path, stub_url: str = "") -> dict[str, str]:
@@ -110,39 +207,14 @@ def build_args() -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def image(
-    engine: dockerenv.Engine,
-    base_image: str,
-    timings: dict[str, float],
-    artifacts: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> str:
-    """`sleeve build` of image/Dockerfile, as a user runs it (warm: skipped by its checksum).
-
-    SLEEVE_E2E_CONTEXT builds another checkout instead (e.g. a clean `git worktree`).
-    """
+def image(base_image: str) -> str:
+    """The image under test (`Prepared._build_image`)."""
     try:
-        dockerenv.prepare_context()
+        return PREPARED.image()
     except FileNotFoundError as exc:  # the dev extras' ttyd is not installed
         missing(str(exc))
-    env = sleeve_env(engine, tmp_path_factory.mktemp("build-home"))
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        [str(SLEEVE), *build_args()],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    elapsed = round(time.monotonic() - t0, 2)
-    (artifacts / "sleeve-build.log").write_text(proc.stdout + proc.stderr)
-    assert proc.returncode == 0, f"sleeve build failed:\n{proc.stdout[-3000:]}{proc.stderr}"
-    skipped = "up to date" in proc.stdout
-    timings["image_build_skipped" if skipped else "image_build"] = elapsed
-    size = engine.docker("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout
-    timings["image_size_mb"] = round(int(size) / 1e6, 1)
-    return IMAGE
+    except ImageBuildError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -157,6 +229,27 @@ def health_ok(port: int) -> dict[str, Any] | None:
     except OSError:
         return None
     return body if status == 200 else None
+
+
+def cli_up(port: int, token: str, cli: str, not_pid: int | None = None) -> dict[str, Any] | None:
+    """/status of the sleeve on `port` once `cli` runs with a pid other than `not_pid`; None
+    before, and while the sleeve does not answer yet."""
+    try:
+        code, s = http("GET", f"http://127.0.0.1:{port}/status", token=token)
+    except OSError:
+        return None
+    if code == 200 and s["cli"] == cli and s["cli_running"] and s["cli_pid"] not in (None, not_pid):
+        return dict(s)
+    return None
+
+
+def keep_logs(engine: dockerenv.Engine, name: str) -> str:
+    """Container `name`'s log, kept as an artifact (the first thing to read when a test
+    failed)."""
+    logs = engine.docker("logs", name, check=False)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / f"container-{name}.log").write_text(logs.stdout + logs.stderr)
+    return logs.stdout + logs.stderr
 
 
 # --- the launcher, driven like a user ------------------------------------------------------
@@ -179,6 +272,14 @@ class Sleeve:
 
     def post(self, path: str, body: Any = None, **kw: Any) -> Reply:
         return http("POST", self.url + path, body, token=E2E_TOKEN, **kw)
+
+    def status(self) -> dict[str, Any]:
+        code, body = self.get("/status")
+        assert code == 200, body
+        return dict(body)
+
+    def cli_up(self, cli: str, not_pid: int | None = None) -> dict[str, Any] | None:
+        return cli_up(self.port, E2E_TOKEN, cli, not_pid)
 
 
 @dataclass
@@ -247,8 +348,7 @@ def new_launcher(engine: dockerenv.Engine, stub: AnthropicStub | None, base: Pat
 def remove_started(lch: Launcher) -> None:
     """Remove the containers `lch` started, keeping their logs as artifacts."""
     for name in lch.started:
-        logs = lch.engine.docker("logs", name, check=False)
-        (ARTIFACTS / f"container-{name}.log").write_text(logs.stdout + logs.stderr)
+        keep_logs(lch.engine, name)
         lch.engine.docker("rm", "-f", name, check=False)
 
 

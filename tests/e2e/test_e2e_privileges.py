@@ -33,23 +33,15 @@ import pytest
 
 from tests.e2e import dockerenv
 from tests.e2e.anthropic_stub import TEST_API_KEY, AnthropicStub, claude_json
-from tests.e2e.conftest import health_ok
+from tests.e2e.conftest import cli_up, health_ok, keep_logs
 from tests.e2e.ttyclient import TerminalClient
-from tests.harness import http, wait_for
+from tests.harness import free_port, http, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
 
 CAPS = ("SETUID", "SETGID", "KILL")
 CAP_BITS = {"KILL": 5, "SETGID": 6, "SETUID": 7}
 LAUNCHER = "from sidecar.launcher.cli import main; raise SystemExit(main())"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cap_eff(status: str) -> int:
@@ -139,16 +131,6 @@ def _status(port: int, token: str | None) -> tuple[int, Any]:
     return http("GET", f"http://127.0.0.1:{port}/status", token=token)
 
 
-def _cli_up(port: int, token: str, cli: str, not_pid: int | None = None) -> dict[str, Any] | None:
-    try:
-        code, body = _status(port, token)
-    except OSError:  # not listening yet
-        return None
-    if code == 200 and body["cli"] == cli and body["cli_running"] and body["cli_pid"] != not_pid:
-        return dict(body)
-    return None
-
-
 def test_sleeve_run_by_a_host_user_runs_the_cli_as_that_user_and_closed(
     engine: dockerenv.Engine,
     image: str,
@@ -170,7 +152,7 @@ def test_sleeve_run_by_a_host_user_runs_the_cli_as_that_user_and_closed(
     )
     os.chown(clis, host_user.uid, host_user.gid)
     lch.env["SIDECAR_CLI_CONFIG"] = "/workspace/.sleeve-clis.yaml"
-    port = _free_port()
+    port = free_port()
     run = lch(
         "run", "--runtime", "docker", "--network", "host", "--image", image, "--port", str(port),
         "--cli", "claude-yolo", "--goal", "Least privilege", timeout=120,
@@ -187,7 +169,7 @@ def test_sleeve_run_by_a_host_user_runs_the_cli_as_that_user_and_closed(
         assert health_ok(port)
         assert _status(port, None)[0] == 401
         assert _status(port, "not-the-token")[0] == 401
-        status = wait_for(lambda: _cli_up(port, token, "claude-yolo"), 30, what="claude running")
+        status = wait_for(lambda: cli_up(port, token, "claude-yolo"), 30, what="claude running")
         # The token is in no argv and no environment the engine shows.
         inspect = engine.docker("inspect", container).stdout
         assert token not in inspect
@@ -206,7 +188,7 @@ def test_sleeve_run_by_a_host_user_runs_the_cli_as_that_user_and_closed(
         # Claude Code took --dangerously-skip-permissions (as root it would have exited 1).
         screen = _terminal_text(port, token, "bypass permissions", 40, artifacts)
         assert "root/sudo" not in screen
-        assert _cli_up(port, token, "claude-yolo", None)
+        assert cli_up(port, token, "claude-yolo", None)
         # What lands in the project is the user's: the CLI's own files and the sidecar's.
         code, _ = http(
             "POST", f"{url}inbox", {"from": "t", "type": "task", "content": "x"}, token=token
@@ -214,7 +196,7 @@ def test_sleeve_run_by_a_host_user_runs_the_cli_as_that_user_and_closed(
         assert code == 201
         code, _ = http("POST", f"{url}resleeve", {"cli": "shell"}, token=token)
         assert code == 202
-        wait_for(lambda: _cli_up(port, token, "shell", status["cli_pid"]), 30, what="the shell")
+        wait_for(lambda: cli_up(port, token, "shell", status["cli_pid"]), 30, what="the shell")
         _terminal_type(port, token, "touch made-by-cli; mkdir -p made-dir/sub\r")
         wait_for(lambda: (lch.project / "made-dir" / "sub").is_dir(), 20, what="the CLI's files")
         for rel in ("made-by-cli", "made-dir", "made-dir/sub", ".needlecast",
@@ -230,8 +212,7 @@ def test_sleeve_run_by_a_host_user_runs_the_cli_as_that_user_and_closed(
         assert owned == [], f"not the user's: {owned}"
     finally:
         if container is not None:
-            logs = engine.docker("logs", container, check=False)
-            (artifacts / f"container-{container}.log").write_text(logs.stdout + logs.stderr)
+            keep_logs(engine, container)
             engine.docker("rm", "-f", container, check=False)
 
 
@@ -268,18 +249,10 @@ def _terminal_type(port: int, token: str, text: str) -> None:
     asyncio.run(typed())
 
 
-def _keep_logs(engine: dockerenv.Engine, name: str) -> str:
-    logs = engine.docker("logs", name, check=False)
-    folder = dockerenv.REPO / "artifacts" / "e2e"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"container-{name}.log").write_text(logs.stdout + logs.stderr)
-    return logs.stdout + logs.stderr
-
-
 def _run_as_root_with(
     engine: dockerenv.Engine, image: str, name: str, caps: tuple[str, ...]
 ) -> int:
-    port = _free_port()
+    port = free_port()
     argv = ["run", "--detach", "--name", name, "--network", "host", "--user", "0:0"]
     argv += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
     for cap in caps:
@@ -297,19 +270,19 @@ def test_setuid_setgid_and_kill_are_enough_and_each_is_needed(
     name = "e2e-caps"
     port = _run_as_root_with(engine, image, name, CAPS)
     try:
-        first = wait_for(lambda: _cli_up(port, "", "shell"), 20, what="the shell as sleeve")
+        first = wait_for(lambda: cli_up(port, "", "shell"), 20, what="the shell as sleeve")
         top = engine.docker("exec", name, "ps", "-eo", "uid=,args=").stdout
         users = {line.split(None, 1)[1]: line.split()[0] for line in top.splitlines()}
         assert any(u == "1000" and "bash" in a for a, u in users.items()), top
         assert any(u == "1000" and "ttyd" in a for a, u in users.items()), top
         # A resleeve stops the user's tree (KILL) and starts the next as the user (SETUID).
         assert http("POST", f"http://127.0.0.1:{port}/resleeve", {}, token=None)[0] == 202
-        wait_for(lambda: _cli_up(port, "", "shell", first["cli_pid"]), 20, what="the shell again")
+        wait_for(lambda: cli_up(port, "", "shell", first["cli_pid"]), 20, what="the shell again")
         engine.docker("stop", "--time", "10", name)
         code = engine.docker("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
         assert code == "0"
     finally:
-        _keep_logs(engine, name)
+        keep_logs(engine, name)
         engine.docker("rm", "-f", name, check=False)
     for missing in CAPS:
         fewer = tuple(c for c in CAPS if c != missing)
@@ -326,7 +299,7 @@ def test_setuid_setgid_and_kill_are_enough_and_each_is_needed(
             logs = engine.docker("logs", name).stderr
             assert f"--cap-add {missing}" in logs, logs
         finally:
-            _keep_logs(engine, name)
+            keep_logs(engine, name)
             engine.docker("rm", "-f", name, check=False)
 
 
@@ -335,7 +308,7 @@ def test_the_image_runs_entirely_as_1000_without_capabilities_read_only(
 ) -> None:
     """The Helm chart's pod, in Docker: uid/gid 1000, no capability, no privilege escalation,
     a read-only root; /run and /tmp tmpfs, the workspace and HOME volumes, the token a file."""
-    name, port, token = "e2e-as-1000", _free_port(), "t-" + secrets.token_hex(16)
+    name, port, token = "e2e-as-1000", free_port(), "t-" + secrets.token_hex(16)
     secret_dir = tmp_path / "tokens"
     secret_dir.mkdir()
     (secret_dir / "token").write_text(token + "\n")
@@ -363,7 +336,7 @@ def test_the_image_runs_entirely_as_1000_without_capabilities_read_only(
 
         wait_for(answers, 20, what="/health")
         assert _status(port, None)[0] == 401
-        status = wait_for(lambda: _cli_up(port, token, "shell"), 20, what="the shell as 1000")
+        status = wait_for(lambda: cli_up(port, token, "shell"), 20, what="the shell as 1000")
         assert status["warnings"] == []
         message = {"from": "t", "type": "task", "content": "x"}
         assert http("POST", f"http://127.0.0.1:{port}/inbox", message, token=token)[0] == 201
@@ -376,7 +349,7 @@ def test_the_image_runs_entirely_as_1000_without_capabilities_read_only(
         code = engine.docker("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip()
         assert code == "0", engine.docker("logs", name).stderr
     finally:
-        _keep_logs(engine, name)
+        keep_logs(engine, name)
         engine.docker("rm", "-f", name, check=False)
         engine.docker("volume", "rm", *volumes, check=False)
 
@@ -386,7 +359,7 @@ def test_a_token_in_no_process_of_a_container_run_with_sidecar_token_in_its_env(
 ) -> None:
     """`docker run -e SIDECAR_TOKEN=...` (the value in the container's config): once running,
     no process in the container shows it in /proc/<pid>/environ or cmdline, PID 1 included."""
-    name, port, token = "e2e-env-token", _free_port(), "env-" + secrets.token_hex(16)
+    name, port, token = "e2e-env-token", free_port(), "env-" + secrets.token_hex(16)
     argv = ["run", "--detach", "--name", name, "--network", "host", "--user", "0:0"]
     argv += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
     for cap in CAPS:
@@ -397,7 +370,7 @@ def test_a_token_in_no_process_of_a_container_run_with_sidecar_token_in_its_env(
     argv += ["--env", f"SIDECAR_TOKEN={token}", image]
     engine.docker(*argv)
     try:
-        wait_for(lambda: _cli_up(port, token, "shell"), 20, what="the shell")
+        wait_for(lambda: cli_up(port, token, "shell"), 20, what="the shell")
         # Read from the host, as root with every capability (the sidecar makes itself
         # non-dumpable when it acts as the user, so in the container even root would need
         # CAP_SYS_PTRACE): every process of the container, PID 1 first.
@@ -409,5 +382,5 @@ def test_a_token_in_no_process_of_a_container_run_with_sidecar_token_in_its_env(
                 data = Path(f"/proc/{proc.pid}/{what}").read_bytes()
                 assert token.encode() not in data, (proc.cmdline()[:3], what)
     finally:
-        _keep_logs(engine, name)
+        keep_logs(engine, name)
         engine.docker("rm", "-f", name, check=False)

@@ -40,22 +40,6 @@ PROMPT = "say hello to the sleeve e2e test"
 GOAL = "Prove the sleeve end to end"
 
 
-def _status(sleeve: Sleeve) -> dict:
-    code, body = sleeve.get("/status")
-    assert code == 200, body
-    return body
-
-
-def _cli_up(sleeve: Sleeve, cli: str, not_pid: int | None = None) -> dict | None:
-    try:
-        s = _status(sleeve)
-    except OSError:
-        return None
-    if s["cli"] == cli and s["cli_running"] and s["cli_pid"] and s["cli_pid"] != not_pid:
-        return s
-    return None
-
-
 @pytest.fixture(scope="module")
 def claude(
     engine: dockerenv.Engine,
@@ -81,7 +65,7 @@ def test_sleeve_run_claude_code_is_healthy_with_the_sidecar_as_pid_1(
     assert set(body) >= {"status", "uptime"}
     cmdline = lch.exec(sleeve, "cat", "/proc/1/cmdline").stdout.split("\0")
     assert any(part.endswith("sidecar") for part in cmdline[:2]), cmdline
-    status = wait_for(lambda: _cli_up(sleeve, "claude-code"), 15, what="claude-code running")
+    status = wait_for(lambda: sleeve.cli_up("claude-code"), 15, what="claude-code running")
     table = processes(lch, sleeve)
     assert "claude" in table[status["cli_pid"]][1]
     assert status["status"] == "working" and status["current_task"] == GOAL
@@ -124,12 +108,12 @@ def test_resleeve_to_shell_and_back_replaces_the_whole_process_tree(
 ) -> None:
     lch, sleeve = claude
     for cli in ("shell", "claude-code"):
-        before = _status(sleeve)
+        before = sleeve.status()
         old_tree = descendants(processes(lch, sleeve), before["cli_pid"])
         code, body = sleeve.post("/resleeve", {"cli": cli})
         assert code == 202 and body == {"status": "resleeving", "cli": cli}, body
         after = wait_for(
-            lambda c=cli, p=before["cli_pid"]: _cli_up(sleeve, c, p), 30, what=f"{cli} up"
+            lambda c=cli, p=before["cli_pid"]: sleeve.cli_up(c, p), 30, what=f"{cli} up"
         )
         table = processes(lch, sleeve)
         assert not old_tree & set(table), f"left over from {before['cli']}: {old_tree & set(table)}"
@@ -177,7 +161,7 @@ async def test_dashboard_in_headless_chromium_shows_the_claude_code_terminal(
     """The page is driven over DevTools: the embedded terminal's screen (xterm.js buffer) must
     show Claude Code, then the PNG is taken and kept as artifacts/e2e/dashboard.png."""
     _, sleeve = claude
-    wait_for(lambda: _cli_up(sleeve, "claude-code"), 15, what="claude-code running")
+    wait_for(lambda: sleeve.cli_up("claude-code"), 15, what="claude-code running")
     shot = artifacts / "dashboard.png"
     shot.unlink(missing_ok=True)
     browser = await Browser.start(chromium, tmp_path / "profile", (1400, 900))
@@ -260,7 +244,7 @@ async def test_hard_resleeve_keeps_cstack_and_the_cli_history(
     lch.engine.docker("rm", "-f", sleeve.container)
     again = lch.run("--slot", "1", cli="claude-code")
     assert again.container == sleeve.container
-    status = wait_for(lambda: _cli_up(again, "claude-code"), 20, what="claude-code running again")
+    status = wait_for(lambda: again.cli_up("claude-code"), 20, what="claude-code running again")
     assert status["current_task"] == GOAL
     assert (
         lch.exec(again, "test", "-f", "/workspace/.cstack/CURRENT.md", check=False).returncode == 0

@@ -13,6 +13,8 @@ REPO = Path(__file__).resolve().parents[2]
 # A child process that waits, without sleeping, until a signal ends it.
 LIVES_UNTIL_KILLED = [sys.executable, "-c", "import signal; signal.pause()"]
 SLEEVE = [sys.executable, "-c", "from sidecar.launcher.cli import main; raise SystemExit(main())"]
+# An API key as a user would have one: it must reach the sandbox and never an argv or a log.
+SECRET = "sk-ant-api03-TESTKEY-abcdefghij0123456789"
 # ClaudeBox's own shell functions for slot ids, the reference the launcher's ids are checked and
 # benchmarked against: `generate_container_name ROOT N` prints slot N's id.
 CLAUDEBOX_ID_FUNCTIONS = r"""

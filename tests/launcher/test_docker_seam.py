@@ -19,15 +19,14 @@ from typing import Any
 
 import pytest
 
+from sidecar.core.contract import runtime_grace
 from sidecar.launcher import engine
 from sidecar.launcher.engine import home_label
 from sidecar.launcher.launch import free_port
 from sidecar.launcher.slots import Project
 from sidecar.launcher.state import RUNNING, Run, StateStore
 
-from .helpers import Result
-
-SECRET = "sk-ant-api03-TESTKEY-abcdefghij0123456789"
+from .helpers import SECRET, Result
 
 
 @dataclass
@@ -234,3 +233,33 @@ def test_build_clis_is_the_clis_build_arg_checked_against_image_clis(
     assert "CLIS=claude-code codex" in build
     both = sleeve_proc(*args, "codex", "--build-arg", "CLIS=codex", extra_env=docker.env)
     assert both.code == 1 and "give one" in both.err
+
+
+def test_docker_stops_by_the_stop_grace_rule(
+    home: Path, project: Path, docker: FakeDocker, sleeve_proc: Callable[..., Result]
+) -> None:
+    """The container's --stop-timeout (every `docker stop`, the engine's own at its shutdown
+    too) and `sleeve stop`'s --time are the stop-grace rule for the sleeve's own
+    SIDECAR_STOP_GRACE, which the chart and `sleeve manifest` use as well."""
+    expected = runtime_grace(12.5)
+    env = {**docker.env, "SIDECAR_STOP_GRACE": "12.5"}
+    args = ("run", "--project", project, "--runtime", "docker", "--port", str(free_port()))
+    assert sleeve_proc(*args, extra_env=env).code == 0
+    [create] = [c["argv"] for c in docker.calls() if c["argv"][0] == "create"]
+    assert create[create.index("--stop-timeout") + 1] == str(expected)
+    name = create[create.index("--name") + 1]
+    key = Project(project, home).key
+    running = ps_line(name, "running", "Up 2 seconds", key, slot=1, port=1)
+    docker.reset()
+    stop = sleeve_proc(
+        "stop", "1", "--project", project, extra_env={**env, "FAKE_DOCKER_PS": running}
+    )
+    assert stop.code == 0, stop.err
+    [stopped] = [c["argv"] for c in docker.calls() if c["argv"][0] == "stop"]
+    assert stopped == ["stop", "--time", str(expected), name]
+    # A value the sidecar would refuse is refused before anything is created.
+    docker.reset()
+    args = ("run", "--project", project, "--runtime", "docker", "--port", str(free_port()))
+    bad = sleeve_proc(*args, extra_env={**docker.env, "SIDECAR_STOP_GRACE": "soon"})
+    assert bad.code == 1 and "SIDECAR_STOP_GRACE" in bad.err
+    assert not [c for c in docker.calls() if c["argv"][0] == "create"]

@@ -6,6 +6,7 @@ import contextlib
 import json
 import re
 import shlex
+import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -15,13 +16,14 @@ import pytest
 
 from sidecar.launcher.launch import free_port
 from tests.harness import http, wait_for
+from tests.proctools import ns_pid
+from tests.webserver import web_server
 
-from .helpers import Result
+from .helpers import SECRET, Result
 
 pytestmark = pytest.mark.needs("bwrap")
 
 RUN_ID = re.compile(r"\d{14}-[0-9a-f]{6}")
-SECRET = "sk-ant-api03-TESTKEY-abcdefghij0123456789"
 
 
 def health(url: str) -> dict[str, object]:
@@ -36,14 +38,6 @@ def refused(url: str) -> bool:
     except OSError:
         return True
     return False
-
-
-def ns_pid(pid: int) -> str:
-    """The pid as the process's own PID namespace sees it (last field of NSpid)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("NSpid:"):
-            return line.split()[-1]
-    raise AssertionError("no NSpid line")
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -81,8 +75,14 @@ def test_bwrap_run_starts_a_sidecar_as_pid_1_that_ps_shows_and_stop_ends(
         (bwrap,) = waiter.children()
         (init,) = bwrap.children()
         assert bwrap.name() == "bwrap"
-        assert ns_pid(init.pid) == "1", "the sidecar is PID 1 in its namespace"
+        assert ns_pid(init) == 1, "the sidecar is PID 1 in its namespace"
         assert init.cmdline()[-3:] == ["-m", "sidecar", "run"]
+        # The sandbox runs the tmux the launcher's PATH has (the tests': scripts/build-tmux's).
+        servers = wait_for(
+            lambda: [p for p in init.children(recursive=True) if p.name() == "tmux: server"],
+            what="the sleeve's tmux server",
+        )
+        assert servers[0].cmdline()[0] == shutil.which("tmux")
 
         # Only the allow-list reaches the sandbox; the key's value is in no argv.
         inside = environ(init.pid)
@@ -155,8 +155,6 @@ def test_bwrap_run_with_an_allowlist_closes_the_clis_network(
 ) -> None:
     """In bubblewrap the CLI reaches a listed host through the proxy, and nothing around it:
     the egress guard holds there too (the probe CLI and its report are in the workspace)."""
-    from tests.test_egress_sidecar import web_server
-
     probe = Path(__file__).parent.parent / "clis" / "egress_probe.py"
     (project / "probe.py").write_text(probe.read_text())
     port = free_port()

@@ -19,9 +19,7 @@ from sidecar.core.proc import start_time
 from sidecar.launcher.slots import COUNTER_FILE, Project, slot_chain
 from sidecar.launcher.state import RUNNING, Run, StateStore
 
-from .helpers import Result, mount_fields
-
-SECRET = "sk-ant-api03-TESTKEY-abcdefghij0123456789"
+from .helpers import SECRET, Result, mount_fields
 
 
 def dry_run(sleeve: Callable[..., Result], project: Path, *args: str) -> tuple[list[str], str]:

@@ -106,8 +106,14 @@ if [ -f "$seed" ] && [ ! -e "$dest" ]; then
 fi
 {{ end }}
 
+{{/*
+The stop-grace rule (sidecar/core/contract.py `runtime_grace`, checked against this by
+tests/test_chart.py): the pod's grace period holds the CLI's grace, rounded up, and the
+sidecar's own shutdown after it (SHUTDOWN_MARGIN, 5 s).
+*/}}
 {{- define "sleeve.checks" -}}
-{{- if ge (float64 .Values.sidecar.stopGrace) (float64 .Values.terminationGracePeriodSeconds) }}
-{{- fail (printf "sidecar.stopGrace (%v s) must be below terminationGracePeriodSeconds (%v s): the kubelet's SIGKILL would cut the sidecar's shutdown short" .Values.sidecar.stopGrace .Values.terminationGracePeriodSeconds) }}
+{{- $least := add (ceil (float64 .Values.sidecar.stopGrace)) 5 }}
+{{- if lt (int64 .Values.terminationGracePeriodSeconds) $least }}
+{{- fail (printf "terminationGracePeriodSeconds (%v s) must be at least %v s: sidecar.stopGrace (%v s) rounded up, + 5 s for the sidecar's shutdown after it, which the kubelet's SIGKILL would cut short" .Values.terminationGracePeriodSeconds $least .Values.sidecar.stopGrace) }}
 {{- end }}
 {{- end }}

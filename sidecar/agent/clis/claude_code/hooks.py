@@ -1,24 +1,19 @@
-"""What the sidecar knows about Claude Code: where it keeps its files (config dir, per-project
-transcripts), the `--settings` document that makes its hooks report to the sidecar, the session
-arguments that pin its conversation, and what each hook event means for the agent's state.
+"""Claude Code's hooks: where it keeps its files (config dir, per-project transcripts), the
+`--settings` document that makes its hooks report to the sidecar, the session arguments that pin
+its conversation, and what each hook event means for the agent's state.
 """
 
 from __future__ import annotations
 
-import itertools
 import re
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sidecar.agent import hook_relay
-from sidecar.agent.approvals import Answer
-from sidecar.agent.hooks import SECRET_HEADER, HookEffect, HookLaunch, Launched, PermissionAsk
-from sidecar.agent.screens import Reading, Seen, dialog, nonblank, text_of
-from sidecar.core.contract import AgentStateName, InputKey
+from sidecar.agent.hooks import SECRET_HEADER, HookEffect, HookLaunch, Hooks, Launched
+from sidecar.core.contract import AgentStateName
 from sidecar.core.text import one_line
-from sidecar.pane.screen import Screen
 
 # ---- on disk -----------------------------------------------------------------------------------
 
@@ -49,6 +44,11 @@ def has_history(config: Path, workspace: Path) -> bool:
         return any(p.suffix == ".jsonl" for p in project_dir(config, workspace).iterdir())
     except OSError:
         return False
+
+
+def history(env: Mapping[str, str], workspace: Path) -> bool:
+    """Whether Claude Code, run with the environment `env`, has a conversation for `workspace`."""
+    return has_history(config_dir(env), workspace)
 
 
 # ---- hooks -------------------------------------------------------------------------------------
@@ -122,6 +122,8 @@ def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
 
 
 def new_session_id() -> str:
+    import uuid  # here: the init process imports this module (the registry), never calls this
+
     return str(uuid.uuid4())
 
 
@@ -195,7 +197,7 @@ def interpret(event: str, payload: dict[str, Any]) -> HookEffect:
         if kind == "idle_prompt":
             return HookEffect("idle")
         if kind in ("permission_prompt", "elicitation_dialog"):
-            return HookEffect("waiting", text)
+            return HookEffect("waiting", text, restates=True)
         return HookEffect(None)
     if event in ("Stop", "StopFailure"):
         reason = "the turn ended with an API error" if event == "StopFailure" else None
@@ -203,125 +205,23 @@ def interpret(event: str, payload: dict[str, Any]) -> HookEffect:
     return HookEffect(None)  # SessionEnd: the process's exit is the supervisor's to report
 
 
-def permission(event: str, payload: dict[str, Any]) -> PermissionAsk | None:
-    """A PermissionRequest to hold until it is answered."""
-    if event != "PermissionRequest":
-        return None
-    tool = payload.get("tool_name")
-    return PermissionAsk(tool if isinstance(tool, str) else "tool", payload.get("tool_input"))
-
-
-def permission_answer(answer: Answer, payload: dict[str, Any]) -> dict[str, Any]:
-    """The held PermissionRequest hook's reply. `remember` takes Claude Code's own suggestions
-    ("don't ask again for ...") for this session only: nothing is written to the user's files."""
-    decision: dict[str, Any] = {"behavior": answer.decision}
-    if answer.decision == "deny" and answer.message:
-        decision["message"] = answer.message
-    suggestions = payload.get("permission_suggestions")
-    if answer.decision == "allow" and answer.remember and isinstance(suggestions, list):
-        decision["updatedPermissions"] = [
-            {**s, "destination": "session"} for s in suggestions if isinstance(s, dict)
-        ]
-    return {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": decision}}
-
-
-def approval_keys(decision: str, remember: bool) -> tuple[InputKey, ...]:
-    """Keys that answer its permission dialog ("1. Yes" is selected; "2. Yes, and don't ask
-    again ..."; Escape is "No" and tells Claude to wait for the person's instructions)."""
-    if decision == "deny":
-        return ("Escape",)
-    return ("Down", "Enter") if remember else ("Enter",)
-
-
-class ClaudeHooks:
-    """Claude Code as a `sidecar.agent.hooks.HookCLI`."""
-
-    name = "claude-code"
-    events: tuple[str, ...] = EVENTS
-    max_hold = float(MAX_HOLD)
-    decides = True
-    reports_at_start = True
-    root_settings = False
-
-    def launch(self, launch: HookLaunch) -> Launched:
-        config = config_dir(launch.env)
-        args, session = session_args(
-            launch.session_id, config, launch.workspace, has_history=launch.has_history
-        )
-        document = settings(launch.base_url, launch.secret, launch.settings_path)
-        return Launched(
-            (*launch.cli.command, "--settings", str(launch.settings_path), *args),
-            document,
-            session,
-        )
-
-    def interpret(self, event: str, payload: dict[str, Any]) -> HookEffect:
-        return interpret(event, payload)
-
-    def permission(self, event: str, payload: dict[str, Any]) -> PermissionAsk | None:
-        return permission(event, payload)
-
-    def answer(self, answer: Answer, payload: dict[str, Any]) -> dict[str, Any]:
-        return permission_answer(answer, payload)
-
-
-# ---- what its screen shows (2.1.330, captured in tests/screens/claude-code/) ----------------
-
-# The input box: a full-width rule, the "❯" line(s) of the prompt, another rule; its footer says
-# "esc to interrupt" while a turn runs, above it a spinner line. A permission prompt asks "Do
-# you want to ..." (proceed, make this edit, create, fetch) over numbered choices; its title
-# (e.g. "Bash command") stands just below the rule that opens it. Anything else is a dialog
-# (trust, sign-in, pickers, MCP).
-_RULE = re.compile(r"^\s*─{20,}\s*$")
-_INPUT = re.compile(r"^\s*[❯>](\s|$)")
-_BUSY = re.compile(r"esc to interrupt", re.IGNORECASE)
-# The spinner's line while a turn runs: "✢ Kerfuffling… (0s · ↓ 20 tokens)". It is there before
-# the footer's "esc to interrupt" when an answered permission prompt gives way (measured); while a
-# hook runs it reads "(running PermissionRequest hook · 0s · ...)".
-_SPINNER = re.compile(r"^\s*\S\s+\S[^…]*…\s+\((\d|running )")
-_ASKS = re.compile(r"^\s*Do you want to\b.*\?\s*$")
-_DASHED = re.compile(r"^\s*╌{10,}\s*$")
-
-
-# The last line of a whole frame: a dialog's key hints, or the idle prompt's hint line.
-_DIALOG_FOOTER = re.compile(r"^\s*(Enter to (confirm|select|continue)|Esc to (cancel|go back))")
-_IDLE_HINT = re.compile(r"\? for shortcuts")
-
-
-def read_screen(screen: Screen) -> Reading:
-    """What Claude Code's screen shows (see `sidecar.agent.screens`)."""
-    lines = list(screen.lines)
-    tail = nonblank(lines)[-4:]
-    footed = any(_DIALOG_FOOTER.match(line) for line in tail)
-    asks = [i for i, line in enumerate(lines) if _ASKS.match(line)]
-    if asks:
-        return Reading(Seen.PERMISSION, _permission_reason(lines, asks[-1]), complete=footed)
-    if any(_BUSY.search(line) for line in tail) or any(_SPINNER.match(line) for line in lines):
-        return Reading(Seen.WORKING)
-    if _input_box(lines):
-        return Reading(Seen.PROMPT, complete=any(_IDLE_HINT.search(line) for line in tail))
-    reading = dialog(nonblank(lines))
-    return Reading(reading.seen, reading.reason, complete=footed)
-
-
-def _input_box(lines: list[str]) -> bool:
-    """A prompt line between two rules (the box may hold several lines of typed text)."""
-    rules = [i for i, line in enumerate(lines) if _RULE.match(line)]
-    return any(
-        b - a >= 2 and _INPUT.match(lines[a + 1])
-        for a, b in itertools.pairwise(rules)
-        if b - a <= 12
+def launch(start: HookLaunch) -> Launched:
+    """Its command with our `--settings` and the session arguments that pin its conversation."""
+    config = config_dir(start.env)
+    args, session = session_args(
+        start.session_id, config, start.workspace, has_history=start.has_history
     )
+    document = settings(start.base_url, start.secret, start.settings_path)
+    path = str(start.settings_path)
+    return Launched((*start.command, "--settings", path, *args), document, session)
 
 
-def _permission_reason(lines: list[str], ask: int) -> str:
-    """'<title>: <what>' of the permission prompt whose question is on line `ask`: the title
-    below the rule that opens the prompt, and the first line of the dashed box (the command) or
-    else the question itself."""
-    opened = max((i for i in range(ask) if _RULE.match(lines[i])), default=-1)
-    body = [text_of(line) for line in lines[opened + 1 : ask] if not _DASHED.match(line)]
-    body = [t for t in body if t and not t.startswith("Tip:")]
-    dashed = [i for i in range(opened + 1, ask) if _DASHED.match(lines[i])]
-    what = text_of(lines[dashed[0] + 1]) if dashed else text_of(lines[ask])
-    title = body[0] if body else "permission"
-    return one_line(f"{title}: {what}" if what != title else title)
+HOOKS = Hooks(
+    EVENTS,
+    launch,
+    interpret,
+    permission_event="PermissionRequest",
+    max_hold=float(MAX_HOLD),
+    remembers=True,  # Claude Code's own suggestions, for this session: none of the user's files
+    reports_at_start=True,
+)

@@ -1,23 +1,32 @@
 """The sidecar's configuration, parsed once from the environment into a frozen dataclass.
 
 Nothing else in the package reads ``os.environ``: a bad or missing value raises ``ConfigError``
-naming the variable, and ``main`` turns that into one stderr line and exit code 2. One reader
-per kind of value (text, port, seconds, a choice); the launcher reads the stop grace with the
-same reader, to fit a pod's grace period to it.
+naming the variable, and ``main`` turns that into one stderr line and exit code 2. The readers
+(one per kind of value) are in `sidecar.config.read`, the notification settings in
+`sidecar.config.notify`; the values that take more than one reader are here.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
-from typing import TypeVar
 
+from sidecar.config.notify import NotifyConfig
+from sidecar.config.read import (
+    ConfigError,
+    choice,
+    port,
+    required,
+    seconds,
+    stop_grace,
+    text,
+)
 from sidecar.core.contract import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -32,14 +41,9 @@ from sidecar.policy.rules import Policy
 from sidecar.security import tokens
 from sidecar.security.users import User, UserError, parse_user
 
+__all__ = ["Config", "ConfigError", "InboxNotify", "NotifyConfig", "RestartPolicy", "stop_grace"]
+
 ACTIVITY_QUIET = 3.0
-MAX_SECONDS = 3600.0
-
-E = TypeVar("E", bound=Enum)
-
-
-class ConfigError(Exception):
-    """A configuration value is missing or malformed; the message names the variable."""
 
 
 class InboxNotify(Enum):
@@ -51,80 +55,6 @@ class RestartPolicy(Enum):
     NO = "no"
     ON_FAILURE = "on-failure"
     ALWAYS = "always"
-
-
-# ---- one reader per kind of value ----------------------------------------------------------
-
-
-def text(env: Mapping[str, str], name: str) -> str | None:
-    """`name`'s value; None when unset or blank."""
-    value = env.get(name)
-    if value is None or value.strip() == "":
-        return None
-    if "\x00" in value:
-        msg = f"{name} must not contain NUL bytes"
-        raise ConfigError(msg)
-    return value
-
-
-def required(env: Mapping[str, str], name: str) -> str:
-    value = text(env, name)
-    if value is None:
-        msg = f"{name} is required and must not be empty"
-        raise ConfigError(msg)
-    return value
-
-
-def port(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = text(env, name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw.strip(), 10)
-    except ValueError:
-        msg = f"{name} must be an integer port number, got {raw!r}"
-        raise ConfigError(msg) from None
-    if not 1 <= value <= 65535:
-        msg = f"{name} must be between 1 and 65535, got {value}"
-        raise ConfigError(msg)
-    return value
-
-
-def seconds(
-    env: Mapping[str, str], name: str, default: float, low: float, high: float = MAX_SECONDS
-) -> float:
-    raw = text(env, name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        msg = f"{name} must be a number of seconds, got {raw!r}"
-        raise ConfigError(msg) from None
-    if not math.isfinite(value) or not low <= value <= high:
-        msg = f"{name} must be between {low:g} and {high:g} seconds, got {raw!r}"
-        raise ConfigError(msg)
-    return value
-
-
-def choice(env: Mapping[str, str], name: str, default: E) -> E:
-    """One of the values of `default`'s enum, in any case."""
-    raw = (text(env, name) or default.value).strip().lower()
-    try:
-        return type(default)(raw)
-    except ValueError:
-        values = [str(member.value) for member in type(default)]
-        allowed = " or ".join(values) if len(values) == 2 else f"one of {', '.join(values)}"
-        msg = f"{name} must be {allowed}; got {raw!r}"
-        raise ConfigError(msg) from None
-
-
-def stop_grace(env: Mapping[str, str]) -> float:
-    """SIDECAR_STOP_GRACE (the launcher reads it too, to fit a pod's grace period to it)."""
-    return seconds(env, "SIDECAR_STOP_GRACE", STOP_GRACE, 0)
-
-
-# ---- the values that are more than one reader ----------------------------------------------
 
 
 def _check_name(name: str) -> None:
@@ -156,8 +86,8 @@ def _ports(env: Mapping[str, str]) -> tuple[int, int | None]:
 
 def _tokens(env: Mapping[str, str]) -> tuple[str | None, str | None]:
     try:
-        token = tokens.resolve(env, "SIDECAR_TOKEN")
-        view_token = tokens.resolve(env, "SIDECAR_VIEW_TOKEN")
+        token = tokens.resolve(env, tokens.TOKEN_VAR)
+        view_token = tokens.resolve(env, tokens.VIEW_TOKEN_VAR)
     except tokens.TokenError as exc:
         raise ConfigError(str(exc)) from None
     if token is not None and token == view_token:
@@ -235,6 +165,19 @@ def egress_allowlist(env: Mapping[str, str]) -> Allowlist | None:
     return None
 
 
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def _modules(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """Dotted module paths, separated by commas or whitespace."""
+    found = tuple(dict.fromkeys((text(env, name) or "").replace(",", " ").split()))
+    bad = [m for m in found if not _MODULE.match(m)]
+    if bad:
+        msg = f"{name}: {bad[0]!r} is not a dotted module path (like my_clis.toy)"
+        raise ConfigError(msg)
+    return found
+
+
 def _path(env: Mapping[str, str], name: str, default: str) -> Path:
     return Path(text(env, name) or default).absolute()
 
@@ -287,6 +230,8 @@ class Config:
     # SIDECAR_USER_HOME: that user's HOME when its passwd entry does not give one.
     user_home: Path | None = None
     cli_config: Path | None = None
+    # SIDECAR_CLI_PACKAGES: CLI packages outside the sidecar (dotted module paths) to register.
+    cli_packages: tuple[str, ...] = ()
     restart: RestartPolicy = RestartPolicy.NO
     stop_grace: float = STOP_GRACE
     inbox_notify: InboxNotify = InboxNotify.IDLE
@@ -305,6 +250,8 @@ class Config:
     policy: Policy | None = None
     # SIDECAR_AUDIT_DIR: where the audit trail is appended (None: the state dir).
     audit_dir: Path | None = None
+    # SIDECAR_PUBLIC_URL, SIDECAR_NOTIFY_*: notifications (none without a channel).
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
     # The environment the CLI inherits (PATH, HOME, API keys, ...), captured once here.
     child_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -344,6 +291,7 @@ class Config:
             else None
         )
         cli_config = text(env, "SIDECAR_CLI_CONFIG")
+        cli_packages = _modules(env, "SIDECAR_CLI_PACKAGES")
         api_port, ttyd_port = _ports(env)
         token, view_token = _tokens(env)
         allowed_origins = _origins(env)
@@ -354,7 +302,8 @@ class Config:
         policy_path, policy = policy_file(env)
         audit_dir = text(env, "SIDECAR_AUDIT_DIR")
         allow_file = text(env, EGRESS_FILE_VAR) if allowlist is not None else None
-        hidden = {*tokens.TOKEN_VARS, tokens.HANDOVER_VAR}
+        notify = NotifyConfig.from_env(env)
+        hidden = {*tokens.HIDDEN_VARS, tokens.HANDOVER_VAR}
         return cls(
             sleeve_name=name,
             cli=cli.strip(),
@@ -371,6 +320,7 @@ class Config:
             user_home=user_home if user is not None else None,
             allowed_origins=allowed_origins,
             cli_config=Path(cli_config) if cli_config else None,
+            cli_packages=cli_packages,
             restart=restart,
             stop_grace=grace,
             inbox_notify=inbox_notify,
@@ -382,6 +332,13 @@ class Config:
             policy_file=policy_path,
             policy=policy,
             audit_dir=Path(audit_dir).absolute() if audit_dir else None,
-            # The CLI never inherits the API's tokens.
-            child_env={k: v for k, v in env.items() if k not in hidden},
+            notify=notify,
+            # The CLI never inherits the API's tokens, nor where notifications go: a topic or
+            # a webhook's URL is often its only key, and the agent must not forge a
+            # notification with links of its own.
+            child_env={
+                k: v
+                for k, v in env.items()
+                if k not in hidden and not k.startswith("SIDECAR_NOTIFY_")
+            },
         )

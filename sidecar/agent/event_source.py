@@ -1,8 +1,9 @@
-"""opencode's own server as the agent's state source (`state: events`): the TUI the sidecar starts
-serves its API on a loopback port the sidecar picks, behind a password made for that launch; the
-sidecar reads its event stream for the agent's state and session id, lists its permission
-requests as approvals and replies through its own reply route. If the stream does not come up,
-the agent's state falls back to the screen and pane activity, and `/status` says so.
+"""A CLI's own server as the agent's state source (`state: events`; what the CLI declares:
+`sidecar.agent.event_stream`): the CLI the sidecar starts serves its API on a loopback port the
+sidecar picks, behind a password made for that launch; the sidecar reads its event stream for the
+agent's state and session id, lists its permission requests as approvals and replies through the
+CLI's own reply route. If the stream does not come up, the agent's state falls back to the
+screen and pane activity, and `/status` says so.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 
 from sidecar.agent.approvals import Approvals, Withdrawn
-from sidecar.agent.clis import opencode
+from sidecar.agent.event_stream import EventStream, Turns
+from sidecar.agent.hooks import HookEffect, PermissionAsk
 from sidecar.agent.machine import AgentMachine
 from sidecar.agent.registry import CLIDef
 from sidecar.agent.statefile import AgentFiles
@@ -31,8 +33,8 @@ log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 COME_UP = 20.0  # seconds the CLI's server has to answer after a start (or after it went away)
 CATCH_UP = 5.0  # seconds for the state before the stream (a stream made again, an adopted CLI)
-# While it starts, its server may take a request and never answer it (measured on 1.18.33): a
-# stream that has not said `server.connected` within this is made again.
+# While it starts, its server may take a request and never answer it (measured on opencode
+# 1.18.33): a stream that has not said its first event within this is made again.
 FIRST_WORD = 1.0
 RETRY = 0.1  # seconds between tries to reach it meanwhile
 MAX_LINE = 4 * 1024 * 1024  # an event bigger than this (a huge tool output) ends the connection
@@ -74,21 +76,32 @@ class EventSource:
         self.approvals = approvals
         self.on_idle = on_idle  # the agent went idle: an inbox notice may be due
         self.on_lost = on_lost  # the stream is gone for good: another source takes over
-        self.active = False  # the running CLI uses this source
+        self.stream: EventStream | None = None  # the running CLI's, when it uses this source
+        self.name = ""  # the running CLI's knowledge name
         self.warning: str | None = None  # why the state is not from the CLI's events
-        self.turns = opencode.Turns()
+        self.turns: Turns | None = None
         self._task: asyncio.Task[None] | None = None
         self._launched = False  # the CLI that runs was launched by us, not adopted
         self._replies: set[asyncio.Task[None]] = set()
 
+    @property
+    def active(self) -> bool:
+        """The running CLI uses this source."""
+        return self.stream is not None
+
     def use(self, cli: CLIDef) -> None:
         """The CLI that runs now (launched or adopted)."""
-        self.active = cli.state == "events"
+        known = cli.knowledge
+        self.stream = known.events if known is not None and cli.state == "events" else None
+        self.name = known.name if known is not None else ""
 
     def launch(self, cli: CLIDef, argv: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:
         """The argv and added environment to start `cli` with: its server on a free loopback
         port behind a new password, and its pinned session resumed by id."""
         self.use(cli)
+        stream = self.stream
+        if stream is None:
+            return argv, {}
         record = self.files.record
         pinned = record.session_id if record.session_cli == cli.name else None
         port = free_port()
@@ -101,15 +114,14 @@ class EventSource:
         )
         self.machine.session_id = pinned
         self._launched = True
-        argv = opencode.launch_argv(argv, host=HOST, port=port, session_id=pinned)
-        return argv, {opencode.PASSWORD_ENV: password}
+        return stream.launch(argv, HOST, port, pinned), {stream.password_env: password}
 
     def process_changed(self, state: ProcState) -> None:
-        if state is ProcState.RUNNING and self.active:
+        if state is ProcState.RUNNING and self.stream is not None:
             self.warning = None
-            self.turns = opencode.Turns(session_id=self.machine.session_id)
+            self.turns = self.stream.turns(self.machine.session_id)
             self._stop_reading()
-            self._task = asyncio.create_task(self._read(), name="opencode-events")
+            self._task = asyncio.create_task(self._read(self.stream), name=f"{self.name}-events")
         elif state is not ProcState.RUNNING:
             self._stop_reading()
             if state is ProcState.STOPPING:
@@ -131,12 +143,12 @@ class EventSource:
 
     # ---- the stream --------------------------------------------------------------------------
 
-    async def _read(self) -> None:
+    async def _read(self, stream: EventStream) -> None:
         record = self.files.record
         if record.events_url is None or record.events_password is None:
             self._lost("no address of its server is known (started by an older sidecar)")
             return
-        auth = {"Authorization": aiohttp.encode_basic_auth(opencode.USER, record.events_password)}
+        auth = {"Authorization": aiohttp.encode_basic_auth(stream.user, record.events_password)}
         timeout = aiohttp.ClientTimeout(total=None, connect=2, sock_read=None)
         async with aiohttp.ClientSession(
             record.events_url, headers=auth, timeout=timeout, read_bufsize=MAX_LINE
@@ -149,14 +161,14 @@ class EventSource:
             while time.monotonic() < deadline:
                 try:
                     async with asyncio.timeout(FIRST_WORD):
-                        response = await http.get("/event")
+                        response = await http.get(stream.path)
                         events = sse_events(response)
                         first = await anext(events, None) if response.status == 200 else None
                     async with response:
                         if first is None:
                             why = f"its server answered {response.status}"
                         else:
-                            await self._follow(http, events, missed=missed)
+                            await self._follow(http, stream, events, missed=missed)
                             why, missed = "its event stream ended", True
                             deadline = time.monotonic() + COME_UP
                 except (aiohttp.ClientError, ValueError, TimeoutError) as exc:
@@ -165,50 +177,53 @@ class EventSource:
             self._lost(f"{why} within {COME_UP:g} s")
 
     async def _follow(
-        self, http: aiohttp.ClientSession, events: AsyncIterator[dict[str, Any]], *, missed: bool
+        self,
+        http: aiohttp.ClientSession,
+        stream: EventStream,
+        events: AsyncIterator[dict[str, Any]],
+        *,
+        missed: bool,
     ) -> None:
         """Catch up with what went before the stream (`missed`), then apply every event."""
-        log.info("opencode events: reading %s", self.files.record.events_url)
+        log.info("%s events: reading %s", self.name, self.files.record.events_url)
         if missed:
-            await self._catch_up(http)
+            await self._catch_up(http, stream)
         async for event in events:
-            self._event(http, event)
+            self._event(http, stream, event)
 
-    async def _catch_up(self, http: aiohttp.ClientSession) -> None:
-        """The sessions at work and the permission requests open now. opencode leaves a
-        request made while it starts unanswered: bounded, and skipped when it is."""
+    async def _catch_up(self, http: aiohttp.ClientSession, stream: EventStream) -> None:
+        """What its status routes say is at work and open now. A CLI may leave a request made
+        while it starts unanswered (opencode does): bounded, and skipped when it is."""
+        documents: list[Any] = []
         try:
             async with asyncio.timeout(CATCH_UP):
-                async with http.get("/session/status") as status:
-                    busy = await status.json() if status.status == 200 else {}
-                async with http.get("/permission") as pending:
-                    asks = await pending.json() if pending.status == 200 else []
+                for path in stream.status:
+                    async with http.get(path) as answer:
+                        documents.append(await answer.json() if answer.status == 200 else None)
         except (aiohttp.ClientError, ValueError, TimeoutError) as exc:
-            log.warning("opencode events: no catching up (%s)", exc.__class__.__name__)
+            log.warning("%s events: no catching up (%s)", self.name, exc.__class__.__name__)
             return
-        asks = asks if isinstance(asks, list) else []
-        effect = self.turns.sync(busy if isinstance(busy, dict) else {}, asks)
-        for item in asks:
-            if isinstance(item, dict):
-                self._asked(http, item)
+        if self.turns is None:
+            return
+        effect = self.turns.sync(documents)
+        for ask in stream.pending(documents):
+            self._asked(http, stream, ask)
         self._report(effect)
 
-    def _event(self, http: aiohttp.ClientSession, event: dict[str, Any]) -> None:
-        props = event.get("properties")
-        if not isinstance(props, dict):
-            return
-        kind = event.get("type")
-        if kind == "permission.asked":
-            self._asked(http, props)
-        elif kind == "permission.replied" and (found := opencode.replied(props)):
+    def _event(
+        self, http: aiohttp.ClientSession, stream: EventStream, event: dict[str, Any]
+    ) -> None:
+        if (ask := stream.asked(event)) is not None:
+            self._asked(http, stream, ask)
+        elif (found := stream.replied(event)) is not None:
             approval = self.approvals.by_key(found[0])
-            if approval is not None:  # not ours: a person answered in the TUI first
+            if approval is not None:  # not ours: a person answered in the CLI first
                 self.approvals.answered_by_terminal(approval.id, found[1])
-        effect = self.turns.apply(event)
+        effect = self.turns.apply(event) if self.turns is not None else HookEffect(None)
         if effect.state is not None:
             self._report(effect)
 
-    def _report(self, effect: opencode.Effect) -> None:
+    def _report(self, effect: HookEffect) -> None:
         if effect.session_id is not None:
             self.machine.session_id = effect.session_id
             self.files.update(session_id=effect.session_id)
@@ -220,40 +235,43 @@ class EventSource:
 
     def _lost(self, why: str) -> None:
         self.warning = (
-            f"opencode's event stream: {why}; the agent's state comes from the screen and "
+            f"{self.name}'s event stream: {why}; the agent's state comes from the screen and "
             "pane activity, its permission prompts are answered on screen"
         )
         log.warning("%s", self.warning)
-        self.approvals.withdraw_all("opencode's event stream is gone")
-        self.active = False
+        self.approvals.withdraw_all(f"{self.name}'s event stream is gone")
+        self.stream = None
         self.on_lost()
 
     # ---- permission requests -----------------------------------------------------------------
 
-    def _asked(self, http: aiohttp.ClientSession, props: Mapping[str, Any]) -> None:
-        ask = opencode.permission_ask(props)
-        if ask is None or self.approvals.by_key(ask.key) is not None:
+    def _asked(self, http: aiohttp.ClientSession, stream: EventStream, ask: PermissionAsk) -> None:
+        if ask.key is None or self.approvals.by_key(ask.key) is not None:
             return
         approval = self.approvals.request(ask.tool, ask.input, source="events", key=ask.key)
-        task = asyncio.create_task(self._reply(http, approval.id, ask.key), name="opencode-reply")
+        task = asyncio.create_task(
+            self._reply(http, stream, approval.id, ask.key), name=f"{self.name}-reply"
+        )
         self._replies.add(task)
         task.add_done_callback(self._replies.discard)
 
-    async def _reply(self, http: aiohttp.ClientSession, approval_id: str, key: str) -> None:
-        """Wait for the request's answer and give it to opencode (unless it came from there)."""
+    async def _reply(
+        self, http: aiohttp.ClientSession, stream: EventStream, approval_id: str, key: str
+    ) -> None:
+        """Wait for the request's answer and give it to the CLI (unless it came from there)."""
         try:
             answer = await self.approvals.decision(approval_id)
         except Withdrawn:
             return
         if answer.by == "terminal":
             return
-        body = opencode.reply_body(answer)
+        path, body = stream.reply(key, answer)
         try:
-            async with http.post(f"/permission/{key}/reply", json=body) as response:
+            async with http.post(path, json=body) as response:
                 if response.status != 200:
                     text = (await response.text())[:200]
                     log.warning(
-                        "opencode refused the reply to %s: %s %s", key, response.status, text
+                        "%s refused the reply to %s: %s %s", self.name, key, response.status, text
                     )
         except aiohttp.ClientError as exc:
-            log.warning("cannot reply to opencode's permission request %s: %s", key, exc)
+            log.warning("cannot reply to %s's permission request %s: %s", self.name, key, exc)

@@ -1,28 +1,20 @@
-"""What the sidecar knows about Gemini CLI (0.61): the system-defaults settings file of ours that
-makes its command hooks report to the sidecar, the session arguments that pin its conversation,
-what each hook event means for the agent's state, the keys that answer its tool confirmation, and
-how its screen reads (captured in tests/screens/gemini-cli/). All of the sidecar's knowledge of
-Gemini CLI belongs in this module.
+"""Gemini CLI's hooks (0.61): the system-defaults settings file of ours that makes its command
+hooks report to the sidecar, the session arguments that pin its conversation, and what each hook
+event means for the agent's state.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sidecar.agent import hook_relay
-from sidecar.agent.approvals import Answer, Decision
-from sidecar.agent.hooks import SECRET_HEADER, HookEffect, HookLaunch, Launched, PermissionAsk
-from sidecar.agent.screens import Reading, Seen, dialog, nonblank, text_of
-from sidecar.core.contract import InputKey
+from sidecar.agent.hooks import SECRET_HEADER, HookEffect, HookLaunch, Hooks, Launched
 from sidecar.core.text import one_line
-from sidecar.pane.screen import Screen
 
-# ---- hooks -------------------------------------------------------------------------------------
 # Gemini CLI reads settings at four levels, and concatenates every level's hooks. The lowest, the
 # system defaults, is named by an environment variable: that file is ours (the user's own
 # settings files are never written; an administrator's system defaults are copied into ours).
@@ -33,7 +25,7 @@ from sidecar.pane.screen import Screen
 # stdout): `sidecar.agent.hook_relay` posts each event to `/hooks/gemini-cli/<event>`. They are
 # awaited, the ToolPermission notification before the confirmation is drawn; none of them can
 # allow a tool the policy asks about (BeforeTool can only deny or force the question), so a
-# confirmation is answered by keys (`approval_keys`).
+# confirmation is answered by keys (its package's `screen`).
 SYSTEM_DEFAULTS_ENV = "GEMINI_CLI_SYSTEM_DEFAULTS_PATH"
 SYSTEM_SETTINGS_ENV = "GEMINI_CLI_SYSTEM_SETTINGS_PATH"
 SYSTEM_SETTINGS = Path("/etc/gemini-cli/settings.json")
@@ -184,6 +176,8 @@ def session_args(
             return ("--resume", session_id), session_id
     elif any(_resumable(p) for p in _sessions(_chats(gemini, workspace))):
         return ("--resume", "latest"), None
+    import uuid  # here: the init process imports this module (the registry), never calls this
+
     fresh = str(uuid.uuid4())
     return ("--session-id", fresh), fresh
 
@@ -223,147 +217,28 @@ def interpret(event: str, payload: dict[str, Any]) -> HookEffect:
     if event == "AfterTool":
         return HookEffect("working")
     if event == "Notification" and payload.get("notification_type") == "ToolPermission":
-        return HookEffect(
-            "waiting", permission_reason(payload.get("details"), payload.get("message"))
-        )
+        reason = permission_reason(payload.get("details"), payload.get("message"))
+        return HookEffect("waiting", reason, restates=True)
     if event == "AfterAgent":
         return HookEffect("idle")
     return HookEffect(None)  # SessionEnd: the process's exit is the supervisor's to report
 
 
-def approval_keys(decision: Decision, remember: bool) -> tuple[InputKey, ...]:
-    """The keys that answer Gemini CLI's tool confirmation ("1. Allow once", "2. Allow for this
-    session", "3. No, suggest changes (esc)"): a digit picks its choice at once."""
-    if decision == "deny":
-        return ("3",)
-    return ("2",) if remember else ("1",)
+def launch(start: HookLaunch) -> Launched:
+    """Its command with our system defaults (theirs copied in) and the session arguments that pin
+    its conversation, kept interactive (`interactive_env`)."""
+    inherited = system_defaults(start.env)
+    document = settings(
+        start.base_url,
+        start.secret,
+        start.settings_path,
+        _read_object(inherited) if inherited != start.settings_path else {},
+    )
+    args, session = session_args(start.session_id, gemini_dir(start.env), start.workspace)
+    env = {**interactive_env(start.env), SYSTEM_DEFAULTS_ENV: str(start.settings_path)}
+    return Launched((*start.command, *args), document, session, env)
 
 
-class GeminiHooks:
-    """Gemini CLI as a `sidecar.agent.hooks.HookCLI`: hooks that report, no decision channel."""
-
-    name = "gemini-cli"
-    events: tuple[str, ...] = EVENTS
-    max_hold = 0.0  # nothing is held: no hook of Gemini's can answer a confirmation
-    root_settings = True  # a system file: root's, in root's directories
-    reports_at_start = True
-    decides = False  # its dialog is answered by keys (`approval_keys`)
-
-    def launch(self, launch: HookLaunch) -> Launched:
-        inherited = system_defaults(launch.env)
-        document = settings(
-            launch.base_url,
-            launch.secret,
-            launch.settings_path,
-            _read_object(inherited) if inherited != launch.settings_path else {},
-        )
-        args, session = session_args(launch.session_id, gemini_dir(launch.env), launch.workspace)
-        return Launched(
-            (*launch.cli.command, *args),
-            document,
-            session,
-            {
-                **interactive_env({**launch.env, **launch.cli.env}),
-                SYSTEM_DEFAULTS_ENV: str(launch.settings_path),
-            },
-        )
-
-    def interpret(self, event: str, payload: dict[str, Any]) -> HookEffect:
-        return interpret(event, payload)
-
-    def permission(self, event: str, payload: dict[str, Any]) -> PermissionAsk | None:
-        return None
-
-    def answer(self, answer: Answer, payload: dict[str, Any]) -> dict[str, Any]:
-        return {}
-
-
-# ---- what its screen shows --------------------------------------------------------------------
-# Gemini CLI draws inline: what it drew before (a dialog already answered, the transcript) stays
-# on screen above what it draws now. Its input prompt sits under a full-width rule and a mode
-# line ("Shift+Tab to accept edits"): " > " (" ! " in shell mode, " * " in YOLO mode), typed
-# lines below it indented, the cursor in it. The transcript repeats each prompt as a " > " line
-# too, with no rule above it. While a turn runs a spinner line "⠴ Thinking... (esc to cancel,
-# 3s)" stands above the rule and the prompt still takes typing. Dialogs are boxes (╭ ... ╰) that
-# replace the prompt; a tool's confirmation is one whose choices begin "1. Allow once", headed
-# "? <tool>  <what>" (seen for Shell; the bundle gives edits, MCP tools and fetches the same).
-
-_RULE = re.compile(r"^─{20,}\s*$")
-_INPUT = re.compile(r"^ [>!*] ")
-_CONTINUED = re.compile(r"^ {3}|^$")
-_INPUT_ROWS = 12  # the input grows with typed text; beyond this it scrolls
-_ABOVE_INPUT = 4  # rows between the rule and the input: the mode line and blank lines
-_SPINNER = re.compile(r"\(esc to cancel, \d")
-_RECENT = 10  # the spinner line is among the last lines drawn
-_ALLOW = re.compile(r"^(●\s*)?1\. Allow once$")
-_TOOL = re.compile(r"^[│\s]*\? (.+?)\s*│?\s*$")
-_BOX_TOP = re.compile(r"^\s*╭")
-_BOX_BOTTOM = re.compile(r"^\s*╰")
-_ASKED = re.compile(r"^(.*?\w[\w)'\"]*\?)(\s|$)")
-_MARK = re.compile(r"^[>?●]\s+")  # a box's title may carry a focus or question mark
-
-
-def read_screen(screen: Screen) -> Reading:
-    """What Gemini CLI's screen shows (see `sidecar.agent.screens`)."""
-    lines = list(screen.lines)
-    for at, line in enumerate(lines):
-        if _ALLOW.match(text_of(line)):
-            return Reading(Seen.PERMISSION, _tool_reason(lines, at))
-    if any(_SPINNER.search(line) for line in nonblank(lines)[-_RECENT:]):
-        return Reading(Seen.WORKING)
-    if _in_input(screen):
-        return Reading(Seen.PROMPT)
-    box = _last_box(lines)
-    return dialog(box, title=_title(box))
-
-
-def _in_input(screen: Screen) -> bool:
-    lines, row = screen.lines, screen.cursor_row
-    if not 0 <= row < len(lines) or screen.cursor_col < 3:
-        return False
-    for top in range(row, max(row - _INPUT_ROWS, -1), -1):
-        if _INPUT.match(lines[top]):
-            above = lines[max(top - _ABOVE_INPUT, 0) : top]
-            return any(_RULE.match(line) for line in above)
-        if not _CONTINUED.match(lines[top]):
-            return False
-    return False
-
-
-def _tool_reason(lines: list[str], allow: int) -> str:
-    """'<tool>: <what>' from the confirmation's heading ("? Shell  touch x"), else its
-    question."""
-    for line in reversed(lines[:allow]):
-        if found := _TOOL.match(line):
-            cells = re.split(r"\s{2,}", found.group(1), maxsplit=1)
-            return text_of(": ".join(cells))
-        if _BOX_TOP.match(line):
-            break
-    asked = [text_of(line) for line in lines[:allow] if text_of(line).endswith("?")]
-    return asked[-1] if asked else "a tool"
-
-
-def _last_box(lines: list[str]) -> list[str]:
-    """The lines of the last box drawn (the dialog up now), else the last lines of text."""
-    tops = [at for at, line in enumerate(lines) if _BOX_TOP.match(line)]
-    if not tops:
-        return nonblank(lines)[-8:]
-    box = []
-    for line in lines[tops[-1] + 1 :]:
-        if _BOX_BOTTOM.match(line):
-            break
-        box.append(line)
-    return box
-
-
-def _title(box: list[str]) -> str | None:
-    """A dialog's question (up to its '?'), else its first line."""
-    texts = [t for t in (text_of(line) for line in box) if t]
-    for text in texts:
-        if asked := _ASKED.match(text):
-            return asked.group(1)
-    if not texts:
-        return None
-    first = next(line for line in box if text_of(line))
-    cell = re.split(r"\s{2,}", first.strip(" │"), maxsplit=1)[0]
-    return _MARK.sub("", text_of(cell)) or texts[0]
+# Hooks that report, no decision channel: nothing is held (no hook of Gemini's can answer a
+# confirmation). Our settings are a system file: root's, in root's directories.
+HOOKS = Hooks(EVENTS, launch, interpret, root_settings=True, reports_at_start=True)

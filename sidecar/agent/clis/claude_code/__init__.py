@@ -1,0 +1,40 @@
+"""Claude Code (2.1.330), all the sidecar and the launcher know of it: its hooks (`hooks`: our
+`--settings`, its session arguments, what each event means), its screen (`screen`), its resume
+rule and the folders a slot keeps of it.
+"""
+
+from sidecar.agent.clis.claude_code.hooks import HOOKS, history
+from sidecar.agent.clis.claude_code.screen import read_screen
+from sidecar.agent.knowledge import ApprovalKeys, Homes, Knowledge, ScreenKnowledge
+from sidecar.agent.screens import Seen
+
+CLI = Knowledge(
+    __name__,
+    "claude-code",
+    ("claude",),
+    # What it does without hooks (a pinned session is resumed by id: `hooks`); `--continue`
+    # fails without a conversation, so it resumes exactly when it has one.
+    resume=("claude", "--continue"),
+    history=history,
+    state="hooks",
+    hooks=HOOKS,
+    screen=ScreenKnowledge(
+        read_screen,
+        frozenset(Seen),
+        # Its permission dialog: "1. Yes" is selected; "2. Yes, and don't ask again ...";
+        # Escape is "No" and tells Claude to wait for the person's instructions.
+        ApprovalKeys(once=("Enter",), always=("Down", "Enter"), deny=("Escape",)),
+    ),
+    # Its config dir is the slot's (read-write: an OAuth refresh rewrites the sign-in); the
+    # conversations and prompt history belong to the project, mounted over the config dir's
+    # own, so they survive a hard resleeve and follow the project into any slot.
+    homes=Homes(
+        dirs=(".claude",),
+        project_dirs=(".claude/projects",),
+        project_files=(".claude/history.jsonl",),
+        # `{}` rather than empty: the CLI parses the file and an empty one is invalid JSON.
+        files={".claude.json": "{}"},
+        sign_in=".claude/.credentials.json",
+        seed="claude-credentials",
+    ),
+)

@@ -1,0 +1,96 @@
+"""What Gemini CLI's screen shows (0.61, captured in tests/screens/gemini-cli/)."""
+
+from __future__ import annotations
+
+import re
+
+from sidecar.agent.screens import Reading, Screen, Seen, dialog, nonblank, text_of
+
+# Gemini CLI draws inline: what it drew before (a dialog already answered, the transcript) stays
+# on screen above what it draws now. Its input prompt sits under a full-width rule and a mode
+# line ("Shift+Tab to accept edits"): " > " (" ! " in shell mode, " * " in YOLO mode), typed
+# lines below it indented, the cursor in it. The transcript repeats each prompt as a " > " line
+# too, with no rule above it. While a turn runs a spinner line "⠴ Thinking... (esc to cancel,
+# 3s)" stands above the rule and the prompt still takes typing. Dialogs are boxes (╭ ... ╰) that
+# replace the prompt; a tool's confirmation is one whose choices begin "1. Allow once", headed
+# "? <tool>  <what>" (seen for Shell; the bundle gives edits, MCP tools and fetches the same).
+
+_RULE = re.compile(r"^─{20,}\s*$")
+_INPUT = re.compile(r"^ [>!*] ")
+_CONTINUED = re.compile(r"^ {3}|^$")
+_INPUT_ROWS = 12  # the input grows with typed text; beyond this it scrolls
+_ABOVE_INPUT = 4  # rows between the rule and the input: the mode line and blank lines
+_SPINNER = re.compile(r"\(esc to cancel, \d")
+_RECENT = 10  # the spinner line is among the last lines drawn
+_ALLOW = re.compile(r"^(●\s*)?1\. Allow once$")
+_TOOL = re.compile(r"^[│\s]*\? (.+?)\s*│?\s*$")
+_BOX_TOP = re.compile(r"^\s*╭")
+_BOX_BOTTOM = re.compile(r"^\s*╰")
+_ASKED = re.compile(r"^(.*?\w[\w)'\"]*\?)(\s|$)")
+_MARK = re.compile(r"^[>?●]\s+")  # a box's title may carry a focus or question mark
+
+
+def read_screen(screen: Screen) -> Reading:
+    """What Gemini CLI's screen shows (see `sidecar.agent.screens`)."""
+    lines = list(screen.lines)
+    for at, line in enumerate(lines):
+        if _ALLOW.match(text_of(line)):
+            return Reading(Seen.PERMISSION, _tool_reason(lines, at))
+    if any(_SPINNER.search(line) for line in nonblank(lines)[-_RECENT:]):
+        return Reading(Seen.WORKING)
+    if _in_input(screen):
+        return Reading(Seen.PROMPT)
+    box = _last_box(lines)
+    return dialog(box, title=_title(box))
+
+
+def _in_input(screen: Screen) -> bool:
+    lines, row = screen.lines, screen.cursor_row
+    if not 0 <= row < len(lines) or screen.cursor_col < 3:
+        return False
+    for top in range(row, max(row - _INPUT_ROWS, -1), -1):
+        if _INPUT.match(lines[top]):
+            above = lines[max(top - _ABOVE_INPUT, 0) : top]
+            return any(_RULE.match(line) for line in above)
+        if not _CONTINUED.match(lines[top]):
+            return False
+    return False
+
+
+def _tool_reason(lines: list[str], allow: int) -> str:
+    """'<tool>: <what>' from the confirmation's heading ("? Shell  touch x"), else its
+    question."""
+    for line in reversed(lines[:allow]):
+        if found := _TOOL.match(line):
+            cells = re.split(r"\s{2,}", found.group(1), maxsplit=1)
+            return text_of(": ".join(cells))
+        if _BOX_TOP.match(line):
+            break
+    asked = [text_of(line) for line in lines[:allow] if text_of(line).endswith("?")]
+    return asked[-1] if asked else "a tool"
+
+
+def _last_box(lines: list[str]) -> list[str]:
+    """The lines of the last box drawn (the dialog up now), else the last lines of text."""
+    tops = [at for at, line in enumerate(lines) if _BOX_TOP.match(line)]
+    if not tops:
+        return nonblank(lines)[-8:]
+    box = []
+    for line in lines[tops[-1] + 1 :]:
+        if _BOX_BOTTOM.match(line):
+            break
+        box.append(line)
+    return box
+
+
+def _title(box: list[str]) -> str | None:
+    """A dialog's question (up to its '?'), else its first line."""
+    texts = [t for t in (text_of(line) for line in box) if t]
+    for text in texts:
+        if asked := _ASKED.match(text):
+            return asked.group(1)
+    if not texts:
+        return None
+    first = next(line for line in box if text_of(line))
+    cell = re.split(r"\s{2,}", first.strip(" │"), maxsplit=1)[0]
+    return _MARK.sub("", text_of(cell)) or texts[0]
