@@ -26,7 +26,7 @@ def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
     from sidecar.agent.registry import load_registry, packages
     from sidecar.config import Config
     from sidecar.process import statedir
-    from sidecar.security.acting import Owner, acting
+    from sidecar.security.acting import Owner
 
     config = Config.from_env(env)
     owner = None
@@ -35,9 +35,8 @@ def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
         owner = Owner(config.user.uid, config.user.gid, act_as=True)
     shell = env.get("SHELL") or "/bin/bash"
     extra = packages(config.cli_packages, config.workspace)  # as the sidecar: its own modules
-    with acting(owner):  # it may be the user's own file, private to it (a workspace's)
-        login_shell = shell if os.path.isabs(shell) else "/bin/bash"
-        registry = load_registry(config.cli_config, login_shell, extra)
+    login_shell = shell if os.path.isabs(shell) else "/bin/bash"
+    registry = load_registry(config.cli_config, login_shell, extra, reader=owner)
     statedir.prepare(config)
     if config.audit_dir is not None:
         _prepare_audit_dir(config.audit_dir)

@@ -81,6 +81,13 @@ def tmux(sc: Sidecar, *args: str) -> str:
     return done.stdout
 
 
+def terminal_clients(sc: Sidecar) -> list[str]:
+    """The ttys of the tmux clients attached to session main with a terminal (ttyd's, `sidecar
+    attach`'s), leaving out the sidecar's own control-mode client, which is always there."""
+    listing = tmux(sc, "list-clients", "-t", "main", "-F", "#{client_control_mode} #{client_tty}")
+    return [line.split(" ", 1)[1] for line in listing.splitlines() if line.startswith("0 ")]
+
+
 def pane_text(sc: Sidecar) -> str:
     """What the pane shows now, wrapped lines joined."""
     return tmux(sc, "capture-pane", "-p", "-J", "-t", "main")

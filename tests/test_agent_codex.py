@@ -127,7 +127,7 @@ def test_fresh_codex_with_nothing_configured_reads_as_waiting(
         what="the sign-in screen",
     )
     assert agent_status(sc)["state"] == "waiting"
-    states = events.states()
+    states = events.wait_states(["waiting"])  # its reader thread may be behind /status
     assert "idle" not in states[states.index("waiting") :], states
 
 

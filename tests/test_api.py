@@ -18,6 +18,7 @@ import aiohttp
 import psutil
 import pytest
 
+from sidecar.process.ttyd import WRITER_FLAGS
 from tests.harness import (
     Sidecar,
     bearer,
@@ -27,7 +28,7 @@ from tests.harness import (
     wait_for,
     write_cli_config,
 )
-from tests.proctools import pane_text, tmux
+from tests.proctools import pane_text, terminal_clients, tmux
 
 TOKEN = "admin-token-0123456789"
 VIEW = "viewer-token-9876543210"
@@ -529,9 +530,8 @@ async def wait_attached(sc: Sidecar) -> None:
     """Until ttyd's `tmux attach` is a client of the session: keys typed before it has put its
     terminal into raw mode are the kernel line discipline's (echoed at once, edited, a long
     line cut short). The proxy holds them until then; a client of ttyd itself must wait."""
-    await asyncio.to_thread(
-        wait_for, lambda: tmux(sc, "list-clients", "-t", "main").strip(), what="a tmux client"
-    )
+
+    await asyncio.to_thread(wait_for, lambda: terminal_clients(sc), what="a tmux client")
 
 
 def basic(credential: str) -> str:
@@ -539,13 +539,21 @@ def basic(credential: str) -> str:
 
 
 async def connect_to_ttyd_directly(
-    session: aiohttp.ClientSession, sc: Sidecar, headers: dict[str, str], auth_token: str
+    session: aiohttp.ClientSession,
+    sc: Sidecar,
+    headers: dict[str, str],
+    auth_token: str,
+    flags: str = WRITER_FLAGS,
 ) -> tuple[str, Term | None]:
     """A WebSocket to ttyd's own port, as any web page or local user could open one, with
-    ttyd's init message. Returns how the handshake went and, if it passed, the client."""
+    ttyd's init message and the tmux client's flags in the URL, as the proxy gives them.
+    Returns how the handshake went and, if it passed, the client."""
     try:
         ws = await session.ws_connect(
-            f"ws://127.0.0.1:{sc.ttyd_port}/terminal/ws", protocols=("tty",), headers=headers
+            f"ws://127.0.0.1:{sc.ttyd_port}/terminal/ws",
+            protocols=("tty",),
+            headers=headers,
+            params={"arg": flags},
         )
     except aiohttp.ClientError as exc:
         return f"refused ({type(exc).__name__})", None

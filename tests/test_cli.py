@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from tests.commands import CLI_TOKEN, sidecar_cmd
 from tests.harness import REPO, Sidecar, wait_for
+from tests.proctools import terminal_clients
 
 
 def test_status_human_and_json(make_sidecar: Callable[..., Sidecar]) -> None:
@@ -205,17 +206,6 @@ def test_attach_execs_tmux_on_the_sidecar_socket(make_sidecar: Callable[..., Sid
         check=True,
     )
     try:
-        from tests.harness import wait_for
-
-        def attached() -> bool:
-            out = subprocess.run(
-                ["tmux", "-S", str(sc.state_dir / "tmux.sock"), "list-clients"],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            return bool(out.stdout.strip())
-
-        wait_for(attached, what="a client attached to session main")
+        wait_for(lambda: terminal_clients(sc), what="a client attached to session main")
     finally:
         subprocess.run(["tmux", "-S", outer, "kill-server"], check=False)

@@ -100,17 +100,18 @@ def test_a_webhook_that_hangs_is_given_up_after_10_s_and_holds_up_nothing(
     hook = start(receivers, WebhookReceiver([held(60)]))
     sc = waiting(make_sidecar, short_tmp, hook)
     (seen,) = hook.wait(1, what="the notification")
-    # The API and the agent go on meanwhile: the request is answered, the hook told at once.
-    began = time.monotonic()
+    # The API and the agent go on meanwhile: the request is answered and the hook told while
+    # the webhook's request is still open.
     assert sc.get("/health").status == 200
     approval = sc.get("/approvals").body["approvals"][0]
     assert sc.post(f"/approvals/{approval['id']}", {"decision": "allow"}).status == 200
     sc.held_hook.thread.join(5)
     assert sc.held_hook.reply is not None and sc.held_hook.reply.status == 200
-    assert time.monotonic() - began < 2
-    # The sender hangs up after 10 s; the notification is no longer true, so it is not retried.
+    assert seen.ended is None, "the webhook's request was over before the rest went on"
+    # The sender hangs up after 10 s (the receiver would hold it 60 s); the notification is no
+    # longer true, so it is not retried.
     wait_for(lambda: seen.ended, 15, what="the sidecar giving up")
-    assert seen.ended is not None and 9.5 <= seen.ended - seen.at <= 12
+    assert seen.ended is not None and seen.ended - seen.at >= 9.5
     channel = wait_for(lambda: (c := webhook_status(sc))["failed"] == 1 and c, 5, what="failed")
     assert channel["last"] == {**channel["last"], "ok": False, "detail": "no answer within 10 s"}
     assert len(hook.seen) == 1
@@ -123,7 +124,7 @@ def test_a_webhook_that_answers_after_30_s_is_given_up_at_10_s_and_tried_again(
     hook = start(receivers, WebhookReceiver([held(30, then=200), ok]))
     sc = waiting(make_sidecar, short_tmp, hook)
     first, second = hook.wait(2, 20, what="the attempt after the first one's 10 s")
-    assert first.ended is not None and 9.5 <= first.ended - first.at <= 12
+    assert first.ended is not None and first.ended - first.at >= 9.5  # not before its 10 s
     assert first.headers["X-Sleeve-Delivery"] == second.headers["X-Sleeve-Delivery"]
     assert second.at - first.ended >= 0.95  # the backoff
     wait_for(lambda: webhook_status(sc)["sent"] == 1, 5, what="delivered on the retry")

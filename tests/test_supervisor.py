@@ -34,7 +34,7 @@ from tests.harness import (
     wait_for,
     write_cli_config,
 )
-from tests.proctools import all_exited
+from tests.proctools import all_exited, terminal_clients
 
 
 def read_pids(path: Path) -> list[int]:
@@ -447,8 +447,7 @@ async def terminal_shows(sc: Sidecar, needle: str, timeout: float = 10.0) -> Non
             assert msg.type is aiohttp.WSMsgType.BINARY, msg
             if msg.data[:1] == b"0":
                 output += msg.data[1:]
-        clients = tmux_on(sc.state_dir / "tmux.sock", "list-clients", "-t", "main").stdout
-        assert clients.strip(), "no tmux client attached"
+        assert terminal_clients(sc), "no tmux client attached"
 
 
 async def test_kill_9_of_the_tmux_server_heals_within_2s_with_the_resume_argv(
@@ -517,8 +516,7 @@ def attach_shows(sc: Sidecar, needle: str, timeout: float = 10.0) -> None:
 
     try:
         wait_for(shows, timeout=timeout, what=f"{needle!r} through `sidecar attach`")
-        clients = tmux_on(sc.state_dir / "tmux.sock", "list-clients", "-t", "main").stdout
-        assert clients.strip(), "no tmux client attached"
+        assert terminal_clients(sc), "no tmux client attached"
     finally:
         proc.kill()
         proc.wait(5)

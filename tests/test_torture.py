@@ -208,13 +208,20 @@ def test_tmux_and_the_sidecar_hold_under_adversarial_pane_output(
             assert [s.pid for s in census(sc).servers] == [first.pid], f"tmux died; {replay}"
             attaches = tally.terminal_attaches
             os.kill(first.pid, signal.SIGKILL)
-            second = wait_for(
-                lambda: new_server(sc, first.pid),
+            # The heal, then the server: meanwhile the web terminal's `tmux attach` may start a
+            # server of its own on the socket, which finds no session and exits.
+            wait_for(
+                lambda: scrape(sc).get(("sidecar_tmux_heals_total", ())) == 1,
                 timeout=HEAL_WITHIN,
-                what=f"a new tmux server after the SIGKILL; {replay}",
+                what=f"the heal after the SIGKILL; {replay}",
             )
             sc.wait_status(
                 lambda s: s["cli_running"], f"the CLI running again; {replay}", timeout=HEAL_WITHIN
+            )
+            second = wait_for(
+                lambda: new_server(sc, first.pid),
+                timeout=HEAL_WITHIN,
+                what=f"the new tmux server after the SIGKILL; {replay}",
             )
             wait_for(
                 lambda: tally.terminal_attaches > attaches,

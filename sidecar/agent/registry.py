@@ -16,6 +16,7 @@ from sidecar.agent.clis import claude_code, codex, gemini_cli, opencode, shell
 from sidecar.agent.knowledge import NAME_RE, STATE_SOURCES, CLIDef, Knowledge
 from sidecar.config import ConfigError
 from sidecar.core.contract import StateSource
+from sidecar.security.acting import Owner, acting
 
 __all__ = ["BUILTINS", "CLIDef", "Knowledge", "load_registry", "packages"]
 
@@ -171,16 +172,20 @@ def load_registry(
     config_file: Path | None,
     login_shell: str = "/bin/bash",
     extra: tuple[Knowledge, ...] = (),
+    reader: Owner | None = None,
 ) -> dict[str, CLIDef]:
     """Built-ins and `extra` (the packages of SIDECAR_CLI_PACKAGES: `packages`), then the YAML
-    file's entries (which add or override by name)."""
+    file's entries (which add or override by name). The file is read acting as `reader` (it may
+    be the user's own, private to it); nothing else is, since an import made while acting as a
+    user who cannot see the interpreter's library fails."""
     registry = _builtins(login_shell, extra)
     known = (*BUILTINS, *extra)
     if config_file is None:
         return registry
     source = str(config_file)
     try:
-        text = config_file.read_text(encoding="utf-8")
+        with acting(reader):
+            text = config_file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         msg = f"SIDECAR_CLI_CONFIG: cannot read {source}: {exc}"
         raise ConfigError(msg) from None

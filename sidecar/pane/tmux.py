@@ -33,20 +33,24 @@ WIDTH, HEIGHT = 200, 50
 #: swaps panes. (In a command line tmux parses, quote it: a word starting with % is a directive.)
 PANE = "%0"
 
-# Options are in a config file read when the server starts, so they are in force before the
-# first pane exists (history-limit only applies to panes created after it is set, and
-# remain-on-exit must be on before a fast-failing CLI exits).
-TMUX_CONF = """\
-set -g history-limit 50000
-set -g remain-on-exit on
-set -g mouse off
-set -g status off
-set -g escape-time 10
-set -g default-terminal tmux-256color
-set -g aggressive-resize off
-set -s exit-unattached off
-set -s set-clipboard off
-"""
+# The server's options. They are in a config file read when the server starts, so they are in
+# force before the first pane exists (history-limit only applies to panes created after it is
+# set, and remain-on-exit must be on before a fast-failing CLI exits); and they are set again
+# ahead of `new-session` in the same command list: a server that another client's
+# `attach-session` started a moment before (ttyd's, while the sidecar heals) read no config of
+# ours, and without remain-on-exit the CLI's exit there would close the session.
+OPTIONS = (
+    ("-g", "history-limit", "50000"),
+    ("-g", "remain-on-exit", "on"),
+    ("-g", "mouse", "off"),
+    ("-g", "status", "off"),
+    ("-g", "escape-time", "10"),
+    ("-g", "default-terminal", "tmux-256color"),
+    ("-g", "aggressive-resize", "off"),
+    ("-s", "exit-unattached", "off"),
+    ("-s", "set-clipboard", "off"),
+)
+TMUX_CONF = "".join(f"set {' '.join(option)}\n" for option in OPTIONS)
 
 
 # What the pane runs instead of a CLI that cannot start: the reason, kept on screen. (When a
@@ -207,6 +211,7 @@ class Tmux:
         # The server's global environment is the sidecar's own (secrets were removed from it
         # at start); each CLI's extra variables come in through `pane_command`.
         self._cmd(
+            *(word for option in OPTIONS for word in ("set-option", *option, ";")),
             "new-session",
             "-d",
             "-s",

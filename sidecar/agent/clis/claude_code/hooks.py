@@ -6,6 +6,7 @@ its conversation, and what each hook event means for the agent's state.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -122,8 +123,6 @@ def settings(base_url: str, secret: str, settings_path: Path) -> dict[str, Any]:
 
 
 def new_session_id() -> str:
-    import uuid  # here: the init process imports this module (the registry), never calls this
-
     return str(uuid.uuid4())
 
 

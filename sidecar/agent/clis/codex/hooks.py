@@ -5,6 +5,7 @@ conversation is resumed by id.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -93,8 +94,6 @@ def trust_hash(event: str, handler: Mapping[str, Any]) -> str:
     """The hash Codex trusts a command hook by: its normalized definition as canonical JSON."""
     identity = {"event_name": _SNAKE.sub("_", event).lower(), "hooks": [handler]}
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    import hashlib  # here: the init process imports this module (the registry), never calls this
-
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -176,8 +177,6 @@ def session_args(
             return ("--resume", session_id), session_id
     elif any(_resumable(p) for p in _sessions(_chats(gemini, workspace))):
         return ("--resume", "latest"), None
-    import uuid  # here: the init process imports this module (the registry), never calls this
-
     fresh = str(uuid.uuid4())
     return ("--session-id", fresh), fresh
 
