@@ -37,7 +37,7 @@ from tests.harness import Sidecar
 
 NAMES = ("policy.allow", "audit.setup", "audit.status", "policy.memory")
 # The commit this work began from: the same sidecar without a policy or an audit trail.
-BASELINE = "2e0129d47d0ce24c9cf26d42eb222de5382de9a1"
+BASELINE = "9a1f40f5c5d13442bc8303870262ea9b5bc57b35"
 STAMP = "stamp.txt"  # the tool touches it: its mtime is when the tool ran
 TOOL = f"touch {STAMP}"
 POLICY = (
