@@ -1,7 +1,8 @@
-"""The real Codex and Gemini CLIs set up against the loopback tool stub (`tests.e2e.tool_stub`,
-the network seam): Codex's user config with the stub as its model provider and a hook of the
-user's own, its rollout files; Gemini's user settings, its state dirs under /run (Gemini reads
-system settings only from root's directories), and the sidecars that run them."""
+"""The real Codex, Gemini CLI and opencode set up against the loopback tool stub
+(`tests.e2e.tool_stub`, the network seam): Codex's user config with the stub as its model
+provider and a hook of the user's own, its rollout files; Gemini's user settings, its state dirs
+under /run (Gemini reads system settings only from root's directories); opencode's user config;
+and the sidecars that run them."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from typing import Any
 import pytest
 
 from sidecar.agent.clis.codex import hooks as codex
-from tests.e2e.tool_stub import codex_config, running
-from tests.harness import Sidecar
+from tests.e2e.tool_stub import codex_config, opencode_config, running
+from tests.harness import Sidecar, free_ports
 from tests.tools import cli_bin
 
 RAN = "echo CODEX-RAN > ran.txt"
 GEMINI_API_KEY = "stub-gemini-key-0123456789"
+OPENCODE_TOKEN = "agent-admin-token-0123456789"  # the API token of opencode_sidecar
 
 
 @pytest.fixture
@@ -142,4 +144,37 @@ def gemini_sidecar(
     )
     if state_dir is not None:
         sc.env_extra["SIDECAR_STATE_DIR"] = str(state_dir)
+    return sc
+
+
+@pytest.fixture
+def chat_stub() -> Iterator[Callable[[str], int]]:
+    """Starts `tests.e2e.tool_stub` answering with a command; gives the port."""
+    with contextlib.ExitStack() as stack:
+        yield lambda command: stack.enter_context(running(command))
+
+
+def opencode_user_config(stub_port: int) -> dict[str, Any]:
+    """The user's own ~/.config/opencode/opencode.json: a provider pointing at the stub, asking
+    before bash and edits, and a server port of their own (ours must win, theirs stay unused)."""
+    return {**opencode_config(stub_port), "server": {"port": free_ports(1)[0]}}
+
+
+def opencode_sidecar(
+    make_sidecar: Callable[..., Sidecar], stub_port: int | None, binary: Path | None = None
+) -> Sidecar:
+    """A sidecar running the built-in `opencode` entry (found on PATH), configured by the
+    user's own file when `stub_port` is given, with nothing configured otherwise."""
+    binary = binary or cli_bin("opencode")
+    sc = make_sidecar(cli="opencode")
+    if stub_port is not None:
+        config = sc.tmp / "home" / ".config" / "opencode" / "opencode.json"
+        config.parent.mkdir(parents=True)
+        config.write_text(json.dumps(opencode_user_config(stub_port)))
+    sc.env_extra.update(
+        SIDECAR_TOKEN=OPENCODE_TOKEN,
+        OPENCODE_DISABLE_MODELS_FETCH="1",
+        OPENCODE_DISABLE_AUTOUPDATE="1",
+        PATH=f"{binary.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+    )
     return sc
