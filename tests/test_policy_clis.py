@@ -2,7 +2,8 @@
 (0.169.0) is answered through its held PermissionRequest hook (a deny rule's message reaches the
 model, the command does not run); Gemini CLI (0.61.0), which has no hook that decides, gets the
 deny rule's keys typed into its confirmation (a rule never allows a dialog read off the screen:
-`sidecar.agent.approvals`). Both talk to `tests.e2e.tool_stub` on loopback."""
+`sidecar.agent.approvals`); opencode (1.18.33) gets an allow rule's answer through its
+permission reply. All talk to `tests.e2e.tool_stub` on loopback."""
 
 from __future__ import annotations
 
@@ -12,10 +13,21 @@ from pathlib import Path
 import pytest
 
 from tests.agenttools import EventLog, wait_agent
-from tests.clitools import RAN, codex_sidecar, gemini_sidecar, rollout, run_dir, stub_for, tool_stub
+from tests.clitools import (
+    OPENCODE_TOKEN,
+    RAN,
+    chat_stub,
+    codex_sidecar,
+    gemini_sidecar,
+    opencode_sidecar,
+    rollout,
+    run_dir,
+    stub_for,
+    tool_stub,
+)
 from tests.harness import Sidecar, wait_for, write_cli_config
 
-__all__ = ["run_dir", "stub_for", "tool_stub"]  # the fixtures, imported for pytest
+__all__ = ["chat_stub", "run_dir", "stub_for", "tool_stub"]  # the fixtures, imported for pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -92,3 +104,32 @@ def test_gemini_gets_a_deny_rules_keys_on_its_confirmation(
     assert sc.get("/approvals").body["approvals"] == []
     [record] = sc.get("/audit?type=approval-resolved").body["records"]
     assert (record["source"], record["command"]) == ("screen", command)
+
+
+def test_opencode_is_answered_by_an_allow_rule_through_its_reply(
+    make_sidecar: Callable[..., Sidecar], chat_stub: Callable[[str], int], tmp_path: Path
+) -> None:
+    """The rule's allow goes back through opencode's permission reply: the command runs and no
+    request is listed. (The agent reads `waiting` between opencode's request and its reply:
+    opencode's events say a request is open until the reply's event.)"""
+    marker = "touch opencode-ran.txt"  # one simple command: an allow rule matches no pipeline
+    policy = policy_file(
+        tmp_path,
+        "rules:\n  - name: opencode-echo\n    match: {cli: opencode, tool: bash, command: "
+        "'^touch opencode-ran[.]txt$'}\n    action: allow\n",
+    )
+    sc = opencode_sidecar(make_sidecar, chat_stub(marker))
+    sc.env_extra["SIDECAR_POLICY_FILE"] = policy
+    sc.start()
+    events = EventLog(sc, OPENCODE_TOKEN)
+    wait_agent(sc, "idle", 60)
+    code, body = sc.post("/input", {"text": "please run the command", "if_state": ["idle"]})
+    assert code == 202 and body["delivered"] is True, body
+    resolved = events.wait(lambda e: e["type"] == "approval-resolved", "resolved", 60)
+    assert (resolved["decision"], resolved["by"], resolved["rule"]) == (
+        "allow", "policy", "opencode-echo",
+    )  # fmt: skip
+    wait_for(lambda: (sc.workspace / "opencode-ran.txt").exists(), 30, what="the command ran")
+    wait_agent(sc, "idle", 60)
+    assert events.of("approval-requested") == []
+    assert sc.get("/approvals").body["approvals"] == []
