@@ -88,8 +88,9 @@ def test_prompt_permission_approved_through_the_api_with_the_real_opencode(
 
     code, body = sc.post(f"/approvals/{approval['id']}", {"decision": "allow"})
     assert code == 200 and body["by"] == "api", body
-    wait_for(lambda: (sc.workspace / "ran.txt").exists(), 30, what="the command ran")
-    assert (sc.workspace / "ran.txt").read_text() == "OPENCODE-RAN\n"
+    ran = sc.workspace / "ran.txt"
+    # Its content, not its existence: tee creates the file before it writes the line.
+    wait_for(lambda: ran.exists() and ran.read_text() == "OPENCODE-RAN\n", 30, what="it ran")
     events.wait_states(["idle", "working", "waiting", "working", "idle"], 60)
     waits = [e for e in events.of("agent-state") if e["state"] == "waiting"]
     assert waits[0]["previous"] == "working" and MARKER in waits[0]["reason"]
