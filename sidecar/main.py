@@ -3,8 +3,10 @@ runs the supervisor plus the HTTP API in its child; other subcommands are API cl
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import socket
 import sys
 from typing import TYPE_CHECKING
 
@@ -22,10 +24,11 @@ SHUTDOWN_TIMEOUT = 2.0  # seconds the API waits for requests still running at sh
 log = logging.getLogger("sidecar")
 
 
-def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
+def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef], int]:
+    """The configuration, the registry, and the state dir's lock (a descriptor to keep open)."""
     from sidecar.agent.registry import load_registry, packages
     from sidecar.config import Config
-    from sidecar.process import statedir
+    from sidecar.process import statedir, statelock
     from sidecar.security.acting import Owner
 
     config = Config.from_env(env)
@@ -38,20 +41,28 @@ def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef]]:
     login_shell = shell if os.path.isabs(shell) else "/bin/bash"
     registry = load_registry(config.cli_config, login_shell, extra, reader=owner)
     statedir.prepare(config)
+    # Before anything in the state dir is used: a second sidecar there would kill this one's
+    # tmux server, and this one its.
+    lock = statelock.take(config.paths.lock, config.port)
     if config.audit_dir is not None:
         _prepare_audit_dir(config.audit_dir)
     if config.egress is not None:
-        _check_egress()
-    return config, dict(registry)
+        _check_egress(config)
+    return config, dict(registry), lock
 
 
-def _check_egress() -> None:
+def _check_egress(config: Config) -> None:
     """SIDECAR_EGRESS_ALLOW: never start with the list set and the network open. A guarded
-    child tries what the CLI will be refused (`egress_guard.self_test`)."""
+    child tries what the CLI will be refused (`egress_guard.self_test`), as the CLI's user and
+    with the environment the guard will have."""
     from sidecar.config import ConfigError
     from sidecar.egress import guard as egress_guard
+    from sidecar.security import loader_env, users
 
-    problem = egress_guard.self_test([("127.0.0.1", 1)])  # refused by nothing but no listener
+    env = users.user_env(config.child_env, config.user, config.cli_home)
+    problem = egress_guard.self_test(  # 127.0.0.1:1: refused by nothing but no listener
+        [("127.0.0.1", 1)], env=loader_env.split(env)[0], user=config.user
+    )
     if problem is not None:
         msg = f"SIDECAR_EGRESS_ALLOW is set but the CLI's network cannot be closed here: {problem}"
         raise ConfigError(msg)
@@ -79,6 +90,30 @@ def _prepare_audit_dir(path: Path) -> None:
         raise ConfigError(msg)
 
 
+def _api_sockets(host: str, port: int) -> list[socket.socket]:
+    """The API's listening sockets, made once by init and handed to every supervisor it starts
+    (a fork), as socket activation would: the port is never free while the sidecar runs, not
+    even between a supervisor's crash and the next one, so nothing else can take it. No
+    SO_REUSEPORT: a process of the same uid could otherwise share the port."""
+    made: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, addr in socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        ):
+            sock = socket.socket(family, kind, proto)
+            made.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(addr)
+            sock.listen(128)
+    except OSError:
+        for sock in made:
+            sock.close()
+        raise
+    return made
+
+
 def _take_user_group(config: Config) -> None:
     """SIDECAR_USER: check that the capabilities to switch users are there, and make the CLI
     user's group the sidecar's only supplementary one (see `sidecar.process.statedir`)."""
@@ -98,25 +133,27 @@ def _take_user_group(config: Config) -> None:
     os.setgroups([config.user.gid])
 
 
-def _drop_privileges(config: Config) -> None:
-    """With SIDECAR_USER, init and the supervisor keep only what they use from here on."""
+def _drop_privileges() -> None:
+    """With SIDECAR_USER, init and the supervisor keep only what they use from here on (the
+    API's port is bound already, so not NET_BIND_SERVICE even below 1024)."""
     from sidecar.security import caps
 
-    keep = set(caps.NEEDED_CAPS)
-    if config.port < 1024:
-        keep.add(caps.CAP_NET_BIND_SERVICE)
-    caps.keep_only(keep)
+    caps.keep_only(caps.NEEDED_CAPS)
 
 
 async def serve(
-    config: Config, registry: dict[str, CLIDef], incarnation: Incarnation, link_key: bytes
+    config: Config,
+    registry: dict[str, CLIDef],
+    incarnation: Incarnation,
+    listening: list[socket.socket],
+    link_key: bytes,
 ) -> int:
-    """Run until SIGTERM/SIGINT: API first (so /health answers at once), then the processes
-    (started, or after a crash adopted). A task of the supervisor that fails ends it with 1
-    and nothing stopped: init starts a new one, which adopts what runs. `link_key`: what
-    notification links are signed with, init's (so a restarted supervisor knows old links)."""
+    """Run until SIGTERM/SIGINT: API first (so /health answers at once, on init's `listening`
+    sockets), then the processes (started, or after a crash adopted). A task of the supervisor
+    that fails ends it with 1 and nothing stopped: init starts a new one, which adopts what
+    runs. `link_key`: what notification links are signed with, init's (so a restarted
+    supervisor knows old links)."""
     import asyncio
-    import errno
     import signal
 
     from aiohttp import web
@@ -156,18 +193,8 @@ async def serve(
         shutdown_timeout=SHUTDOWN_TIMEOUT,
     )
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        reason = "the port is already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
-        print(
-            f"sidecar: SIDECAR_PORT: cannot listen on {config.host}:{config.port}: {reason}",
-            file=sys.stderr,
-        )
-        # At a restart the port was fine a moment ago: a crash (init tries again), not exit 2.
-        return 1 if incarnation.restarts else 2
+    for sock in listening:
+        await web.SockSite(runner, sock).start()
     log.info("API listening on http://%s:%d", config.host, config.port)
     if await sup.start(stop_at_once=incarnation.stop):
         stop.set()
@@ -205,13 +232,25 @@ def run(env: dict[str, str]) -> int:
     handed = tokens.take_over(env)  # also takes the descriptor's variable out of env
     env = {**env, **handed}
     try:
-        config, registry = _load(env)
-        if config.user is not None:
-            _drop_privileges(config)
+        # The lock's descriptor is never closed: init holds it, and every supervisor it forks.
+        config, registry, _lock = _load(env)
     except ConfigError as exc:
         print(f"sidecar: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # the kernel refused setgroups or capset
+    except OSError as exc:  # the kernel refused setgroups
+        print(f"sidecar: SIDECAR_USER: cannot drop privileges: {exc}", file=sys.stderr)
+        return 2
+    try:
+        listening = _api_sockets(config.host, config.port)
+    except OSError as exc:
+        reason = "the port is already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+        where = f"{config.host}:{config.port}"
+        print(f"sidecar: SIDECAR_PORT: cannot listen on {where}: {reason}", file=sys.stderr)
+        return 2
+    try:
+        if config.user is not None:
+            _drop_privileges()
+    except OSError as exc:  # the kernel refused capset
         print(f"sidecar: SIDECAR_USER: cannot drop privileges: {exc}", file=sys.stderr)
         return 2
     if config.cli not in registry:
@@ -231,7 +270,7 @@ def run(env: dict[str, str]) -> int:
 
         setup_logging()
         try:
-            return asyncio.run(serve(config, registry, incarnation, link_key))
+            return asyncio.run(serve(config, registry, incarnation, listening, link_key))
         except Exception:  # a bug: one JSON log line with the traceback, then init's restart
             log.critical("supervisor crashed", exc_info=True)
             return 1

@@ -259,12 +259,17 @@ class Sidecar:
         env.update(self.env_extra)
         return env
 
-    def start(self, wait_healthy: bool = True) -> Sidecar:
+    def spawn(self) -> subprocess.Popen[bytes]:
+        """Start the sidecar's process, waiting for nothing."""
         argv = [*self.wrapper, sys.executable, "-m", "sidecar", "run"]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 argv, env=self.env(), stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp
             )
+        return self.proc
+
+    def start(self, wait_healthy: bool = True) -> Sidecar:
+        self.spawn()
         wait_for(self._answers, timeout=15, what=f"/health on {self.url} (log: {self.log_path})")
         if wait_healthy:
             self.wait_status(

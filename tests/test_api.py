@@ -446,7 +446,8 @@ async def test_viewer_sees_output_but_its_input_never_reaches_the_pane(secured: 
         viewer = await connect(session, secured, token=VIEW)
         writer = await connect(session, secured, token=TOKEN)
         await viewer.type(f"echo viewer-{marker}\r")
-        await viewer.ws.send_bytes(b"1" + json.dumps({"columns": 20, "rows": 5}).encode())
+        # Its own view's size (a narrower one: the lines' starts stay in view).
+        await viewer.ws.send_bytes(b"1" + json.dumps({"columns": 120, "rows": 50}).encode())
         await writer.type(f"echo writer-{marker}\r")
         await viewer.wait_output(f"writer-{marker}")  # the viewer watches the writer's typing
         await writer.wait_output(f"writer-{marker}")
@@ -454,6 +455,9 @@ async def test_viewer_sees_output_but_its_input_never_reaches_the_pane(secured: 
     assert f"writer-{marker}" in text
     assert f"viewer-{marker}" not in text
     assert "view-only" in secured.log()
+    # Its view's size (allowed: its client ignores size) never reshapes the CLI's window.
+    size = tmux(secured, "display-message", "-p", "-t", "main", "#{window_width}x#{window_height}")
+    assert size.strip() == "200x50"
 
 
 async def test_terminal_needs_a_token_when_one_is_set(secured: Sidecar) -> None:

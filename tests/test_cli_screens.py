@@ -88,7 +88,10 @@ def test_prompt_area_replaced_by_a_question_is_a_dialog(
 ) -> None:
     screen = replaced(cli, name, start, count, QUESTION)
     reading = RECOGNIZERS[cli](screen)
-    assert reading == Reading(Seen.DIALOG, "Do you want to enable usage statistics?")
+    assert (reading.seen, reading.reason) == (
+        Seen.DIALOG,
+        "Do you want to enable usage statistics?",
+    )
 
 
 @pytest.mark.parametrize("cli", sorted(RECOGNIZERS))

@@ -123,8 +123,8 @@ async def test_a_waiting_agents_reason_is_on_its_badge_and_the_task_status_is_la
 ) -> None:
     """The agent waits on a permission prompt (Claude Code's hook, from a stand-in): its badge
     reads `waiting` and what for, as text (markup in the command stays text); the CURRENT.md
-    status beside it says it is the task's (`task: working`), not the agent's. The PNG is kept
-    as artifacts/dashboard-waiting.png."""
+    status beside it says it is the task file's (`task file: working`), not the agent's. The
+    PNG is kept as artifacts/dashboard-waiting.png."""
     command = "rm -rf build <img src=x onerror=alert(1)> <b>bold</b>"
     sc = waiting_sidecar(
         make_sidecar,
@@ -146,7 +146,7 @@ async def test_a_waiting_agents_reason_is_on_its_badge_and_the_task_status_is_la
     assert shown["badge"].startswith("waiting") and reason in shown["badge"], shown
     assert shown["reason"] == reason  # as text, whole: the markup in it was not parsed
     assert shown["injected"] == 0
-    assert shown["task"] == "task: working", shown
+    assert shown["task"] == "task file: working", shown
     assert shown["title"] == "test-sleeve · waiting", shown
     width, _, rows = read_png(shot)
     assert width == 1200

@@ -68,7 +68,7 @@ async def test_allow_clicked_on_the_card_runs_the_real_claude_codes_command(
         [seen] = await cards(browser, [command, "waiting "])
         assert (seen["id"], seen["tool"], seen["command"]) == (requested["id"], "Bash", command)
         assert "since" in seen["since"]
-        # The page knows it is a viewer once its probe is answered; still no buttons then.
+        # The page knows it is a viewer once /status says so; still no buttons then.
         await browser.wait_for_text("String(document.body.dataset.access)", ["viewer"], 10)
         assert json.loads(await browser.evaluate(CARDS_JS))[0]["buttons"] == []
         assert not (sc.workspace / "clicked.txt").exists()

@@ -25,6 +25,10 @@ def test_claude_code_works_through_the_proxy_and_only_through_it(
     listed = stub.url.removeprefix("http://")
     sc = make_sidecar(cli="claude-code", env_extra={"SIDECAR_EGRESS_ALLOW": listed})
     sc.env_extra.update(claude_env(sc, stub))
+    # The user's hook appends to a file beside the state dir: a guarded root CLI may create
+    # nothing in a directory above the state dir (Landlock only grants), but append to a file
+    # that is there.
+    (sc.tmp / "user-hook.txt").touch()
     sc.start()
     events = EventLog(sc)
     wait_agent(sc, "idle")  # its hooks reached the API (NO_PROXY names exactly it)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.egress.guard import MISSING, ReportListener, guard_argv, self_test
+from sidecar.egress.guard import MISSING, guard_argv, self_test
+from sidecar.egress.reports import ReportListener
 from tests.agenttools import claude_binary
 from tests.harness import wait_for, wait_for_async
 from tests.tools import SYSTEM_PYTHON
@@ -249,7 +250,10 @@ def test_killing_the_broker_closes_the_network(allowed: int, tmp_path: Path) -> 
 async def test_refusals_are_reported(allowed: int, tmp_path: Path) -> None:
     denied: list[tuple[str, int, str]] = []
     path = tmp_path / "report.sock"
-    transport = await ReportListener.open(path, lambda *d: denied.append(d))
+    hows = ("direct", "udp", "ipv6")
+    transport = ReportListener.open(
+        path, lambda *d: denied.append(d), sender=lambda pid, uid: True, hows=hows
+    )
     try:
         script = (
             "import socket\n"

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,17 +87,38 @@ def test_a_flood_of_names_keeps_the_limiter_bounded() -> None:
     assert len(egress._events.last) <= MAX_REMEMBERED
 
 
-async def test_reports_of_the_enforcement_are_denials(tmp_path: Path) -> None:
-    """The enforcement's broker tells of each refusal in one datagram; a real unix socket."""
+async def test_only_the_brokers_well_formed_reports_are_denials(tmp_path: Path) -> None:
+    """The broker tells of each refusal in one datagram on a real unix socket: the kernel's
+    credentials say who sent it, and a datagram of any other process, or one that does not
+    fit the event (a port out of range, an unknown `how`, a host that is not text), is
+    dropped: nobody else can forge a refusal or flood the counts."""
     egress = Egress(parse_list("V", ["a.example"]), EventBus(), ("127.0.0.1", 1))
     path = tmp_path / "egress.sock"
-    await egress.listen_reports(path)
+    me = os.getpid()
+    egress.listen_reports(path, lambda pid, uid: pid == me and uid == os.getuid())
+    send = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+        's.sendto(b\'{"host": "forged", "port": 1, "how": "direct"}\', sys.argv[1])\n'
+    )
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
             s.sendto(b'{"host": "1.2.3.4", "port": 443, "how": "direct"}\n', str(path))
-            s.sendto(b"not json", str(path))
-            s.sendto(b'{"host": 1, "port": "x", "how": []}', str(path))
+            for bad in (
+                b"not json",
+                b'{"host": 1, "port": "x", "how": []}',
+                b'{"host": "a", "port": 70000, "how": "direct"}',
+                b'{"host": "a", "port": -1, "how": "direct"}',
+                b'{"host": "a", "port": true, "how": "direct"}',
+                b'{"host": "a", "port": 1, "how": "teleport"}',
+                b'{"host": "a\\u0000b", "port": 1, "how": "direct"}',
+            ):
+                s.sendto(bad, str(path))
             s.sendto(b'{"host": "::1", "port": 53, "how": "udp"}', str(path))
+        subprocess.run([sys.executable, "-c", send, str(path)], check=True)
+        reports = egress._reports
+        assert reports is not None
+        await wait_for_async(lambda: reports.dropped >= 8, 5, what="the dropped datagrams")
         await wait_for_async(lambda: egress.denied_total >= 2, 5, what="the two reports")
         assert egress.denied_by_how["direct"] == 1 and egress.denied_by_how["udp"] == 1
         assert egress.denied_total == 2

@@ -57,7 +57,8 @@ def test_a_bad_allowlist_exits_2_naming_the_variable(
 def test_the_cli_reaches_listed_hosts_through_the_proxy_and_refusals_are_told(
     tmp_path: Path,
 ) -> None:
-    report = tmp_path / "report.json"
+    # In the workspace: a guarded CLI changes nothing beside the state dir (tmp_path holds it).
+    report = tmp_path / "workspace" / "report.json"
     forbidden = socket.socket()  # a port nobody listed (it never gets a connection)
     forbidden.bind(("127.0.0.1", 0))
     far = f"127.0.0.1:{forbidden.getsockname()[1]}"

@@ -184,7 +184,7 @@ def test_init_and_the_supervisor_keep_only_setuid_setgid_and_kill(
     # ttyd's socket is in a directory only root and the user's group can enter.
     session = sc.state_dir / "session"
     st = session.stat()
-    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, GID, 0o2770)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, GID, 0o3770)
     assert stat.S_IMODE(sc.state_dir.stat().st_mode) == 0o710
     assert (session / "ttyd.sock").is_socket() and (session / "tmux.sock").is_socket()
     # The CLI can still be stopped and restarted (KILL and SETUID at work).

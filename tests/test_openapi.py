@@ -192,6 +192,7 @@ def test_answers_allow_additions_and_requests_do_not(spec: dict[str, Any]) -> No
         "InputRequest",
         "ApprovalRequest",
         "EgressPatch",
+        "ScreenSizeRequest",
         "PushSubscription",
         "PushEndpoint",
     }
@@ -338,6 +339,27 @@ STATUS = {
             False,
         ),
         ("ScreenAnswer", {"rows": 2, "cols": 80, "lines": []}, False),
+        ("InputRequest", {"choice": "Yes, I trust this folder"}, True),
+        ("InputRequest", {"choice": "y", "keys": ["y"]}, False),
+        ("InputRequest", {"choice": "y", "submit": True}, False),
+        ("InputRequest", {"choice": ""}, False),
+        ("ScreenSizeRequest", {"cols": 120, "rows": 40}, True),
+        ("ScreenSizeRequest", {"cols": 0, "rows": 40}, False),
+        ("ScreenSizeRequest", {"cols": 120}, False),
+        ("ScreenSize", {"cols": 120, "rows": 40}, True),
+        ("Event", {"type": "screen-resized", "time": "t", "cols": 120, "rows": 40}, True),
+        (
+            "AgentInfo",
+            {
+                "state": "waiting",
+                "since": "t",
+                "reason": "Do you want to proceed?",
+                "source": "hooks",
+                "session_id": None,
+                "choices": [{"label": "Yes", "decision": "allow", "remember": False}],
+            },
+            True,
+        ),
     ],
 )
 def test_contract_payloads_conform(

@@ -64,14 +64,38 @@ def test_a_claude_screen_never_seen_before_is_a_dialog_never_the_prompt() -> Non
     ],
 )
 def test_the_generic_reading(lines: list[str], seen: Seen, reason: str | None) -> None:
-    assert generic(screen_of(*lines)) == Reading(seen, reason)
+    reading = generic(screen_of(*lines))
+    assert (reading.seen, reading.reason) == (seen, reason)
+
+
+@pytest.mark.parametrize(
+    ("lines", "offered"),
+    [
+        (["Delete the build directory? [y/N] "], [("y", ("y", "Enter")), ("n", ("n", "Enter"))]),
+        (["Continue (Y/n)? "], [("y", ("y", "Enter")), ("n", ("n", "Enter"))]),
+        # Words are typed, then submitted.
+        (["Overwrite config.yaml (yes/no)? "], [("yes", "yes"), ("no", "no")]),
+        # A marked menu: Up or Down from the marked choice, then Enter.
+        (["Pick a theme", "  1. Dark", "❯ 2. Light", "  3. Solar", ""],
+         [("Dark", ("Up", "Enter")), ("Light", ("Enter",)), ("Solar", ("Down", "Enter"))]),
+        # bash's select: a digit, then Enter.
+        (["Choose:", "1) yes", "2) no", "#? "], [("yes", ("1", "Enter")), ("no", ("2", "Enter"))]),
+        # A question without its answers written out offers none: the keys are the person's.
+        (["Proceed? "], []),
+    ],
+)  # fmt: skip
+def test_the_generic_reading_offers_the_answers_the_question_writes(
+    lines: list[str], offered: list[tuple[str, object]]
+) -> None:
+    choices = generic(screen_of(*lines)).choices
+    assert [(c.label, c.text if c.text else c.keys) for c in choices] == offered
 
 
 def test_the_generic_reading_with_a_prompt_pattern() -> None:
     pattern = re.compile(r"^ready>")
     assert generic(screen_of("ready>"), pattern).seen is Seen.PROMPT
     reading = generic(screen_of("Sign in with your browser", "Press Enter"), pattern)
-    assert reading == Reading(Seen.DIALOG, "Sign in with your browser")
+    assert (reading.seen, reading.reason) == (Seen.DIALOG, "Sign in with your browser")
 
 
 def test_fifty_lines_of_wide_and_combining_characters() -> None:

@@ -29,6 +29,8 @@ from sidecar.agent.screen_source import ScreenSource
 from sidecar.agent.statefile import AgentFiles
 from sidecar.audit.trail import AuditTrail
 from sidecar.config import Config
+from sidecar.core.contract import screen_size
+from sidecar.core.event_shapes import ScreenResized
 from sidecar.core.events import EventBus
 from sidecar.core.shapes import InputAccepted, InputRequest
 from sidecar.core.states import ProcState
@@ -66,8 +68,9 @@ class Awareness:
         self.approvals.resolve = resolve
         self.files = AgentFiles(config.paths.agent_state)
         self.machine.session_id = self.files.load().session_id
+        self.tmux = tmux
         self.activity = PaneActivity(tmux, self._output, self._attached)
-        self.screen = ScreenLook(self.activity.ask)
+        self.screen = ScreenLook(self.activity.ask, self._sized)
         # The screen confirms or corrects what the CLI's source says (sidecar.agent.screen_source).
         self.seen = ScreenSource(self.machine, self.screen.look)
         self.machine.on_report = self.seen.spoke
@@ -97,7 +100,9 @@ class Awareness:
         self.events = EventSource(
             self.machine, self.files, self.approvals, self.notices.check, self._fall_back
         )
-        self.input = InputDelivery(self.machine, self.activity, pane, lock)
+        self.input = InputDelivery(
+            self.machine, self.activity, pane, lock, self.seen.read_now, look=self.seen.look_now
+        )
         self.on_screen = ScreenApprovals(self.machine, self.approvals, self.input.deliver)
         self.machine.on_look = self.on_screen.looked
         self.hooks.released = self.on_screen.take
@@ -112,6 +117,8 @@ class Awareness:
         self.events.use(cli)
         self._screen_approvals(cli, adopted=adopted)
         self.notices.prompt = cli.prompt
+        known = cli.knowledge.screen if cli.knowledge is not None else None
+        self.input.keys_after = known.keys_after if known is not None else None
         self.machine.launched(cli.state)
 
     def _screen_approvals(self, cli: CLIDef, *, adopted: bool) -> None:
@@ -136,7 +143,10 @@ class Awareness:
             return self.events.launch(cli, argv)
         return argv, added
 
-    def process_changed(self, state: ProcState, cli: CLIDef | None) -> None:
+    def process_changed(
+        self, state: ProcState, cli: CLIDef | None, *, why: str | None = None
+    ) -> None:
+        """The CLI's process changed state (`why`: why it does not run, when it does not)."""
         if self._cli is None and cli is not None and state is ProcState.RUNNING:
             # A CLI this supervisor did not launch (adopted after a restart): same source.
             self.quiet.adopted(active=cli.state == "activity")
@@ -144,7 +154,7 @@ class Awareness:
         if state is ProcState.STOPPING and self.files.record.hook_secret is not None:
             # Hooks of a CLI being stopped are refused from here on (a resleeve's old CLI).
             self.hooks.revoke()
-        self.machine.process_changed(state)
+        self.machine.process_changed(state, why)
         self.events.process_changed(state)
         if state is not ProcState.RUNNING:
             self.approvals.withdraw_all(f"the CLI is {state.value}")
@@ -210,6 +220,23 @@ class Awareness:
     async def look(self) -> Screen:
         """GET /screen. Raises tmux_control.ControlError when tmux cannot be asked or refuses."""
         return await self.screen.look()
+
+    async def resize(self, cols: int, rows: int) -> tuple[int, int]:
+        """PUT /screen/size: the CLI's screen made `cols` x `rows`, within the contract's
+        bounds; the size it has then. ControlError when tmux cannot be asked."""
+        return await self.screen.resize(*screen_size(cols, rows))
+
+    @property
+    def screen_size(self) -> tuple[int, int]:
+        """The CLI's screen, in columns and rows, as last seen or set."""
+        return self.tmux.size
+
+    def _sized(self, size: tuple[int, int]) -> None:
+        """A look or a resize found the screen `size`: a new tmux server keeps it, and a change
+        is told (a viewer fits its terminal to it)."""
+        if size != self.tmux.size:
+            self.tmux.size = size
+            self.bus.publish(ScreenResized(cols=size[0], rows=size[1]))
 
     def hook_secret_matches(self, cli: str, given: str | None) -> bool:
         return self.hooks.secret_matches(cli, given)

@@ -1,29 +1,36 @@
-"""`POST /input`: check the agent's state, hold keys until a fresh prompt can take them, type,
-and confirm that the agent left `waiting`. One writer to the pane at a time: the lock is shared
-with the inbox notices.
+"""`POST /input`: check the agent's state, hold keys until a fresh prompt can take them, type
+(text, keys, or a dialog's choice read again from the screen), and confirm that the agent left
+`waiting`. One writer to the pane at a time: the lock is shared with the inbox notices.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 
 from msgspec import UnsetType
 
 from sidecar.agent.machine import AgentMachine
+from sidecar.agent.screen_choices import Choice
+from sidecar.agent.screens import Reading
 from sidecar.core.contract import AgentStateName
 from sidecar.core.shapes import InputAccepted, InputRequest
 from sidecar.core.states import ProcState
 from sidecar.pane.control import PaneActivity
 from sidecar.pane.send import PaneInput, check_text
 
-# Keys for a prompt that has just appeared: Claude Code 2.1.330 draws its permission prompt
-# 0.1-0.6 s after the PermissionRequest hook and drops keys that come before or within ~0.1 s
-# of the drawing (measured). So keys wait until the pane has been quiet for HOLD_QUIET after
-# drawing something, and at least HOLD_MIN after `waiting` began; never longer than HOLD_MAX.
+# Keys for a prompt that has just appeared. A CLI whose package says when its prompt takes keys
+# (`ScreenKnowledge.keys_after`: seconds after it is drawn) gets them as soon as the prompt has
+# been on screen that long. For the others, keys wait until the pane has been quiet for
+# HOLD_QUIET after drawing something, and at least HOLD_MIN after `waiting` began (Claude Code
+# 2.1.330 draws its permission prompt 0.1-0.6 s after the PermissionRequest hook). Never longer
+# than HOLD_MAX.
 HOLD_MIN, HOLD_QUIET, HOLD_MAX = 0.6, 0.5, 3.0
 CONFIRM = 2.0  # seconds to watch for the agent leaving `waiting` after keys were sent
+# While it watches, the screen is looked at this often: the pane's output notices pause for up
+# to `control.SAMPLE` after the dialog's last redraw, so waiting for one would be late.
+LOOK_EVERY = 0.02
 HOLD_POLL = 0.05  # polling interval of the hold (it only runs while keys wait)
 
 
@@ -37,12 +44,22 @@ class StateMismatch(Exception):
 
 class InputDelivery:
     def __init__(
-        self, machine: AgentMachine, activity: PaneActivity, pane: PaneInput, lock: asyncio.Lock
+        self,
+        machine: AgentMachine,
+        activity: PaneActivity,
+        pane: PaneInput,
+        lock: asyncio.Lock,
+        read: Callable[[], Awaitable[Reading]],
+        *,
+        look: Callable[[], None],
     ) -> None:
         self.machine = machine
         self.activity = activity
         self.pane = pane
         self.lock = lock  # one writer to the pane at a time: inputs and notices
+        self.read = read  # the screen as the running CLI's recognizer reads it, now
+        self.look = look  # have the screen looked at (it tells the machine what it shows)
+        self.keys_after: float | None = None  # the running CLI's (`ScreenKnowledge`)
 
     def _require_running(self) -> None:
         if self.machine.process is not ProcState.RUNNING:
@@ -53,18 +70,24 @@ class InputDelivery:
         """Check, hold keys for a fresh prompt, type, confirm."""
         text = None if isinstance(request.text, UnsetType) else request.text
         keys = None if isinstance(request.keys, UnsetType) else list(request.keys)
+        choice = None if isinstance(request.choice, UnsetType) else request.choice
         wanted = None if isinstance(request.if_state, UnsetType) else set(request.if_state)
         data = check_text(text) if text is not None else b""
         async with self.lock:
             self._require_running()
             held = 0.0
-            self._check_state(wanted, text=keys is None)  # at once: no hold for unsent keys
-            answering = keys is not None and self.machine.state == "waiting"
+            self._check_state(wanted, text=text is not None)  # at once: no hold for unsent keys
+            if choice is not None and self.machine.state != "waiting":
+                msg = f"no dialog to answer: the agent is {self.machine.state}"
+                raise StateMismatch(msg)
+            answering = text is None and self.machine.state == "waiting"
             if answering:
                 held = await self._hold_for_prompt()
-            state = self._check_state(wanted, text=keys is None)  # and right before delivery
+            state = self._check_state(wanted, text=text is not None)  # and right before delivery
             self._require_running()
-            if keys is not None:
+            if choice is not None:
+                await self._give(await self._choice(choice))
+            elif keys is not None:
                 await asyncio.to_thread(self.pane.keys, keys)
             else:
                 submit = True if isinstance(request.submit, UnsetType) else request.submit
@@ -92,26 +115,52 @@ class InputDelivery:
             raise StateMismatch(msg)
         return state
 
+    async def _choice(self, label: str) -> Choice:
+        """The dialog's choice `label` as the screen shows it now (its keys follow the
+        selection), or StateMismatch when the dialog on screen no longer offers it."""
+        reading = await self.read()
+        found = next((c for c in reading.choices if c.label == label), None)
+        if found is None:
+            offered = ", ".join(repr(c.label) for c in reading.choices) or "nothing to pick"
+            msg = f"the dialog on screen does not offer {label!r} (it offers {offered})"
+            raise StateMismatch(msg)
+        return found
+
+    async def _give(self, choice: Choice) -> None:
+        if choice.text is not None:
+            await asyncio.to_thread(self.pane.paste, check_text(choice.text), submit=True)
+        else:
+            await asyncio.to_thread(self.pane.keys, choice.keys)
+
+    def _ready(self, since: float) -> float:
+        """Seconds still to wait before the prompt takes keys (0: now)."""
+        drawn = self.machine.drawn_for
+        if drawn is not None and self.keys_after is not None:
+            return max(self.keys_after - drawn, 0.0)  # the CLI's own rule, from its package
+        if self.activity.quiet_for() < HOLD_QUIET:
+            return HOLD_POLL
+        last = self.activity.last_output
+        if time.monotonic() - since >= HOLD_MIN and last is not None and last >= since:
+            return 0.0  # drawn since `waiting` began, and quiet for a while
+        # Seen on screen, and nothing drawn since for a while: it takes keys now.
+        return 0.0 if drawn is not None else HOLD_POLL
+
     async def _hold_for_prompt(self) -> float:
         started = time.monotonic()
         since = self.machine.since_monotonic
-        while True:
-            now = time.monotonic()
-            last = self.activity.last_output
-            drawn = last is not None and last >= since
-            if now - since >= HOLD_MIN and drawn and self.activity.quiet_for() >= HOLD_QUIET:
+        while (wait := self._ready(since)) > 0:
+            if time.monotonic() - since >= HOLD_MAX or self.machine.state != "waiting":
                 break
-            if self.machine.screen_needs_person and self.activity.quiet_for() >= HOLD_QUIET:
-                break  # seen on screen, and nothing drawn since for a while: it takes keys now
-            if now - since >= HOLD_MAX or self.machine.state != "waiting":
-                break
-            await asyncio.sleep(HOLD_POLL)  # sleep-ok: the polling interval of a bounded hold
+            # sleep-ok: the polling interval of a bounded hold, or the rest of a known one
+            await asyncio.sleep(min(wait, HOLD_POLL))
         return time.monotonic() - started
 
     async def _left_waiting(self) -> bool:
         deadline = time.monotonic() + CONFIRM
         while self.machine.state == "waiting":
             left = deadline - time.monotonic()
-            if left <= 0 or not await self.machine.wait_change(left):
-                return self.machine.state != "waiting"
+            if left <= 0:
+                return False
+            self.look()  # did the dialog take the keys? Its screen says so first
+            await self.machine.wait_change(min(left, LOOK_EVERY))
         return True

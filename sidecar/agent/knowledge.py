@@ -52,6 +52,9 @@ class ScreenKnowledge:
     read: Recognizer
     shows: frozenset[Seen]
     keys: ApprovalKeys | None = None
+    # Seconds after it draws a prompt for a person that the prompt takes keys (measured per
+    # CLI: some drop what comes sooner); None: not known, keys wait for the pane to be quiet.
+    keys_after: float | None = None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from sidecar.agent.screen_choices import Choice
 from sidecar.agent.screens import Reading, Seen
 from sidecar.core.contract import AGENT_STATES, AgentStateName, StateSource
 from sidecar.core.event_shapes import AgentStateEvent
@@ -28,6 +29,7 @@ class AgentStatus:
     reason: str | None
     source: StateSource
     session_id: str | None
+    choices: tuple[Choice, ...] = ()  # `waiting` on a dialog read on screen: its answers
 
 
 class AgentMachine:
@@ -39,6 +41,7 @@ class AgentMachine:
         self.source: StateSource = "none"
         self._session_id: str | None = None
         self._process = ProcState.STOPPED
+        self._process_why: str | None = None  # why the CLI does not run: `exited`'s reason
         # starting: launched, no sign yet; exited: the CLI process is not running (the
         # supervisor's word beats any source's); unknown: the CLI gives no signal.
         self._seen: AgentStateName = "starting"  # what the source last said
@@ -48,6 +51,7 @@ class AgentMachine:
         # its leaving the screen end `waiting` (the hook comes before the prompt is drawn).
         self._screen: Reading | None = None
         self._drawn = False
+        self._drawn_at = 0.0  # time.monotonic() the prompt on screen was first seen there
         self.on_report: Callable[[], None] | None = None  # a source spoke: look again
         # The state changed (new, previous): a held permission request may be over.
         self.on_state: Callable[[AgentStateName, AgentStateName], None] | None = None
@@ -80,9 +84,10 @@ class AgentMachine:
         self.source = source
         self._status = self._make_status()
 
-    def process_changed(self, state: ProcState) -> None:
-        """The supervisor's state of the CLI process changed."""
+    def process_changed(self, state: ProcState, why: str | None = None) -> None:
+        """The supervisor's state of the CLI process changed (`why`: why it does not run)."""
         self._process = state
+        self._process_why = one_line(why) if why else None
         self._apply()
 
     def report(self, state: AgentStateName, reason: str | None = None) -> None:
@@ -100,9 +105,16 @@ class AgentMachine:
 
     def screen(self, reading: Reading) -> None:
         """What the screen shows now (a look after the pane settled, or after a source spoke)."""
+        before = self._screen
+        if reading.needs_person and (
+            before is None or not before.needs_person or before.reason != reading.reason
+        ):
+            self._drawn_at = time.monotonic()  # a prompt for a person appeared (another one)
         self._screen = reading
         if reading.needs_person:
             self._drawn = True
+        if reading.choices != self._status.choices:
+            self._status = self._make_status()  # the same question, its answers read anew
         self._apply()
         if self.on_look is not None:
             self.on_look()
@@ -115,7 +127,7 @@ class AgentMachine:
         if self._process is ProcState.STARTING:
             return "starting", None
         # Whatever the source says: a CLI that is not running is doing nothing.
-        return "exited", None
+        return "exited", self._process_why
 
     def _combined(self) -> tuple[AgentStateName, str | None]:
         """The source's word, as the screen confirms or corrects it: a dialog on screen is
@@ -170,6 +182,13 @@ class AgentMachine:
         return self._screen
 
     @property
+    def drawn_for(self) -> float | None:
+        """Seconds the prompt for a person has been on screen (None: not seen there)."""
+        if not self.screen_needs_person:
+            return None
+        return time.monotonic() - self._drawn_at
+
+    @property
     def screen_needs_person(self) -> bool:
         """The last look saw a prompt for a person (a permission prompt or another dialog)."""
         return self._screen is not None and self._screen.needs_person
@@ -194,7 +213,16 @@ class AgentMachine:
         self._status = self._make_status()
 
     def _make_status(self) -> AgentStatus:
-        return AgentStatus(self._state, self._since, self._reason, self.source, self._session_id)
+        screen = self._screen
+        choices = screen.choices if screen and screen.needs_person else ()
+        return AgentStatus(
+            self._state,
+            self._since,
+            self._reason,
+            self.source,
+            self._session_id,
+            choices if self._state == "waiting" else (),
+        )
 
     def status(self) -> AgentStatus:
         """The state as it is now: made when it changes, so reading it costs nothing."""

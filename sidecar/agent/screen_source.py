@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from sidecar.agent.machine import AgentMachine
 from sidecar.agent.registry import CLIDef
-from sidecar.agent.screens import Recognizer, generic
+from sidecar.agent.screens import Reading, Recognizer, generic
 from sidecar.pane.protocol import ControlError
 from sidecar.pane.screen import Screen
 
@@ -45,6 +45,11 @@ class ScreenSource:
         self._eager_left = 0
         self._soon: asyncio.TimerHandle | None = None
 
+    async def read_now(self) -> Reading:
+        """The screen as the running CLI's recognizer reads it now (ControlError: tmux cannot
+        be asked)."""
+        return self.recognizer(await self._look())
+
     def use(self, cli: CLIDef) -> None:
         """`cli` runs now: its screen is read with its own knowledge, else the generic one."""
         known = cli.knowledge.screen if cli.knowledge is not None else None
@@ -57,7 +62,9 @@ class ScreenSource:
         an early look reads counts only if it is a whole frame of a shape the CLI's knowledge
         recognizes (`Reading.complete`); the rest waits for the pane to settle."""
         self._settle_later()
-        if self.machine.screen_needs_person:
+        if self.machine.screen_needs_person or self.machine.state == "waiting":
+            # A prompt for a person: has it gone, or (announced by the source) appeared? When
+            # it appeared is when its keys can be sent (`sidecar.agent.input_delivery`).
             self.look_now()
         elif self.machine.state == "starting":
             self._eager_left = EAGER_LOOKS

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
+from sidecar.agent.screen_choices import DIGITS, MAX_CHOICES, Choice, menu, yes_no
 from sidecar.core.text import one_line
 
 
@@ -24,6 +25,9 @@ class Screen(Protocol):
 
     @property
     def lines(self) -> Sequence[str]: ...
+
+    @property
+    def cols(self) -> int: ...
 
     @property
     def cursor_row(self) -> int: ...
@@ -46,6 +50,7 @@ class Reading:
     # The recognizer saw the whole of a shape it knows (a dialog with its footer, the prompt
     # with its hint line): safe to act on before the pane settles, with no half-drawn frame.
     complete: bool = False
+    choices: tuple[Choice, ...] = ()  # PERMISSION / DIALOG: the answers it offers, if read
 
     @property
     def needs_person(self) -> bool:
@@ -76,14 +81,16 @@ def text_of(line: str) -> str:
 _ASKED = re.compile(r"^(.*?\w[\w)'\"]*\s*\?)")
 
 
-def dialog(lines: Sequence[str], *, title: str | None = None) -> Reading:
+def dialog(
+    lines: Sequence[str], *, title: str | None = None, choices: tuple[Choice, ...] = ()
+) -> Reading:
     """A dialog whose reason is `title`, else its question (the last line asking one, up to
     its '?'), else its first line of text."""
     if title is None:
         texts = [t for t in (text_of(line) for line in lines) if t]
         questions = [m.group(1) for t in texts if (m := _ASKED.match(t))]
         title = questions[-1] if questions else (texts[0] if texts else "a screen with no text")
-    return Reading(Seen.DIALOG, one_line(title))
+    return Reading(Seen.DIALOG, one_line(title), choices=choices)
 
 
 # ---- the generic reading: CLIs the sidecar has no knowledge of (`shell`, custom CLIs) ----------
@@ -120,7 +127,8 @@ def generic(screen: Screen, prompt: re.Pattern[str] | None = None) -> Reading:
         end = max(m.end() for m in _QUESTION.finditer(current.rstrip()))
         asked = text_of(current[:end])
         title = asked if any(c.isalpha() for c in asked) else (worded or [asked])[-1]
-        return Reading(Seen.DIALOG, title)
+        offered = yes_no(asked) or _numbered(lines[: at + 1])
+        return Reading(Seen.DIALOG, title, choices=offered)
     # A menu: its choices are the last lines drawn, the cursor below them or on one (an old
     # menu scrolled above a later prompt is history, not a question).
     drawn = [i for i in range(at + 1) if lines[i].strip()]
@@ -132,5 +140,22 @@ def generic(screen: Screen, prompt: re.Pattern[str] | None = None) -> Reading:
     if len(choices) >= 2 or (choices and _MARKER.match(lines[choices[0]])):
         # The menu's title: the line of text just above its first choice.
         above = [text_of(line) for line in lines[: choices[0]]]
-        return dialog([], title=next((t for t in reversed(above) if t), None))
+        offered = menu(lines[: at + 1], screen.cols) or _numbered(lines[: at + 1])
+        return dialog([], title=next((t for t in reversed(above) if t), None), choices=offered)
     return Reading(Seen.PROMPT)
+
+
+_NUMBER = re.compile(r"^\s*(\d)[.)]\s+(\S.*)$")
+
+
+def _numbered(lines: Sequence[str]) -> tuple[Choice, ...]:
+    """The choices of a line-reading menu (bash's `select`: "1) yes", then "#? "): the last
+    run of numbered lines, each chosen by its digit and Enter."""
+    found: list[Choice] = []
+    for line in reversed(nonblank(lines)):
+        if (item := _NUMBER.match(line)) is None:
+            if found:
+                break
+            continue
+        found.insert(0, Choice(text_of(item[2]), (DIGITS[int(item[1])], "Enter")))
+    return tuple(found) if 2 <= len(found) <= MAX_CHOICES else ()

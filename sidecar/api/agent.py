@@ -38,11 +38,12 @@ class HookRefused(Exception):
 async def _input(request: web.Request) -> web.Response:
     body = await httpio.read_body(request, InputRequest)
     has_text = not isinstance(body.text, UnsetType)
-    if has_text == (not isinstance(body.keys, UnsetType)):
-        msg = "invalid body: give exactly one of `text` and `keys`"
+    given = [not isinstance(value, UnsetType) for value in (body.text, body.keys, body.choice)]
+    if sum(given) != 1:
+        msg = "invalid body: give exactly one of `text`, `keys` and `choice`"
         raise httpio.BadRequest(msg)
     if not has_text and not isinstance(body.submit, UnsetType):
-        msg = "invalid body: `submit` goes with `text`, not with `keys`"
+        msg = "invalid body: `submit` goes with `text` only"
         raise httpio.BadRequest(msg)
     accepted = await request.app[AWARENESS].deliver(body)
     return httpio.answer(accepted, status=202)
@@ -101,17 +102,19 @@ def agent_operations(
         if (known := cli.knowledge) is not None and known.hooks is not None
     }
     events = sorted({event for names in hooked.values() for event in names})
-    return [
+    operations = [
         Operation(
             "POST",
             "/input",
             _input,
             "postInput",
             "control",
-            "Type into the CLI: text as a paste, or named keys",
+            "Type into the CLI: text as a paste, named keys, or a dialog's choice",
             {202: InputAccepted},
             description="Exactly one of `text` (pasted literally, bracketed where the CLI "
-            "enabled bracketed paste, then Enter if `submit`) and `keys`. Nothing is ever "
+            "enabled bracketed paste, then Enter if `submit`), `keys`, and `choice` (a label of "
+            "`/status`'s `agent.choices`: the screen is read again and the dialog on it given "
+            "that answer with its CLI's keys; 409 when it no longer offers it). Nothing is ever "
             "interpreted by tmux or a shell. With `if_state`, the agent's state is checked "
             "right before delivery, under the lock that serialises all typing (409 if it is "
             "not one of them). Keys sent while the agent is `waiting` are held until the prompt "
@@ -120,6 +123,11 @@ def agent_operations(
             body=InputRequest,
             errors=(400, 409),
         ),
+    ]
+    if not hooked:  # no CLI here has hooks: no route, whose parameters no value could fit
+        return operations
+    return [
+        *operations,
         Operation(
             "POST",
             f"{HOOK_PATH}/{{cli}}/{{event}}",

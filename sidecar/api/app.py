@@ -16,7 +16,7 @@ from msgspec import UnsetType
 
 from sidecar.agent import approvals
 from sidecar.agent.input_delivery import NotRunning, StateMismatch
-from sidecar.api import httpio, reference, reference_pages
+from sidecar.api import errorpage, httpio, reference, reference_pages
 from sidecar.api.agent import HookRefused, agent_operations
 from sidecar.api.approvals import approval_conflict, approval_operations
 from sidecar.api.audit import audit_operation
@@ -29,7 +29,7 @@ from sidecar.api.messages import MAILBOXES, message_operations
 from sidecar.api.metrics import Metrics, RequestCounter
 from sidecar.api.notify import WebPushOff, notify_operations
 from sidecar.api.openapi import HTML, Media, Operation, document
-from sidecar.api.screen import NoScreen, screen_operation
+from sidecar.api.screen import NoScreen, screen_operations
 from sidecar.api.status import status_operations
 from sidecar.api.terminal import terminal_operations
 from sidecar.core.contract import MAX_BODY_BYTES
@@ -150,6 +150,9 @@ def make_answers(requests: RequestCounter | None = None) -> typedefs.Middleware:
             response = await handler(request)
         except Exception as exc:
             response = error_answer(request, exc)
+        if errorpage.wanted(request, response):
+            assert isinstance(response, web.Response)
+            response = errorpage.page(request, response)  # a person's browser: words
         if requests is not None:
             requests.count(request, response)
         return response
@@ -266,7 +269,7 @@ def create_app(sup: Supervisor) -> web.Application:
     app.on_shutdown.append(end_event_streams)
     operations = [
         *status_operations(sup),
-        screen_operation(sup),
+        *screen_operations(sup),
         resleeve_operation(),
         events_operation(sup),
         *page_operations(),

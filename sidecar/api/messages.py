@@ -15,7 +15,7 @@ from msgspec import UnsetType
 from sidecar.api import httpio
 from sidecar.api.openapi import Operation
 from sidecar.core.contract import rfc3339
-from sidecar.core.shapes import (
+from sidecar.core.message_shapes import (
     AckRequest,
     AckResult,
     MessageAnswer,

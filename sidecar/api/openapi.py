@@ -200,13 +200,21 @@ def document(
     if names and "ResleeveRequest" in schemas:  # JSON Schema forbids an empty enum
         schemas["ResleeveRequest"]["properties"]["cli"]["enum"] = names
     if "InputRequest" in schemas:
-        # Exactly one of `text` and `keys`; `submit` only with `text` (msgspec cannot say it).
+        # Exactly one of `text`, `keys` and `choice`; `submit` only with `text` (msgspec
+        # cannot say it).
+        one = ("text", "keys", "choice")
         schemas["InputRequest"]["oneOf"] = [
-            {"required": ["text"], "not": {"required": ["keys"]}},
             {
-                "required": ["keys"],
-                "not": {"anyOf": [{"required": ["text"]}, {"required": ["submit"]}]},
-            },
+                "required": [name],
+                "not": {
+                    "anyOf": [
+                        {"required": [other]}
+                        for other in (*one, *(("submit",) if name != "text" else ()))
+                        if other != name
+                    ]
+                },
+            }
+            for name in one
         ]
     schemas["Event"] = {
         "description": "One line of `/events`: the object's `type` tells which.",

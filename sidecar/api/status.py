@@ -11,11 +11,20 @@ import os
 from aiohttp import web
 
 from sidecar.api import httpio, view
+from sidecar.api.guard import ROLE
 from sidecar.api.openapi import Operation
 from sidecar.api.view import HealthView, SupervisorView
 from sidecar.config import Config
 from sidecar.core.contract import rfc3339
-from sidecar.core.shapes import AgentInfo, HealthAnswer, Progress, StatusAnswer
+from sidecar.core.shapes import (
+    Access,
+    AgentInfo,
+    DialogChoice,
+    HealthAnswer,
+    Progress,
+    ScreenSize,
+    StatusAnswer,
+)
 from sidecar.core.states import ProcState
 from sidecar.process.supervisor import Supervisor
 from sidecar.workspace.cstack import CurrentState
@@ -46,11 +55,15 @@ def agent_info(v: SupervisorView) -> AgentInfo:
         reason=agent.reason,
         source=agent.source,
         session_id=agent.session_id,
+        choices=[DialogChoice(c.label, c.decision, c.remember) for c in agent.choices],
     )
 
 
-def status_answer(v: SupervisorView, current: CurrentState, config: Config) -> StatusAnswer:
-    """/status from a snapshot taken after CURRENT.md was read (`current`)."""
+def status_answer(
+    v: SupervisorView, current: CurrentState, config: Config, access: Access = "read-write"
+) -> StatusAnswer:
+    """/status from a snapshot taken after CURRENT.md was read (`current`), for a caller whose
+    token may do `access`."""
     running = v.cli.state is ProcState.RUNNING
     warnings = [*v.warnings, *current.warnings]
     for name, proc in (("CLI", v.cli), ("ttyd", v.ttyd)):
@@ -77,6 +90,8 @@ def status_answer(v: SupervisorView, current: CurrentState, config: Config) -> S
         sidecar_restarts=v.restarts,
         agent=agent_info(v),
         egress=v.egress,
+        screen=ScreenSize(cols=v.screen[0], rows=v.screen[1]),
+        access=access,
         notify=v.notify,
     )
 
@@ -88,7 +103,8 @@ def status_operations(sup: Supervisor) -> list[Operation]:
     async def status(request: web.Request) -> web.Response:
         # CURRENT.md as it is now (a stat; parsed again only when it changed), then the snapshot.
         current = sup.current.get()
-        return httpio.answer(status_answer(view.of(sup), current, sup.config))
+        access: Access = "read-only" if request.get(ROLE) == "viewer" else "read-write"
+        return httpio.answer(status_answer(view.of(sup), current, sup.config, access))
 
     return [
         Operation(

@@ -40,7 +40,10 @@ CLIENTS = web.AppKey("terminal_clients", weakref.WeakSet[web.WebSocketResponse])
 # ttyd's protocol: the first client message is a JSON object ({"AuthToken", "columns",
 # "rows"}); after it every frame starts with one command byte.
 INPUT, RESIZE = ord("0"), ord("1")
-VIEWER_ALLOWED = frozenset({ord("2"), ord("3")})  # pause / resume output: flow control only
+# A viewer may pause / resume output (flow control) and size its own view: its tmux client is
+# attached with ignore-size, so its size never reshapes the window, but without it tmux draws
+# the viewer the size it attached with and the dashboard cannot fit the whole screen.
+VIEWER_ALLOWED = frozenset({RESIZE, ord("2"), ord("3")})
 TYPED = (bytes((INPUT,)), chr(INPUT))  # an input frame's first byte, as bytes or text
 INIT_TIMEOUT = 10.0  # a client that never sends the init message is closed after this
 OUTPUT = ord("0")  # ttyd -> client: terminal output
@@ -196,7 +199,9 @@ async def websocket(request: web.Request, sup: Supervisor) -> web.StreamResponse
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-    await client.close()
+    # ttyd gone (or the client, whose close is answered as it came): not a normal end of the
+    # session, which would leave ttyd's page waiting for a key. 1001: its page reconnects.
+    await client.close(code=WSCloseCode.GOING_AWAY, message=b"the terminal went away")
     log.info("terminal client disconnected")
     return client
 

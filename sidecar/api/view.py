@@ -47,6 +47,7 @@ class SupervisorView(NamedTuple):
     egress: EgressInfo
     egress_allowed: tuple[tuple[str, int], ...]  # connections allowed, by listed pattern
     egress_denied: tuple[tuple[str, int], ...]  # attempts refused, by how (never by host)
+    screen: tuple[int, int]  # the CLI's screen: columns, rows
     notify: NotifyInfo  # the notification channels and their counts
 
     def agent_seconds(self) -> dict[str, float]:
@@ -102,5 +103,6 @@ def of(sup: Supervisor) -> SupervisorView:
         sup.egress.info(),
         tuple(sup.egress.allowed_by.items()),
         tuple(sup.egress.denied_by_how.items()),
+        sup.awareness.screen_size,
         sup.notifier.info(),
     )

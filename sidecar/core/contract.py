@@ -88,3 +88,16 @@ def runtime_grace(stop_grace: float = STOP_GRACE) -> int:
 
 #: The tmux session that hosts the CLI (`sidecar attach` attaches to it).
 TMUX_SESSION: Final = "main"
+#: The CLI's screen (the session's window), in columns and rows: its size at start, and the
+#: bounds of what `PUT /screen/size` makes it (every screen recognizer is tested at both ends).
+SCREEN_START: Final = (200, 50)
+SCREEN_MIN: Final = (80, 24)
+SCREEN_MAX: Final = (250, 60)
+
+
+def screen_size(cols: int, rows: int) -> tuple[int, int]:
+    """`cols` x `rows` brought within SCREEN_MIN..SCREEN_MAX."""
+    return (
+        min(max(cols, SCREEN_MIN[0]), SCREEN_MAX[0]),
+        min(max(rows, SCREEN_MIN[1]), SCREEN_MAX[1]),
+    )

@@ -168,6 +168,14 @@ class PolicyChanged(Event, tag="policy-changed"):
     error: str | None = None
 
 
+class ScreenResized(Event, tag="screen-resized"):
+    """The CLI's screen changed size (`PUT /screen/size`, or tmux's own): a viewer fits its
+    terminal to it."""
+
+    cols: Annotated[int, Meta(ge=1)]
+    rows: Annotated[int, Meta(ge=1)]
+
+
 class NotificationEvent(Event, tag="notification"):
     """A notification was handed to the channels (`sent`), held back (`suppressed`: `why` says
     `cooldown`, `typing` or `over`), or withdrawn (no longer true: the approval was answered)."""
@@ -194,6 +202,7 @@ AnyEvent = (
     | EgressDenied
     | EgressChanged
     | PolicyChanged
+    | ScreenResized
     | NotificationEvent
     | ErrorEvent
 )

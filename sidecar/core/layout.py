@@ -34,6 +34,12 @@ class Layout:
         return self.state_dir / "agent.json"
 
     @property
+    def lock(self) -> Path:
+        """The state dir's lock, held for the sidecar's life, with the holder's pid and port
+        (`sidecar.process.statelock`)."""
+        return self.state_dir / "sidecar.lock"
+
+    @property
     def vapid_key(self) -> Path:
         """Web Push's VAPID private key (PEM, 0600), made the first time it is needed."""
         return self.state_dir / "vapid.pem"
@@ -47,6 +53,14 @@ class Layout:
     def push_devices(self) -> Path:
         """The browsers' Web Push subscriptions (0600)."""
         return self.state_dir / "webpush.json"
+
+    @property
+    def private_files(self) -> tuple[Path, ...]:
+        """What the CLI may neither read nor change, ever: the one list of the sidecar's
+        secrets (the agent's hook secret is in `agent_state`; Web Push's key and the browsers'
+        subscriptions in theirs). A new private file goes here; the egress guard
+        (`sidecar.egress.fence`) keeps the CLI from it."""
+        return (self.supervisor_state, self.agent_state, self.vapid_key, self.push_devices)
 
     @property
     def tmux_conf(self) -> Path:

@@ -20,7 +20,6 @@ from sidecar.core.contract import (
     EgressMode,
     Health,
     InputKey,
-    MessageType,
     StateSource,
     Status,
 )
@@ -70,6 +69,35 @@ class Error(Answer):
 # ---- status ------------------------------------------------------------------------------------
 
 
+class ScreenSize(Answer):
+    """The CLI's screen (the tmux window it draws in), in columns and rows."""
+
+    cols: Annotated[int, Meta(ge=1)]
+    rows: Annotated[int, Meta(ge=1)]
+
+
+class DialogChoice(Answer):
+    """One answer the dialog on screen offers, labelled as the CLI labels it (`POST /input`
+    with `choice` gives it). For a permission dialog, what the choice decides."""
+
+    label: str
+    decision: Annotated[
+        Decision | None, Meta(description="for a permission dialog: allow or deny; else null")
+    ] = None
+    remember: Annotated[
+        bool, Meta(description="for a permission dialog: allow this kind of call from now on")
+    ] = False
+
+
+Access = Annotated[
+    Literal["read-write", "read-only"],
+    Meta(
+        description="what this request's token may do: `read-write` (the API token, or none "
+        "is set) types and answers; `read-only` (the view token) only looks"
+    ),
+]
+
+
 class HealthAnswer(Answer):
     """Sidecar health (200 whenever the sidecar runs)."""
 
@@ -98,6 +126,10 @@ class AgentInfo(Answer):
         ),
     ]
     session_id: Annotated[str | None, Meta(description="the CLI's conversation id, when known")]
+    choices: Annotated[
+        list[DialogChoice],
+        Meta(description="`waiting` on a dialog the sidecar can read: the answers it offers"),
+    ] = field(default_factory=list)
 
 
 class EgressInfo(Answer):
@@ -182,63 +214,9 @@ class StatusAnswer(Answer):
     agent: AgentInfo
     # Always sent; a default, so that the schema does not require it of answers made before it.
     egress: EgressInfo = field(default_factory=lambda: EgressInfo(mode="open", allow=[], denied=0))
+    screen: Annotated[ScreenSize | None, Meta(description="the CLI's screen size")] = None
+    access: Access = "read-write"
     notify: NotifyInfo = field(default_factory=lambda: NotifyInfo(channels=[], on=[]))
-
-
-# ---- messages ----------------------------------------------------------------------------------
-
-
-class MessageAnswer(Answer):
-    """A message as read from its file. A hand-written file may lack `from`, `type` or `time`
-    (null here) or use another type; such messages are passed through and named in `warnings`."""
-
-    id: str
-    from_: Annotated[str | None, Meta(description="sender")] = field(name="from")
-    to: Annotated[str | None, Meta(description="recipient; null: the envoy decides")]
-    thread: Annotated[str | None, Meta(description="conversation this message belongs to")]
-    type: Annotated[str | None, Meta(description="one of the message types, as written")]
-    content: Annotated[str, Meta(description="markdown body")]
-    timestamp: Annotated[Timestamp | None, Meta(description="the message's `time`")]
-
-
-class MessageList(Answer):
-    """The messages of one message file, in file order."""
-
-    messages: list[MessageAnswer]
-    warnings: Annotated[list[str], Meta(description="problems in the message file (line N: ...)")]
-    truncated: Annotated[
-        bool, Meta(description="the file is over the read limit; only its start was read")
-    ]
-
-
-class NewMessage(Request):
-    """A message for the sleeve's inbox; the sidecar fills in `id` and `time`."""
-
-    from_: Annotated[OneLine, Meta(description="sender")] = field(name="from")
-    type: MessageType
-    content: str
-    to: Annotated[OneLine, Meta(description="recipient")] | UnsetType = UNSET
-    thread: Annotated[OneLine, Meta(description="conversation id")] | UnsetType = UNSET
-
-
-class MessageCreated(Answer):
-    """The message was stored."""
-
-    id: Annotated[str, Meta(description="id given to the message")]
-    timestamp: Timestamp
-
-
-class AckRequest(Request):
-    """Messages to remove from the outbox, by id."""
-
-    ids: Annotated[list[str], Meta(description="ids of the messages to remove")]
-
-
-class AckResult(Answer):
-    """How many messages were removed."""
-
-    removed: Count
-    unknown: Annotated[int, Meta(ge=0, description="ids that were not in the outbox")]
 
 
 # ---- control -----------------------------------------------------------------------------------
@@ -260,7 +238,8 @@ class ResleeveAccepted(Answer):
 
 
 class InputRequest(Request):
-    """Text to paste (then Enter, if `submit`) or named keys to press: exactly one of the two."""
+    """Text to paste (then Enter, if `submit`), named keys to press, or a dialog's choice to
+    give: exactly one of the three."""
 
     text: (
         Annotated[
@@ -281,6 +260,18 @@ class InputRequest(Request):
     ) = UNSET
     keys: (
         Annotated[list[InputKey], Meta(min_length=1, max_length=64, description="keys in order")]
+        | UnsetType
+    ) = UNSET
+    choice: (
+        Annotated[
+            str,
+            Meta(
+                min_length=1,
+                max_length=MAX_NAME_CHARS,
+                description="a label of `/status`'s `agent.choices`: the dialog on screen is "
+                "looked at again and given that answer with its CLI's own keys",
+            ),
+        ]
         | UnsetType
     ) = UNSET
     if_state: (
@@ -578,31 +569,6 @@ class PushEndpoint(Request):
 
 class PushStored(Answer):
     devices: Annotated[int, Meta(ge=0, description="devices subscribed now")]
-
-
-# ---- screen ------------------------------------------------------------------------------------
-
-
-class Cursor(Answer):
-    """Where the cursor is, 0-based from the screen's top left."""
-
-    row: Count
-    col: Count
-
-
-class ScreenAnswer(Answer):
-    """The CLI pane's visible screen as text, as a person attached sees it."""
-
-    rows: Annotated[int, Meta(ge=1, description="lines on the screen")]
-    cols: Annotated[int, Meta(ge=1, description="columns on the screen")]
-    lines: Annotated[
-        list[str],
-        Meta(
-            description="exactly `rows` lines, top to bottom, without escape sequences or "
-            "trailing spaces; a wide character takes two columns but is one character here"
-        ),
-    ]
-    cursor: Cursor
 
 
 # ---- terminal ----------------------------------------------------------------------------------

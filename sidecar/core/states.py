@@ -46,6 +46,15 @@ class ProcStatus:
     failures: int = 0
     restart_due: float | None = None
 
+    @property
+    def why_not_running(self) -> str | None:
+        """Why the process does not run, in words (None: it runs, or nothing says)."""
+        if self.state is ProcState.EXITED:
+            return "exited" + ("" if self.exit_code is None else f" with code {self.exit_code}")
+        if self.state in (ProcState.FATAL, ProcState.BACKOFF):
+            return self.reason
+        return None
+
 
 _S = ProcState
 #: Every legal move, from -> the states it may go to. A resleeve starts from any state the CLI

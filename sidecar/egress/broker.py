@@ -6,8 +6,12 @@ kernel read it again: it copies it once (from /proc/PID/mem, checked still curre
 NOTIF_ID_VALID), decides on its copy, takes the CLI's own socket with pidfd_getfd and connects
 it itself. The CLI keeps its socket (options, flags, epoll registrations): a non-blocking one
 gets EINPROGRESS as usual, a blocking one waits while a thread of the broker connects.
-Unix sockets: the path is opened O_PATH once and connected through /proc/self/fd, so the inode
-checked is the one reached. Abstract and unnamed addresses are refused (their owner is unknown).
+Unix sockets are decided by what they are, not by a path (a rename, a hard link or a
+/proc/PID/fd path all reach the same socket): the path is opened O_PATH once, a socket of the
+broker's own connects through /proc/self/fd to that very inode, and only if the process that
+listens there is itself inside a guard does the CLI get the connected socket (put in its place).
+A process outside (tmux, ttyd, a daemon of the host) never sees a byte from the CLI. Abstract
+and unnamed addresses are refused (their owner is unknown).
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import json
 import logging
 import os
 import socket
@@ -23,8 +26,9 @@ import stat
 import struct
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
+from sidecar.egress import callers
+from sidecar.egress.reports import report_line
 from sidecar.security import seccomp as sf
 
 log = logging.getLogger(__name__)
@@ -49,27 +53,6 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
 
-def _sockaddr_in(host: str, port: int) -> bytes:
-    return (
-        struct.pack("=H", socket.AF_INET)
-        + struct.pack("!H", port)
-        + socket.inet_aton(host)
-        + bytes(8)
-    )
-
-
-def _sockaddr_un(path: bytes) -> bytes:
-    return struct.pack("=H", socket.AF_UNIX) + path + b"\0"
-
-
-def _connect(fd: int, addr: bytes) -> int:
-    """connect(2) on a raw fd; 0 or the errno (EINPROGRESS for a non-blocking socket)."""
-    buf = ctypes.create_string_buffer(addr, len(addr))
-    if _libc.connect(fd, buf, len(addr)) == 0:
-        return 0
-    return ctypes.get_errno()
-
-
 class Broker:
     """`allowed`: the (IPv4 address, port) pairs a connect may reach; `deny_unix`: paths of unix
     sockets it must not (looked up again on every connect: a restarted tmux server makes a new
@@ -89,6 +72,9 @@ class Broker:
         self._report = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._report.setblocking(False)
         self.uid = os.geteuid()
+        # The filters every process outside the guard has here (the runtime's, if any): one
+        # more, ours, marks a process inside. Read before the broker adds its own.
+        self.outside_filters = callers.guard_marks(os.getpid())[1]
         # Blocking connects wait here, each on a thread (reused: a new one per connect would
         # cost more than the connect); a stalled one holds only its own thread.
         self._pool = ThreadPoolExecutor(max_workers=BLOCKING_CONNECTS, thread_name_prefix="connect")
@@ -110,7 +96,7 @@ class Broker:
 
     def _deny(self, n: sf.Notification, err: int, host: str, port: int, how: str) -> None:
         sf.respond(self.listener, n.id, err)
-        line = json.dumps({"host": host, "port": port, "how": how}).encode() + b"\n"
+        line = report_line(host, port, how)
         if self.report_path is not None:
             with contextlib.suppress(OSError):  # never blocks, never fails the answer
                 self._report.sendto(line, self.report_path)
@@ -166,7 +152,7 @@ class Broker:
             if (host, port) not in self.allowed:
                 self._deny(n, errno.EACCES, host, port, "direct")
                 return
-            self._perform(n, _sockaddr_in(host, port))
+            self._perform(n, callers.sockaddr_in(host, port))
         elif family == socket.AF_UNIX:
             self._on_unix(n, data[2:])
         elif family == socket.AF_INET6:
@@ -200,34 +186,88 @@ class Broker:
         finally:
             if dirfd is not None:
                 os.close(dirfd)
-        st = os.fstat(target)
-        if not stat.S_ISSOCK(st.st_mode):
+        shown = path.decode(errors="replace")
+        try:
+            st = os.fstat(target)
+            theirs = None
+            if not stat.S_ISSOCK(st.st_mode):
+                sf.respond(self.listener, n.id, errno.ECONNREFUSED)
+            elif st.st_uid != self.uid or (st.st_dev, st.st_ino) in self._denied_inodes():
+                # Another user's socket, or one of a process outside the guard (tmux, ttyd).
+                self._deny(n, errno.EACCES, shown, 0, "unix")
+            else:
+                theirs = self._their_unix(n)
+        except BaseException:
             os.close(target)
-            sf.respond(self.listener, n.id, errno.ECONNREFUSED)
-        elif st.st_uid != self.uid or (st.st_dev, st.st_ino) in self._denied_inodes():
-            # Another user's socket, or one of a process outside the guard (tmux, ttyd).
+            raise
+        if theirs is None:
             os.close(target)
-            self._deny(n, errno.EACCES, path.decode(errors="replace"), 0, "unix")
+        elif theirs[1] & os.O_NONBLOCK:
+            self._connect_unix(n, target, theirs, shown)
         else:
-            self._perform(n, _sockaddr_un(f"/proc/self/fd/{target}".encode()), keep=target)
+            self._pool.submit(self._connect_unix, n, target, theirs, shown)
 
-    def _perform(self, n: sf.Notification, addr: bytes, keep: int | None = None) -> None:
+    def _their_unix(self, n: sf.Notification) -> tuple[int, int] | None:
+        """The type and file flags of the caller's unix socket args[0]; None (answered) when it
+        is not an unconnected unix stream or seqpacket socket of the caller's."""
+        fd = n.args[0] & 0xFFFFFFFF
+        try:
+            row = callers.unix_row(n.pid, fd)
+            flags = callers.fd_flags(n.pid, fd)
+        except (OSError, ValueError):
+            row, flags = None, 0
+        if not sf.still_valid(self.listener, n.id):
+            return None  # what was read may be another process's
+        kind = callers.UNIX_TYPES.get(int(row[4], 16)) if row is not None else None
+        if row is None or kind is None:
+            sf.respond(self.listener, n.id, errno.ENOTSOCK if row is None else errno.EPROTOTYPE)
+            return None
+        if row[5] == callers.UNIX_CONNECTED:
+            sf.respond(self.listener, n.id, errno.EISCONN)
+            return None
+        return kind, flags
+
+    def _connect_unix(
+        self, n: sf.Notification, target: int, theirs: tuple[int, int], shown: str
+    ) -> None:
+        """Connect a socket of the broker's own, of the caller's type, to `target` (an O_PATH
+        fd, closed here), and put it in the caller's place (its file flags kept) if the
+        process listening there is inside a guard. A blocking caller's runs on a thread."""
+        kind, flags = theirs
+        try:
+            with socket.socket(socket.AF_UNIX, kind) as sock:
+                sock.setblocking(not flags & os.O_NONBLOCK)
+                err = callers.connect(
+                    sock.fileno(), callers.sockaddr_un(f"/proc/self/fd/{target}".encode())
+                )
+                if err:
+                    sf.respond(self.listener, n.id, err)
+                elif not callers.listener_inside(sock, self.outside_filters):
+                    self._deny(n, errno.EACCES, shown, 0, "unix")
+                else:
+                    into = n.args[0] & 0xFFFFFFFF
+                    sf.add_fd(self.listener, n.id, sock.fileno(), into, flags & os.O_CLOEXEC)
+                    sf.respond(self.listener, n.id, 0)
+        except OSError as exc:
+            log.warning("egress guard: a unix connect of %d: %s", n.pid, exc)
+            with contextlib.suppress(OSError):
+                sf.respond(self.listener, n.id, errno.EACCES)
+        finally:
+            os.close(target)
+
+    def _perform(self, n: sf.Notification, addr: bytes) -> None:
         """Connect the caller's own socket to `addr` (the broker's copy) and answer with what
-        connect returned. `keep`: an fd `addr` names; closed here once the connect is made."""
+        connect returned."""
         sock = self._their_socket(n)
         if sock is None:
-            if keep is not None:
-                os.close(keep)
             return
         if os.get_blocking(sock):
-            self._pool.submit(self._connect_blocking, n.id, sock, addr, keep)
+            self._pool.submit(self._connect_blocking, n.id, sock, addr)
             return
         try:
-            sf.respond(self.listener, n.id, _connect(sock, addr))
+            sf.respond(self.listener, n.id, callers.connect(sock, addr))
         finally:
             os.close(sock)
-            if keep is not None:
-                os.close(keep)
 
     def _their_socket(self, n: sf.Notification) -> int | None:
         """The caller's fd args[0], taken into the broker; None (answered if still waiting)."""
@@ -262,9 +302,8 @@ class Broker:
         lost (none of the CLIs' clients needs one to connect). None: answered."""
         target = n.args[0] & 0xFFFFFFFF
         try:
-            flags = _fd_flags(n.pid, target)
-            family = socket.AF_UNIX if _is_unix(n.pid, target) else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            flags = callers.fd_flags(n.pid, target)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         except OSError:
             sf.respond(self.listener, n.id, errno.EBADF)
             return None
@@ -279,15 +318,13 @@ class Broker:
             return None
         return fd  # the broker's copy: the caller holds the same socket at `target`
 
-    def _connect_blocking(self, nid: int, sock: int, addr: bytes, keep: int | None) -> None:
+    def _connect_blocking(self, nid: int, sock: int, addr: bytes) -> None:
         try:
-            sf.respond(self.listener, nid, _connect(sock, addr))
+            sf.respond(self.listener, nid, callers.connect(sock, addr))
         except OSError as exc:
             log.warning("egress guard: answering a connect: %s", exc)
         finally:
             os.close(sock)
-            if keep is not None:
-                os.close(keep)
 
     @staticmethod
     def _pidfd(tid: int) -> int | None:
@@ -299,30 +336,6 @@ class Broker:
         # Before Linux 6.9: the process's pidfd (its threads share one fd table but for
         # unshare(CLONE_FILES), where the process's socket of that number is connected).
         try:
-            return os.pidfd_open(_tgid(tid))
+            return os.pidfd_open(callers.tgid(tid))
         except (OSError, ValueError):
             return None
-
-
-def _tgid(tid: int) -> int:
-    for line in Path(f"/proc/{tid}/status").read_text().splitlines():
-        if line.startswith("Tgid:"):
-            return int(line.split()[1])
-    msg = f"no Tgid for {tid}"
-    raise ValueError(msg)
-
-
-def _fd_flags(pid: int, fd: int) -> int:
-    """The file status flags of `pid`'s `fd` (octal `flags:` in /proc/PID/fdinfo)."""
-    for line in Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines():
-        if line.startswith("flags:"):
-            return int(line.split()[1], 8)
-    return 0
-
-
-def _is_unix(pid: int, fd: int) -> bool:
-    """Whether `pid`'s `fd` is a unix socket (its inode listed in /proc/PID/net/unix)."""
-    link = os.readlink(f"/proc/{pid}/fd/{fd}")  # socket:[INODE]
-    inode = link.removeprefix("socket:[").removesuffix("]")
-    with open(f"/proc/{pid}/net/unix") as table:  # Num RefCount Protocol Flags Type St Inode
-        return any(line.split()[6:7] == [inode] for line in table)

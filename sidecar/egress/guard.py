@@ -2,29 +2,28 @@
 sidecar's API): `python -I -m sidecar.egress.guard --allow 127.0.0.1:P ... -- ARGV`.
 
 Without privilege, so the same in Docker, bubblewrap and a restricted pod: the wrapper forks;
-the child sets no_new_privs, a Landlock ruleset (TCP connect to the allowed ports only; abstract
-unix sockets and signals scoped) and the seccomp filter of `sidecar.security.seccomp`, hands the
-filter's listener to the parent and execs ARGV. The parent stays as the broker
-(`sidecar.egress.broker`), the CLI's parent: it decides every connect by address, forwards the
-signals sent to it alone, and exits as the CLI did. The broker dying closes the listener, and
-from then on the CLI's connects fail (ENOSYS): fail closed.
+the child sets no_new_privs, drops every capability, applies Landlock (TCP connect to the
+allowed ports only; abstract unix sockets and signals scoped; the files of `sidecar.egress.fence`
+out of reach) and the seccomp filter of `sidecar.security.seccomp`, hands the filter's listener
+to the parent and execs ARGV with the CLI's own variables (`--env-file`: they reach nothing
+outside the guard). The parent stays as the broker (`sidecar.egress.broker`), the CLI's parent,
+under a filter of its own: it decides every connect, forwards the signals sent to it alone, and
+exits as the CLI did. The broker dying closes the listener, and from then on the CLI's
+connects fail (ENOSYS): fail closed.
 
-Choices against the first design: the broker connects the CLI's own socket (pidfd_getfd) rather
-than a new one put in its place, so options set before connect (curl's TCP_NODELAY) and epoll
-registrations stay; TCP bind is left open (a dev server may listen; listening is not egress);
-unix datagram sockets are refused (a sendmsg address is out of seccomp's sight); a nested
-seccomp listener is refused (it would get connect() before the broker and could let it pass).
-The supervisor tracks the broker as the CLI's pid: stopping the tree reaches both, the exit
-status passes through, and terminal signals (Ctrl-C, SIGWINCH) reach the CLI directly.
+Choices against the first design: the broker connects the CLI's own TCP socket (pidfd_getfd)
+rather than a new one put in its place, so options set before connect (curl's TCP_NODELAY) and
+epoll registrations stay; TCP bind is left open (a dev server may listen; listening is not
+egress); unix datagram sockets are refused (a sendmsg address is out of seccomp's sight); a
+nested seccomp listener is refused (it would get connect() before the broker and could let it
+pass). The supervisor tracks the broker as the CLI's pid: stopping the tree reaches both, the
+exit status passes through, and terminal signals (Ctrl-C, SIGWINCH) reach the CLI directly.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import ctypes
-import json
 import os
 import select
 import signal
@@ -32,17 +31,22 @@ import socket
 import struct
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
+from sidecar.core import env_file
+from sidecar.core.files import read_regular
 from sidecar.egress.broker import Broker
-from sidecar.security import landlock
+from sidecar.egress.fence import RESOLVER_FILES, Fence
+from sidecar.security import caps, landlock
 from sidecar.security import seccomp as sf
-from sidecar.security.acting import Owner, acting
+from sidecar.security.users import User, spawn_credentials
 
 MISSING = 2  # exit status: the guard cannot hold here
 PR_SET_PDEATHSIG = 1
 SFD_FLAGS = os.O_CLOEXEC | os.O_NONBLOCK
+MAX_ENV_FILE = 1 << 20
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGWINCH, signal.SIGQUIT,
              signal.SIGUSR1, signal.SIGUSR2)  # fmt: skip
 # `python -I` ignores PYTHONPATH and the user's site: the CLI's environment cannot put code
@@ -60,9 +64,13 @@ def guard_argv(
     report: Path | None,
     *,
     deny_unix: Sequence[Path] = (),
+    fence: Fence | None = None,
+    env_file: Path | None = None,
 ) -> tuple[str, ...]:
     """The argv that runs `argv` guarded: connects only to `allowed` (IPv4, port), none to the
-    unix sockets `deny_unix` (the sidecar's tmux and ttyd), refusals told to `report`."""
+    unix sockets `deny_unix` (the sidecar's tmux and ttyd) or to any listener outside the
+    guard, refusals told to `report`, the files of `fence` out of reach, the variables in
+    `env_file` given to `argv` alone."""
     root = str(Path(__file__).resolve().parents[2])
     out = [sys.executable, "-I", "-c", BOOT, root]
     for host, port in allowed:
@@ -71,6 +79,10 @@ def guard_argv(
         out += ["--deny-unix", str(path)]
     if report is not None:
         out += ["--report", str(report)]
+    if fence is not None:
+        out += fence.argv()
+    if env_file is not None:
+        out += ["--env-file", str(env_file)]
     return (*out, "--", *argv)
 
 
@@ -87,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allow", action="append", type=_address, default=[], metavar="IP:PORT")
     p.add_argument("--deny-unix", action="append", default=[], metavar="PATH")
     p.add_argument("--report", metavar="PATH")
+    for flag in ("--no-access", "--no-write", "--write-only"):
+        p.add_argument(flag, action="append", default=[], metavar="PATH")
+    p.add_argument("--env-file", metavar="PATH", help="the CLI's own variables (NAME=VALUE)")
     p.add_argument("--check", action="store_true", help="run the self-test instead of ARGV")
     p.add_argument("--probe", type=_address, help=argparse.SUPPRESS)
     p.add_argument("argv", nargs="*")
@@ -109,11 +124,22 @@ def main(args: Sequence[str] | None = None) -> None:
     version = landlock.abi()
     if version < landlock.NET_ABI:
         _missing(f"Landlock ABI {version} < {landlock.NET_ABI} (TCP connect rules)")
-    status = run(argv, opts.allow, opts.deny_unix, opts.report, version)
+    fence = Fence.of_args(opts.no_access, opts.no_write, opts.write_only)
+    env = _cli_env(opts.env_file) if opts.env_file else {}
+    status = run(argv, opts.allow, opts.deny_unix, opts.report, version, fence=fence, env=env)
     _exit_like(status)
 
 
-def _missing(what: str) -> None:
+def _cli_env(path: str) -> dict[str, str]:
+    """The CLI's own variables, read once here (the file is the sidecar's, in a directory the
+    CLI can change nothing in); a file that is missing or not a regular one is a refusal."""
+    data = read_regular(Path(path), MAX_ENV_FILE)
+    if data is None:
+        _missing(f"--env-file {path} is not a regular file it can read")
+    return env_file.parse(data.decode("utf-8", "surrogateescape"))
+
+
+def _missing(what: str) -> NoReturn:
     print(f"egress_guard: cannot close the network: {what}", file=sys.stderr, flush=True)
     sys.exit(MISSING)
 
@@ -124,6 +150,9 @@ def run(
     deny_unix: Sequence[str],
     report: str | None,
     version: int,
+    *,
+    fence: Fence | None = None,
+    env: dict[str, str] | None = None,
 ) -> int:
     """Start `argv` guarded, broker its connects until it exits; its wait status."""
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
@@ -132,52 +161,81 @@ def run(
     pid = os.fork()
     if pid == 0:
         ours.close()
-        ports = {port for _, port in allowed}
-        _child(theirs, argv, parent=parent, ports=ports, version=version, old_mask=old_mask)
+        child = _Child(
+            argv,
+            parent=parent,
+            ports={port for _, port in allowed},
+            version=version,
+            fence=fence or Fence(),
+            env={**os.environ, **(env or {})},
+        )
+        child.run(theirs, old_mask)
     theirs.close()
-    child = os.pidfd_open(pid)
+    child_fd = os.pidfd_open(pid)
     msg, fds, _flags, _addr = socket.recv_fds(ours, 512, 1)
     ours.close()
     if not fds:
         os.waitpid(pid, 0)
         _missing(msg.decode(errors="replace") or "the guarded child died while starting")
     broker = Broker(fds[0], allowed, deny_unix, report)
-    return _serve(broker, pid, child)
+    try:
+        sf.confine_broker()
+    except OSError as exc:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        _missing(f"the broker's own filter: {exc.strerror or exc}")
+    return _serve(broker, pid, child_fd)
 
 
-def _child(
-    sock: socket.socket,
-    argv: Sequence[str],
-    *,
-    parent: int,
-    ports: set[int],
-    version: int,
-    old_mask: set[int],
-) -> None:
-    """In the forked child: close the network, hand over the listener, become the CLI."""
-    try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; exec would keep it
-            signal.signal(sig, signal.SIG_DFL)
-        # The CLI dies with the broker; what it started lives on with its network closed.
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-        sf.no_new_privs()
-        landlock.restrict_connect(ports, version)
-        listener = sf.install()
-        socket.send_fds(sock, [b"ok"], [listener])
-        os.close(listener)
-    except OSError as exc:
-        with_errno = exc.strerror or str(exc)
-        sock.send(with_errno.encode()[:500])
-        os._exit(MISSING)
-    sock.close()
-    try:
-        os.execvp(argv[0], list(argv))  # noqa: S606 - the guarded command, as given
-    except OSError as exc:
-        print(f"egress_guard: {argv[0]}: {exc.strerror}", file=sys.stderr, flush=True)
-        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+class _Child:
+    """The forked child: closes the network and the fenced files, hands the listener over,
+    becomes the CLI with `env`."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        parent: int,
+        ports: set[int],
+        version: int,
+        fence: Fence,
+        env: dict[str, str],
+    ) -> None:
+        self.argv = list(argv)
+        self.parent = parent
+        self.ports = ports
+        self.version = version
+        self.fence = fence
+        self.env = env
+
+    def run(self, sock: socket.socket, old_mask: set[int]) -> None:
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; exec keeps it
+                signal.signal(sig, signal.SIG_DFL)
+            # The CLI dies with the broker; what it started lives on with its network closed.
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != self.parent:
+                os._exit(1)
+            sf.no_new_privs()
+            # No capability, not even for a root CLI (whose exec would otherwise get them all
+            # back: no_new_privs keeps the empty set empty).
+            caps.keep_only(())
+            landlock.restrict_connect(self.ports, self.version)
+            self.fence.apply()
+            listener = sf.install()
+            socket.send_fds(sock, [b"ok"], [listener])
+            os.close(listener)
+        except OSError as exc:
+            with_errno = exc.strerror or str(exc)
+            sock.send(with_errno.encode()[:500])
+            os._exit(MISSING)
+        sock.close()
+        try:
+            os.execvpe(self.argv[0], self.argv, self.env)  # noqa: S606 - the guarded command
+        except OSError as exc:
+            print(f"egress_guard: {self.argv[0]}: {exc.strerror}", file=sys.stderr, flush=True)
+            os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
 
 def _signalfd(signals: Sequence[int]) -> int:
@@ -234,7 +292,7 @@ def _exit_like(status: int) -> None:
         if sig not in (signal.SIGQUIT, signal.SIGABRT, signal.SIGSEGV):  # no core of ours
             signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-            os.kill(os.getpid(), sig)
+            signal.raise_signal(sig)
         os._exit(128 + sig)
     os._exit(os.waitstatus_to_exitcode(status))
 
@@ -270,65 +328,44 @@ def _probe(allowed: tuple[str, int]) -> int:
 
 
 def self_test(
-    allowed: Sequence[tuple[str, int]], *, timeout: float = 10.0, env: dict[str, str] | None = None
+    allowed: Sequence[tuple[str, int]],
+    *,
+    timeout: float = 10.0,
+    env: dict[str, str] | None = None,
+    user: User | None = None,
 ) -> str | None:
-    """Run the self-test from a guarded child the way the CLI will run; None when the guard
-    holds, else one line naming what is missing or what got through."""
-    argv = guard_argv(["--check"], allowed, None)
+    """Run the self-test from a guarded child the way the CLI will run (as `user`, with `env`,
+    behind the resolver's fence); None when the guard holds, else one line naming what is
+    missing or what got through."""
+    argv = guard_argv(["--check"], allowed, None, fence=Fence(no_write=RESOLVER_FILES))
     argv = tuple(a for a in argv if a != "--")  # --check runs its own probe instead of ARGV
+    who = f"SIDECAR_USER {user.spec}" if user is not None else "the CLI's user"
     try:
         done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, env=env, check=False
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            check=False,
+            cwd="/",
+            **spawn_credentials(user),
         )
     except subprocess.TimeoutExpired:
         return f"egress_guard: self-test did not finish in {timeout:g}s"
+    except PermissionError:
+        return (
+            f"{who} cannot run the sidecar's Python {sys.executable}, which runs the egress "
+            "guard beside the CLI: install the sidecar from a Python every user may run "
+            "(e.g. a venv made with /usr/bin/python3)"
+        )
     if done.returncode == 0:
         return None
     lines = done.stderr.strip().splitlines()
-    return lines[-1] if lines else f"egress_guard: self-test exited {done.returncode}"
-
-
-class ReportListener(asyncio.DatagramProtocol):
-    """The supervisor's end of `--report`: calls `on_denied(host, port, how)` per refusal.
-    Only processes outside the guard can send here (the guarded cannot make unix datagram
-    sockets), so a line is the broker's."""
-
-    def __init__(self, on_denied: Callable[[str, int, str], None]) -> None:
-        self.on_denied = on_denied
-
-    @classmethod
-    async def open(
-        cls,
-        path: Path,
-        on_denied: Callable[[str, int, str], None],
-        *,
-        owner: Owner | None = None,
-    ) -> asyncio.DatagramTransport:
-        """Bind `path` (a stale one is replaced), as `owner` (the CLI's user, who must send:
-        the socket is made as that user's, no chown needed)."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.setblocking(False)
-        try:
-            with acting(owner):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                sock.bind(str(path))
-                os.chmod(path, 0o600)
-        except OSError:
-            sock.close()
-            raise
-        loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(lambda: cls(on_denied), sock=sock)
-        return transport
-
-    def datagram_received(self, data: bytes, addr: object) -> None:
-        try:
-            line = json.loads(data)
-            host, port, how = line["host"], line["port"], line["how"]
-        except (ValueError, KeyError, TypeError):
-            return
-        if isinstance(host, str) and isinstance(port, int) and isinstance(how, str):
-            self.on_denied(host[:255], port, how[:16])
+    last = lines[-1] if lines else f"egress_guard: self-test exited {done.returncode}"
+    if "ModuleNotFoundError" in last or "Permission denied" in last:
+        return f"{who} cannot load the sidecar's egress guard ({argv[4]}): {last}"
+    return last
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ for the far end (origin form, one request, closed after it), and its one-line re
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from sidecar.egress.allowlist import normalise_host
@@ -31,6 +32,7 @@ PHRASES = {
     503: "Service Unavailable",
     504: "Gateway Timeout",
 }
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f]")  # C0 but HTAB, and DEL
 # Hop-by-hop headers (RFC 9110 7.6.1) and the proxy's own: never sent on to the far end.
 HOP_HEADERS = frozenset(
     {
@@ -116,6 +118,10 @@ def parse_head(head: bytes) -> Request:
         method, target, version = lines[0].split(" ")
     except ValueError:
         raise Refusal(400, "malformed request line") from None
+    # A bare LF, a CR, a NUL inside a line: a far end that splits lines another way would read
+    # a header the checks below never saw (a second Host). Tabs only in a header's value.
+    if _CONTROL.search(lines[0].replace("\t", "\0")) or any(map(_CONTROL.search, lines[1:])):
+        raise Refusal(400, "a control character inside a line of the request head")
     if not version.startswith("HTTP/1."):
         raise Refusal(400, f"unsupported protocol {version!r}")
     headers = _headers(lines[1:])

@@ -27,9 +27,11 @@ from sidecar.core.events import EventBus
 from sidecar.core.loopback import loopback_url
 from sidecar.core.shapes import EgressAnswer, EgressInfo
 from sidecar.egress.allowlist import MAX_PATTERNS, Allowlist, AllowlistError, parse_pattern
-from sidecar.egress.guard import ReportListener, guard_argv
+from sidecar.egress.fence import Fence
+from sidecar.egress.guard import guard_argv
 from sidecar.egress.peer import Peer, PeerFinder
 from sidecar.egress.proxy import Ask, AskAnswer, Asked, EgressProxy
+from sidecar.egress.reports import ReportListener
 from sidecar.egress.sides import Limits
 from sidecar.security.acting import Owner, acting
 
@@ -122,7 +124,7 @@ class Egress:
         self._events = _Limiter(clock)
         self._logs = _Limiter(clock)
         self.proxy: EgressProxy | None = None
-        self._reports: asyncio.DatagramTransport | None = None
+        self._reports: ReportListener | None = None
         self.report_path: Path | None = None
         if allow is not None:
             self.proxy = EgressProxy(
@@ -171,20 +173,35 @@ class Egress:
             await self.proxy.close()
         self._finder.shutdown(wait=False, cancel_futures=True)
 
-    async def listen_reports(self, path: Path, owner: Owner | None = None) -> None:
-        """Take the enforcement's reports of refused attempts (`egress_guard.ReportListener`
-        on a unix datagram socket at `path`; `owner`: the CLI's user, who sends them)."""
-        self._reports = await ReportListener.open(path, self.denied, owner=owner)
+    def listen_reports(
+        self, path: Path, sender: Callable[[int, int], bool], group: int | None = None
+    ) -> None:
+        """Take the broker's reports of refused attempts (`sidecar.egress.reports`) on a unix
+        datagram socket at `path`, from the process `sender(pid, uid)` accepts; `group`: the
+        CLI user's, whose broker sends."""
+        self._reports = ReportListener.open(
+            path, self.denied, sender=sender, hows=HOWS, group=group
+        )
         self.report_path = path
 
-    def guard(self, argv: tuple[str, ...], deny_unix: tuple[Path, ...]) -> tuple[str, ...]:
+    def guard(
+        self,
+        argv: tuple[str, ...],
+        *,
+        deny_unix: tuple[Path, ...],
+        fence: Fence,
+        env_file: Path,
+    ) -> tuple[str, ...]:
         """The argv that runs `argv` with its network closed but for the proxy and the API
         (`argv` itself with an open network). `deny_unix`: sockets leading to processes
-        outside the guard (the sidecar's tmux and ttyd)."""
+        outside the guard (the sidecar's tmux and ttyd); `fence`: the files it keeps the CLI
+        from; `env_file`: the CLI's own variables, for the CLI alone."""
         if self.proxy is None or not self.started:
             return argv
         allowed = [self.proxy.address, self.api_address]
-        return guard_argv(argv, allowed, self.report_path, deny_unix=deny_unix)
+        return guard_argv(
+            argv, allowed, self.report_path, deny_unix=deny_unix, fence=fence, env_file=env_file
+        )
 
     @property
     def texts(self) -> list[str]:

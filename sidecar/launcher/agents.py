@@ -49,7 +49,7 @@ def printable(text: str, limit: int) -> str:
     return cleaned if len(cleaned) <= limit else cleaned[: limit - 1] + "…"
 
 
-def _parse(body: object) -> Agent:
+def parse(body: object) -> Agent:
     agent = body.get("agent") if isinstance(body, dict) else None
     state = agent.get("state") if isinstance(agent, dict) else None
     if not isinstance(agent, dict) or not isinstance(state, str) or not state:
@@ -78,7 +78,7 @@ def _pending(body: object) -> tuple[Pending, ...]:
     )
 
 
-def _get(port: int, token: str | None, path: str, timeout: float) -> object:
+def get_json(port: int, token: str | None, path: str, timeout: float) -> object:
     headers = {"Accept": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
@@ -90,7 +90,7 @@ def _get(port: int, token: str | None, path: str, timeout: float) -> object:
 def ask(port: int, token: str | None, timeout: float) -> Agent:
     """One sleeve's agent, from http://127.0.0.1:PORT/status (never raises)."""
     try:
-        body = _get(port, token, "/status", timeout)
+        body = get_json(port, token, "/status", timeout)
     except urllib.error.HTTPError as exc:
         why = " (no token recorded for it)" if exc.code == 401 and not token else ""
         return Agent(UNKNOWN, f"/status answered {exc.code}{why}")
@@ -98,7 +98,7 @@ def ask(port: int, token: str | None, timeout: float) -> Agent:
         return Agent(UNKNOWN, f"no answer: {printable(str(exc.reason), 80)}")
     except (OSError, ValueError) as exc:  # timed out or cut off while answering; not JSON
         return Agent(UNKNOWN, f"no answer: {printable(str(exc) or type(exc).__name__, 80)}")
-    return _parse(body)
+    return parse(body)
 
 
 def with_approvals(agent: Agent, port: int, token: str | None, timeout: float) -> Agent:
@@ -107,7 +107,7 @@ def with_approvals(agent: Agent, port: int, token: str | None, timeout: float) -
     if agent.state != "waiting":
         return agent
     try:
-        listed = _pending(_get(port, token, "/approvals", timeout))
+        listed = _pending(get_json(port, token, "/approvals", timeout))
     except (OSError, ValueError):  # HTTP errors and timeouts are OSErrors; not JSON
         return agent
     return dataclasses.replace(agent, approvals=listed)

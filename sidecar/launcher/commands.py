@@ -176,6 +176,13 @@ def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: 
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from sidecar.launcher import kube, manifest, projectfiles
+
+    try:  # before anything starts: a typo is not a sleeve that fails later
+        manifest.check_cli("shell" if args.shell else args.cli, settings.env, unread_passes=True)
+    except kube.ManifestError as exc:
+        print(f"sleeve: {exc}", file=sys.stderr)
+        return 2
     project = project_of(args, settings, read_only=args.dry_run)  # --dry-run writes nothing
     runtime = runtimes.choose(args.runtime, dry_run=args.dry_run)
     limits = runopts.limits(args.cpus, args.memory, args.pids_limit)
@@ -195,13 +202,15 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         slot = launch.pick_slot(project, runs, args.slot, create=not args.dry_run)
         if not args.dry_run:
             prepare_home_files(slot)
+        run_id = launch.new_run_id()
         plan = dataclasses.replace(
             _plan(args, settings, project, slot),
             user=runtime.user(),
             limits=limits,
             tokens=sleeve_tokens,
+            sleeve_name=run_id,  # the dashboard names the run as `sleeve ps` does
         )
-        run = Run(launch.new_run_id(), project.key, slot.index, slot.id, runtime.name, plan.cli)
+        run = Run(run_id, project.key, slot.index, slot.id, runtime.name, plan.cli)
         run.port = plan.port
         run.token = sleeve_tokens[TOKEN_VAR]  # for the owner: `sleeve ps --json`
         run.stop_timeout = plan.stop_timeout  # what `sleeve stop` gives it
@@ -218,6 +227,10 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         runtime.start(run, plan, command)
         StateStore(home).upsert(run)
     url = launch.await_health(home, run, args.wait)
+    launch.await_cli(home, run)
+    note = projectfiles.note_once(instances.instance_dir(home, project.root), plan.workspace)
+    if note is not None:
+        print(f"sleeve: {note}", file=sys.stderr)
     # Printed once; `sleeve ps --json` has the token again.
     print(
         f"slot {slot.index} ({slot.id}) runs {plan.cli} under {runtime.name}: "

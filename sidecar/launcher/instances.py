@@ -37,6 +37,15 @@ def project_path(raw: str) -> Path:
 
 def canonical_root(path: Path) -> Path:
     """The directory holding the main `.git` of the repo at `path`, else `path` resolved."""
+    common = git_common_dir(path)
+    if common is None:
+        return path.resolve()
+    # A non-bare repo keeps its common dir in `<root>/.git`; a bare repo *is* its common dir.
+    return common.parent if common.name == ".git" else common
+
+
+def git_common_dir(path: Path) -> Path | None:
+    """The git dir shared by every worktree of the repo at `path` (None: not in a repo)."""
     # GIT_DIR and friends in our environment would point git at some other repo.
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     try:
@@ -49,14 +58,12 @@ def canonical_root(path: Path) -> Path:
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         logger.debug("git rev-parse failed for %s: %s", path, exc)
-        return path.resolve()
+        return None
     if out.returncode != 0:
-        return path.resolve()
+        return None
     # Only the one trailing newline is git's; a path may itself end in a newline.
     raw = out.stdout[:-1] if out.stdout.endswith(b"\n") else out.stdout
-    common = Path(os.fsdecode(raw)).resolve()
-    # A non-bare repo keeps its common dir in `<root>/.git`; a bare repo *is* its common dir.
-    return common.parent if common.name == ".git" else common
+    return Path(os.fsdecode(raw)).resolve()
 
 
 def sha16(root: Path) -> str:

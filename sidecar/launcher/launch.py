@@ -150,6 +150,39 @@ def wait_healthy(run: Run, deadline_s: float) -> str:
     raise LauncherError(msg)
 
 
+# How long `sleeve run` waits, after /health, for the sleeve to say whether its CLI runs.
+CLI_WAIT = 10.0
+CLI_DOWN = frozenset({"fatal", "exited", "backoff"})  # /status `cli_state`: it does not run
+
+
+def await_cli(home: Path, run: Run, deadline_s: float = CLI_WAIT) -> None:
+    """Wait for the sleeve's first word on its CLI (/status): running, or why not. A CLI that
+    cannot run (not installed in the image or on the host, or exiting at once) stops the sleeve
+    and is a LauncherError with the sleeve's reason; a sleeve that says nothing in time is left
+    running (`sleeve ps` tells its agent's state later)."""
+    from sidecar.launcher import agents  # urllib: imported by the commands that ask a sleeve
+
+    assert run.port is not None
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            status = agents.get_json(run.port, run.token, "/status", 2)
+        except (OSError, ValueError) as exc:  # restarting, or half an answer: ask again
+            logger.debug("status: %s", exc)
+            status = None
+        state = status.get("cli_state") if isinstance(status, dict) else None
+        if state == "running":
+            return
+        if state in CLI_DOWN:
+            reason = agents.parse(status).reason or f"its state is {state}"
+            with contextlib.suppress(LauncherError):  # the CLI's reason is the one to report
+                stop(home, run, grace=5)
+            msg = f"the sleeve started, but its CLI {run.cli} does not run: {reason}; stopped it"
+            raise LauncherError(msg)
+        time.sleep(POLL_INTERVAL)
+    logger.info("the sleeve did not say within %g s whether its CLI runs", deadline_s)
+
+
 def new_run_id() -> str:
     return time.strftime("%Y%m%d%H%M%S") + "-" + secrets.token_hex(3)
 

@@ -127,6 +127,9 @@ def cmd_instances(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_gc(args: argparse.Namespace, settings: Settings) -> int:
     verb = "would remove" if args.dry_run else "removed"
-    for root in instances.gc(settings.home, dry_run=args.dry_run):
+    gone = instances.gc(settings.home, dry_run=args.dry_run)
+    for root in gone:
         print(f"{verb} {root}", file=sys.stderr)
+    if not gone:
+        print("nothing to remove: every instance's project root is still there", file=sys.stderr)
     return 0

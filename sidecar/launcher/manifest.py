@@ -60,9 +60,10 @@ def check_image(image: str) -> str:
     return image
 
 
-def check_cli(name: str, env: Mapping[str, str]) -> str:
+def check_cli(name: str, env: Mapping[str, str], *, unread_passes: bool = False) -> str:
     """The built-in CLIs, plus those of a SIDECAR_CLI_CONFIG readable here (it may exist only
-    in the image; then the sidecar in the pod is the judge of it)."""
+    in the image; then the sidecar in the pod is the judge of it). `unread_passes`: with such a
+    file not readable here, any name passes (`sleeve run` reports the sleeve's verdict)."""
     from sidecar.agent.registry import load_registry
     from sidecar.config import ConfigError
 
@@ -70,6 +71,8 @@ def check_cli(name: str, env: Mapping[str, str]) -> str:
     try:
         known = load_registry(Path(config) if config else None)
     except ConfigError:
+        if unread_passes:
+            return name
         known = load_registry(None)
     if name not in known:
         msg = f"--cli {name!r} is not a known CLI (known: {', '.join(sorted(known))})"

@@ -103,6 +103,8 @@ class RunPlan:
     tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
     # The egress allowlist's patterns (`--egress`); None: the network is open.
     egress: tuple[str, ...] | None = None
+    # SLEEVE_NAME (the sleeve's name in its /status and dashboard); None: the slot's id.
+    sleeve_name: str | None = None
 
     @property
     def stop_timeout(self) -> int:
@@ -147,7 +149,7 @@ def fixed_env(plan: RunPlan, *, port: int, host: str) -> dict[str, str]:
     stays unset: ttyd listens on a unix socket only the sidecar reaches.)"""
     env = {
         "HOME": SANDBOX_HOME,
-        "SLEEVE_NAME": plan.slot_id,
+        "SLEEVE_NAME": plan.sleeve_name or plan.slot_id,
         "SLEEVE_CLI": plan.cli,
         "SIDECAR_HOST": host,
         "SIDECAR_PORT": str(port),

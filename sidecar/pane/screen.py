@@ -1,6 +1,7 @@
-"""The CLI pane's screen as a person attached sees it: asked of tmux through the control client
-the sidecar already runs (`PaneActivity.ask`), so a look costs two commands on a pipe and no
-process. `parse_screen` is pure; `ScreenLook` logs a run of failed looks once.
+"""The CLI pane's screen as a person attached sees it, and its size: asked of (and set in) tmux
+through the control client the sidecar already runs (`PaneActivity.ask`), so a look costs two
+commands on a pipe and no process. `parse_screen` is pure; `ScreenLook` logs a run of failed
+looks once.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from sidecar.core.contract import TMUX_SESSION
 from sidecar.pane.protocol import CommandFailed, ControlError, Reply
 from sidecar.pane.tmux import PANE
 
@@ -26,6 +28,8 @@ SIZE = f"display-message -p -t {TARGET} '{SIZE_FORMAT}'"
 # text is the pane's UTF-8. In control mode tmux writes it as it is: nothing is escaped.
 CAPTURE = f"capture-pane -p -t {TARGET}"
 LOOK = (SIZE, CAPTURE)
+# The window (the session's only one) and its one pane are the same size.
+WINDOW = f"{TMUX_SESSION}:0"
 
 Ask = Callable[[Sequence[str], float], Awaitable[list[Reply]]]
 
@@ -60,9 +64,29 @@ class ScreenLook:
     run of failures is logged, the rest are not until a look works again (a client asking every
     second while tmux is away writes one line, not one per request)."""
 
-    def __init__(self, ask: Ask) -> None:
+    def __init__(self, ask: Ask, on_size: Callable[[tuple[int, int]], None] | None = None) -> None:
         self.ask = ask
+        self.on_size = on_size  # the size (columns, rows) each look and resize finds
         self._failing = False
+
+    async def resize(self, cols: int, rows: int) -> tuple[int, int]:
+        """Make the window `cols` x `rows` (numbers, so nothing but digits reaches tmux's
+        parser); the size tmux then reports. ControlError when tmux cannot be asked."""
+        resize = f"resize-window -t {WINDOW} -x {int(cols)} -y {int(rows)}"
+        done, size = await self.ask((resize, SIZE), LOOK_TIMEOUT)
+        for reply in (done, size):
+            if not reply.ok:
+                msg = f"tmux: {reply.text() or 'error'}"
+                raise CommandFailed(msg)
+        try:
+            found = tuple(int(word) for word in size.text().split()[:2])
+        except ValueError:
+            msg = f"tmux answered the size with {size.text()!r}"
+            raise CommandFailed(msg) from None
+        width, height = found
+        if self.on_size is not None:
+            self.on_size((width, height))
+        return width, height
 
     async def look(self) -> Screen:
         try:
@@ -78,4 +102,6 @@ class ScreenLook:
         if self._failing:
             self._failing = False
             log.info("looking at the CLI's screen works again")
+        if self.on_size is not None:
+            self.on_size((screen.cols, screen.rows))
         return screen

@@ -19,14 +19,14 @@ from typing import Any
 import libtmux
 from libtmux import exc as tmux_exc
 
-from sidecar.core.contract import TMUX_SESSION
+from sidecar.core.contract import SCREEN_START, TMUX_SESSION
+from sidecar.core.env_file import text as env_file_text
 from sidecar.core.files import read_regular, write_new
 from sidecar.core.layout import Layout
 from sidecar.security.users import User, spawn_credentials
 
 log = logging.getLogger(__name__)
 
-WIDTH, HEIGHT = 200, 50
 #: The CLI's pane, targeted by its id: `new-session` makes it the first pane of a server we
 #: start, which tmux numbers %0, and respawn-pane keeps the id. Unlike a position
 #: (`main:0.0`), it stays the CLI's pane when someone at the terminal splits the window and
@@ -94,16 +94,6 @@ WAITER_SCRIPT = (
 )
 
 
-def env_file_text(env: Mapping[str, str]) -> str:
-    """`env` as the waiter reads it back: NAME=VALUE lines, backslashes and newlines escaped
-    for `printf %b`."""
-    lines = []
-    for name, value in env.items():
-        escaped = value.replace("\\", "\\\\").replace("\n", "\\n")
-        lines.append(f"{name}={escaped}\n")
-    return "".join(lines)
-
-
 def pane_command(argv: Sequence[str], status_file: Path, env_file: Path | None) -> list[str]:
     """The argv tmux runs in the pane: the waiter, then the CLI's own argv."""
     env_arg = "" if env_file is None else str(env_file)
@@ -129,6 +119,8 @@ class Tmux:
         self.env_file = paths.cli_env
         self.run_as = run_as
         self.env = dict(env) if env is not None else None
+        # The window's size: a new server (a heal, a resleeve) starts at the last one set.
+        self.size: tuple[int, int] = SCREEN_START
         self.server = libtmux.Server(
             socket_path=str(self.socket_path), config_file=str(self.conf_path)
         )
@@ -187,25 +179,35 @@ class Tmux:
             raise TmuxError(msg)
         return result.stdout.decode(errors="backslashreplace").splitlines()
 
-    def pane_argv(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
-        """The argv the pane runs for the CLI `argv` with its own variables `env` (pure)."""
-        return pane_command(argv, self.status_file, self.env_file if env else None)
+    def pane_argv(
+        self, argv: Sequence[str], env: Mapping[str, str], *, export: bool = True
+    ) -> list[str]:
+        """The argv the pane runs for the CLI `argv` with its own variables `env` (pure);
+        `export` False: the waiter leaves them to `argv` (the egress guard, which gives them
+        to the CLI alone)."""
+        return pane_command(argv, self.status_file, self.env_file if env and export else None)
 
-    def _pane_command(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
-        """Write the CLI's own variables for the waiter (0640: with SIDECAR_USER, the session
+    def _pane_command(
+        self, argv: Sequence[str], env: Mapping[str, str], *, export: bool
+    ) -> list[str]:
+        """Write the CLI's own variables (0640, the sidecar's: with SIDECAR_USER the session
         dir is setgid, so the user's group reads it), then the pane's argv."""
-        if not env:
+        if not env and export:
             with contextlib.suppress(FileNotFoundError):
                 self.env_file.unlink()
-        else:
+        else:  # the guard reads it even when empty
             data = env_file_text(env).encode("utf-8", "surrogateescape")
             write_new(self.env_file, data, 0o640)
-        return self.pane_argv(argv, env)
+        return self.pane_argv(argv, env, export=export)
 
-    def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> PaneInfo:
-        """Start a fresh server with session `main` running `argv`; any old server is killed."""
+    def start(
+        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], *, export: bool = True
+    ) -> PaneInfo:
+        """Start a fresh server with session `main` running `argv` (`export`: see
+        `pane_argv`); any old server is killed."""
         self.kill_server()
         self.clear_status()
+        width, height = self.size
         # 0644: with SIDECAR_USER the server reads it as that user.
         write_new(self.conf_path, TMUX_CONF.encode(), 0o644)
         # The server's global environment is the sidecar's own (secrets were removed from it
@@ -217,15 +219,17 @@ class Tmux:
             "-s",
             TMUX_SESSION,
             "-x",
-            str(WIDTH),
+            str(width),
             "-y",
-            str(HEIGHT),
+            str(height),
             "-c",
             str(cwd),
-            *self._pane_command(argv, env),
-            # Attached web clients must never resize the window the CLI draws in. (tmux 3.3a
-            # crashes when window-size/default-size come from the config file before the first
-            # session exists, so they are set right after it, in the same command list.)
+            *self._pane_command(argv, env, export=export),
+            # Attached clients never resize the window the CLI draws in: the sidecar does
+            # (`PUT /screen/size`). A client larger than the window sees blanks around it, not
+            # tmux's dots. (tmux 3.3a crashes when window-size/default-size come from the config
+            # file before the first session exists, so they are set right after it, in the same
+            # command list.)
             ";",
             "set-option",
             "-g",
@@ -235,11 +239,18 @@ class Tmux:
             "set-option",
             "-g",
             "default-size",
-            f"{WIDTH}x{HEIGHT}",
+            f"{width}x{height}",
+            ";",
+            "set-option",
+            "-g",
+            "fill-character",
+            " ",
         )
         return self.pane_info()
 
-    def respawn(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> PaneInfo:
+    def respawn(
+        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], *, export: bool = True
+    ) -> PaneInfo:
         """Run `argv` in the (dead) pane; `-k` kills whatever still runs there."""
         self.clear_status()
         self._cmd(
@@ -249,7 +260,7 @@ class Tmux:
             PANE,
             "-c",
             str(cwd),
-            *self._pane_command(argv, env),
+            *self._pane_command(argv, env, export=export),
         )
         # Old output stays visible above, like a terminal; the scrollback limit bounds it.
         return self.pane_info()

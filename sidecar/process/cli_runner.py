@@ -20,6 +20,7 @@ from dataclasses import replace
 from sidecar.agent.awareness import Awareness
 from sidecar.agent.registry import CLIDef
 from sidecar.config import Config
+from sidecar.core import proc
 from sidecar.core.event_shapes import CliExit, ErrorEvent
 from sidecar.core.events import EventBus
 from sidecar.core.states import ProcessState, ProcState
@@ -83,10 +84,21 @@ class CliRunner:
     def name(self) -> str:
         return self.status.cli
 
+    def is_guard(self, pid: int) -> bool:
+        """Whether `pid` is the process the pane runs the CLI through (with an allowlist, the
+        egress guard's broker): the CLI's recorded pid, or, while that is not known yet, the
+        pane's waiter's child."""
+        if self.status.pid is not None:
+            return pid == self.status.pid
+        pane = self.server.pane
+        return pane is not None and proc.ppid(pid) == pane.pane_pid
+
     def _changed(self, old: CliStatus, new: CliStatus, restored: bool) -> None:
         """Every change of the CLI's record: the agent machine hears of it, its event goes out
         (not again for one taken over after a crash), and the state file records it."""
-        self.awareness.process_changed(new.state, self.registry.get(new.cli))
+        self.awareness.process_changed(
+            new.state, self.registry.get(new.cli), why=new.why_not_running
+        )
         if not restored and new.state is ProcState.EXITED:
             self.bus.publish(CliExit(cli=new.cli, exit_code=new.exit_code, pid=new.pid))
         elif not restored and new.state is ProcState.FATAL and new.reason:
@@ -116,10 +128,10 @@ class CliRunner:
         fresh = not self.server.alive() if fresh_server is None else fresh_server
         name = self.name if cli is None else cli
         plan = self.plans.plan(name, resume=resume)
-        argv, env, fatal = plan.argv, plan.env, plan.fatal
+        argv, env, fatal, export = plan.argv, plan.env, plan.fatal, plan.export
         if fatal is not None:
             # The session must exist for the terminal; its pane says what is wrong.
-            argv, env = fatal_pane_argv(fatal), {}
+            argv, env, export = fatal_pane_argv(fatal), {}, True
         self.gen += 1
         gen = self.gen
         self._pending.cancel()
@@ -132,13 +144,15 @@ class CliRunner:
             command=plan.command,
             argv=argv,
             resume=resume,
-            pane_command=persist.digest(self.server.tmux.pane_argv(argv, env)),
+            pane_command=persist.digest(self.server.tmux.pane_argv(argv, env, export=export)),
         )
         # -> STARTING, saved before tmux is asked: a supervisor taking over after a crash
         # from here on tells by the pane's argv whether this launch happened.
         self.process.change(self._here(starting))
         try:
-            pane = await self.server.launch(argv, self.config.workspace, env, fresh=fresh)
+            pane = await self.server.launch(
+                argv, self.config.workspace, env, fresh=fresh, export=export
+            )
         except (TmuxError, OSError) as exc:
             self._tmux_failed(exc, resume=resume, gen=gen)
             return

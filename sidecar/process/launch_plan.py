@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from sidecar.agent.awareness import Awareness
 from sidecar.agent.registry import CLIDef
+from sidecar.security import loader_env
 from sidecar.security.acting import Owner, acting, which
 
 Argv = tuple[str, ...]
@@ -21,24 +22,23 @@ Argv = tuple[str, ...]
 class LaunchPlan(NamedTuple):
     """One start of the CLI: the registry's argv it starts from (`command`), the argv the pane
     runs (our hook settings, session arguments and the egress guard added) and the variables it
-    gets, or why it cannot start (`fatal`)."""
+    gets, or why it cannot start (`fatal`). `export`: the pane's waiter exports the variables
+    (an open network), else the egress guard gives them to the CLI alone."""
 
     command: Argv
     argv: Argv
     env: dict[str, str]
     fatal: str | None
-
-
-def _open_network(argv: Argv) -> Argv:
-    return argv
+    export: bool = True
 
 
 @dataclass
 class LaunchPlanner:
-    """`env`: the CLI's environment (its user's HOME with SIDECAR_USER); `owner`: how the sidecar
-    acts in the workspace (sidecar.security.acting). The supervisor sets the egress parts once
-    the proxy runs: its variables (they win) and the guard that wraps the CLI's argv (none: an
-    open network)."""
+    """`env`: the CLI's environment (its user's HOME with SIDECAR_USER), whose loader variables
+    (`sidecar.security.loader_env`) reach the CLI with its own, never the processes around it;
+    `owner`: how the sidecar acts in the workspace (sidecar.security.acting). The supervisor
+    sets the egress parts once the proxy runs: its variables (they win) and the guard that wraps
+    the CLI's argv (None: an open network)."""
 
     registry: Mapping[str, CLIDef]
     awareness: Awareness
@@ -46,7 +46,7 @@ class LaunchPlanner:
     owner: Owner | None
     workspace: Path
     egress_env: Mapping[str, str] = field(default_factory=dict)
-    egress_guard: Callable[[Argv], Argv] = _open_network
+    egress_guard: Callable[[Argv], Argv] | None = None
 
     def plan(self, name: str, *, resume: bool) -> LaunchPlan:
         """What a start of the CLI `name` runs, or the reason it cannot start."""
@@ -64,9 +64,11 @@ class LaunchPlanner:
         # Not as the CLI's user: the launch keeps the hook secret in the sidecar's own state
         # file (each CLI's own files are made as the user who reads them, where they are made).
         argv, added = self.awareness.launch_argv(cli, command, self.env, has_history=history)
-        env = {**cli.env, **added, **self.egress_env}
+        env = {**loader_env.split(self.env)[1], **cli.env, **added, **self.egress_env}
         path = {**self.env, **env}.get("PATH", os.defpath)
         if which(argv[0], path, self.owner) is None:
             fatal = f"{argv[0]!r} not found on PATH ({path}); the {cli.name} CLI is not installed"
             return LaunchPlan(command, argv, env, fatal)
-        return LaunchPlan(command, self.egress_guard(argv), env, None)
+        if self.egress_guard is None:
+            return LaunchPlan(command, argv, env, None)
+        return LaunchPlan(command, self.egress_guard(argv), env, None, export=False)

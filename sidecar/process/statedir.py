@@ -6,11 +6,14 @@ CLI's user reach what is its own and nothing of the sidecar's:
 
     $SIDECAR_STATE_DIR/     root, 0710, group = the user's (made so; an existing one must let
                             the user pass): tmux.conf (0644), bin/ (a ttyd copy), the sidecar's
-    └── session/            root, 2770, group = the user's: tmux.sock and ttyd.sock (made by
-                            the user's tmux and ttyd), cli.status, cli.env (the CLI's own files)
+    └── session/            root, 3770 (setgid, sticky), group = the user's: tmux.sock and
+                            ttyd.sock (made by the user's tmux and ttyd), cli.status (the
+                            waiter's); cli.env and egress.sock (the sidecar's: sticky, so the
+                            user can neither rename nor remove them)
 
 Root keeps the user's group as its only supplementary group: that is how it reaches ttyd's
-socket, which ttyd (the user) makes 0660, without DAC_OVERRIDE.
+socket, which ttyd (the user) makes 0660, without DAC_OVERRIDE. The workspace and the state dir
+never overlap (a workspace that leads into the state dir would give the CLI its files).
 """
 
 from __future__ import annotations
@@ -51,15 +54,21 @@ def _existing(state: Path, config: Config, euid: int, egid: int) -> None:
         raise ConfigError(msg)
 
 
-def _make(state: Path, user: User | None) -> None:
+def _make(state: Path, user: User | None) -> bool:
+    """Make the state dir; False when another process made it first (a second sidecar started
+    at the same moment: the state dir's lock decides which one runs)."""
     state.parent.mkdir(parents=True, exist_ok=True)
-    os.mkdir(state, 0o700)
+    try:
+        os.mkdir(state, 0o700)
+    except FileExistsError:
+        return False
     if user is not None:
         # The user passes through to session/ and reads tmux.conf; it lists nothing.
         os.chown(state, -1, user.gid)
         os.chmod(state, 0o710)  # noqa: S103 - search only, for the user's group
     else:
         os.chmod(state, 0o700)  # a umask may take bits even from 0700
+    return True
 
 
 def _session(config: Config, user: User, euid: int) -> None:
@@ -72,8 +81,21 @@ def _session(config: Config, user: User, euid: int) -> None:
             msg = f"SIDECAR_STATE_DIR: {session} exists but is not the sidecar's directory"
             raise ConfigError(msg) from None
     os.chown(session, -1, user.gid)
-    # setgid: what the sidecar writes here belongs to the user's group too (0640: readable).
-    os.chmod(session, 0o2770)  # noqa: S103 - the user's group: root and the CLI's user
+    # setgid: what the sidecar writes here belongs to the user's group too (0640: readable);
+    # sticky: what the sidecar writes here stays its own to rename or remove.
+    os.chmod(session, 0o3770)  # noqa: S103 - the user's group: root and the CLI's user
+
+
+def _apart(state: Path, workspace: Path) -> None:
+    """ConfigError when the state dir and the workspace overlap, as the kernel resolves them."""
+    real_state, real_ws = Path(os.path.realpath(state)), Path(os.path.realpath(workspace))
+    if real_ws.is_relative_to(real_state) or real_state.is_relative_to(real_ws):
+        msg = (
+            f"SIDECAR_STATE_DIR: {state} and the workspace {workspace} overlap (as "
+            f"{real_state} and {real_ws}); the CLI must not reach the sidecar's own files "
+            "through its workspace: keep them apart"
+        )
+        raise ConfigError(msg)
 
 
 def prepare(config: Config, *, euid: int | None = None, egid: int | None = None) -> None:
@@ -82,11 +104,10 @@ def prepare(config: Config, *, euid: int | None = None, egid: int | None = None)
     egid = os.getegid() if egid is None else egid
     state = config.state_dir
     user = config.user
+    _apart(state, config.workspace)
     try:
-        if state.exists():
+        if state.exists() or not _make(state, user):
             _existing(state, config, euid, egid)
-        else:
-            _make(state, user)
         probe = state / f".probe-{os.getpid()}"
         probe.touch()
         probe.unlink()

@@ -17,6 +17,7 @@ import os
 import signal
 import time
 from collections.abc import Coroutine, Mapping
+from pathlib import Path
 from typing import Any
 
 from sidecar.agent.awareness import Awareness
@@ -27,6 +28,7 @@ from sidecar.core.event_shapes import ErrorEvent
 from sidecar.core.events import EventBus
 from sidecar.core.proc import send_signal
 from sidecar.core.states import ProcState, ProcStatus
+from sidecar.egress.fence import fence_of
 from sidecar.egress.service import Egress
 from sidecar.notify.service import Notifier
 from sidecar.pane import tmux_version
@@ -39,7 +41,7 @@ from sidecar.process.pidfd import wait_exited
 from sidecar.process.resleeve import Resleeves
 from sidecar.process.stats import SupervisorStats
 from sidecar.process.ttyd_runner import TtydRunner, stop_stale
-from sidecar.security import users
+from sidecar.security import loader_env, users
 from sidecar.security.acting import acting, workspace_owner
 from sidecar.security.tokens import TOKEN_VARS
 from sidecar.workspace import cstack_files
@@ -67,7 +69,10 @@ class Supervisor:
         # With SIDECAR_USER: the CLI's environment (its HOME), and how the sidecar acts in the
         # workspace (as that user; see sidecar.security.acting). Without it: the sidecar's own.
         cli_env = users.user_env(config.child_env, config.user, config.cli_home)
-        user_env = cli_env if config.user is not None else None
+        # Everything around the CLI (tmux, ttyd, the pane's waiter, the egress guard) runs
+        # without the loader variables; the CLI gets them with its own (`LaunchPlanner`).
+        outside = loader_env.split(cli_env)[0]
+        user_env = outside if config.user is not None else None
         self.owner = workspace_owner(config.user, config.workspace, os.geteuid())
         self.ttyd = TtydRunner(
             port=config.ttyd_port,
@@ -202,9 +207,11 @@ class Supervisor:
         begun a shutdown. Then nothing new is started. The state dir exists already (0700):
         `main` makes it before anything starts, so that an unusable one is a configuration
         error."""
-        for var in [*TOKEN_VARS, *(v for v in os.environ if v.startswith("SIDECAR_NOTIFY_"))]:
-            # Children (tmux, the CLI, ttyd) must not inherit the API's tokens, nor learn
-            # where notifications go.
+        notify_vars = (v for v in os.environ if v.startswith("SIDECAR_NOTIFY_"))
+        for var in [*TOKEN_VARS, *notify_vars, *filter(loader_env.is_loader_var, os.environ)]:
+            # Children (tmux, the CLI, ttyd) must not inherit the API's tokens, nor learn where
+            # notifications go, nor (but for the CLI itself, which gets them through its
+            # launch) the loader variables.
             os.environ.pop(var, None)
         record, found = persist.load(self.state_file.path)
         ours = record if record is not None and record.init == self._init else None
@@ -224,11 +231,7 @@ class Supervisor:
         # Before the CLI: its environment names the proxy, on the port an adopted CLI knows.
         await self.egress.start(ours.egress_port if ours is not None else None)
         if self.egress.started:
-            paths = self.config.paths
-            await self.egress.listen_reports(paths.egress_reports, self.owner)
-            self.runner.plans.egress_guard = functools.partial(
-                self.egress.guard, deny_unix=(paths.tmux_socket, paths.ttyd_socket)
-            )
+            self._guard_cli()
         self.runner.plans.egress_env = self.egress.env()
         await self._prepare_workspace(ours)
         old_tmux = tmux_version.warning(await asyncio.to_thread(self.tmux.version))
@@ -249,6 +252,31 @@ class Supervisor:
                 await self._take_over(record, found)
         self._spawn(self._tick(), "tick")
         return False
+
+    def _guard_cli(self) -> None:
+        """The egress guard around every launch from now on, and its reports taken from the
+        broker beside the running CLI alone."""
+        cfg, paths = self.config, self.config.paths
+        user = cfg.user
+        uid = user.uid if user is not None else os.geteuid()
+        self.egress.listen_reports(
+            paths.egress_reports,
+            lambda pid, sender: sender == uid and self.runner.is_guard(pid),
+            group=user.gid if user is not None else None,
+        )
+        home = self.runner.plans.env.get("HOME")
+        fence = fence_of(
+            paths,
+            one_uid=user is None,
+            root_cli=user is None and os.geteuid() == 0,
+            writable=(cfg.workspace, *([Path(home)] if home else [])),
+        )
+        self.runner.plans.egress_guard = functools.partial(
+            self.egress.guard,
+            deny_unix=(paths.tmux_socket, paths.ttyd_socket),
+            fence=fence,
+            env_file=paths.cli_env,
+        )
 
     async def _prepare_workspace(self, ours: SupervisorState | None) -> None:
         """The workspace made by, and checked for, the CLI's user; SLEEVE_GOAL into CURRENT.md

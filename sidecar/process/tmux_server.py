@@ -8,6 +8,7 @@ object that may still name a server that died: a launch that fails leaves no pan
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,16 +35,24 @@ class TmuxServer:
         return ProcRef(pane.pane_pid, started) if pane is not None and started is not None else None
 
     async def launch(
-        self, argv: Sequence[str], cwd: Path, env: Mapping[str, str], *, fresh: bool
+        self,
+        argv: Sequence[str],
+        cwd: Path,
+        env: Mapping[str, str],
+        *,
+        fresh: bool,
+        export: bool = True,
     ) -> PaneInfo:
         """Run `argv` in our pane: in a new server (`fresh`: any old one is killed), else in the
-        live server's pane. Raises TmuxError or OSError; then nothing is ours any more."""
+        live server's pane (`export`: `Tmux.pane_argv`). Raises TmuxError or OSError; then
+        nothing is ours any more."""
+        run = functools.partial(self.tmux.start if fresh else self.tmux.respawn, export=export)
         try:
             if fresh:
-                pane = await asyncio.to_thread(self.tmux.start, argv, cwd, env)
+                pane = await asyncio.to_thread(run, argv, cwd, env)
                 self.take(pane, None)
             else:
-                pane = await asyncio.to_thread(self.tmux.respawn, argv, cwd, env)
+                pane = await asyncio.to_thread(run, argv, cwd, env)
                 self.pane, self.pane_started = pane, start_time(pane.pane_pid)
         except BaseException:
             self.forget()

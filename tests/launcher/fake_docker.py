@@ -23,7 +23,8 @@ SERVER = """
 import http.server, json, sys
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = json.dumps({"status": "healthy", "uptime": 0}).encode()
+        # /health's answer, and the CLI's state /status gives (what `sleeve run` waits for).
+        body = json.dumps({"status": "healthy", "uptime": 0, "cli_state": "running"}).encode()
         self.send_response(200); self.send_header("Content-Length", str(len(body)))
         self.end_headers(); self.wfile.write(body)
     def log_message(self, *a): pass

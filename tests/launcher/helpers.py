@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ LIVES_UNTIL_KILLED = [sys.executable, "-c", "import signal; signal.pause()"]
 SLEEVE = [sys.executable, "-c", "from sidecar.launcher.cli import main; raise SystemExit(main())"]
 # An API key as a user would have one: it must reach the sandbox and never an argv or a log.
 SECRET = "sk-ant-api03-TESTKEY-abcdefghij0123456789"
+RUN_ID = re.compile(r"\d{14}-[0-9a-f]{6}")  # a run's id, in names and argvs
 # ClaudeBox's own shell functions for slot ids, the reference the launcher's ids are checked and
 # benchmarked against: `generate_container_name ROOT N` prints slot N's id.
 CLAUDEBOX_ID_FUNCTIONS = r"""

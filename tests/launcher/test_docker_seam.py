@@ -26,7 +26,7 @@ from sidecar.launcher.launch import free_port
 from sidecar.launcher.slots import Project
 from sidecar.launcher.state import RUNNING, Run, StateStore
 
-from .helpers import SECRET, Result
+from .helpers import RUN_ID, SECRET, Result
 
 
 @dataclass
@@ -79,8 +79,9 @@ def test_docker_run_executes_the_dry_run_argv_with_secrets_by_name_only(
     assert f"http://127.0.0.1:{port}/" in res.out
 
     steps = [c for c in docker.calls() if c["argv"][0] in ("create", "cp", "start")]
-    assert [["docker", *c["argv"]] for c in steps] == [
-        shlex.split(line) for line in dry.out.splitlines()
+    # The same lists but for the run's id (SLEEVE_NAME), new in each run.
+    assert [[RUN_ID.sub("ID", w) for w in ["docker", *c["argv"]]] for c in steps] == [
+        [RUN_ID.sub("ID", w) for w in shlex.split(line)] for line in dry.out.splitlines()
     ]
     run_call, copy, _ = steps
     assert "ANTHROPIC_API_KEY" in run_call["env"]  # docker copies the value itself

@@ -244,8 +244,8 @@ def test_manifest_and_run_share_one_plan(
     by_name = {a for a in flags if "=" not in a}  # docker copies these from the client
     objs = manifest(sleeve, *common, **host)
     pod_env = {e["name"]: e["value"] for e in pod_spec(objs)["containers"][0]["env"]}
-    shared = ("HOME", "SLEEVE_NAME", "SLEEVE_CLI", "SLEEVE_GOAL", "SIDECAR_WORKSPACE")
-    shared += ("SIDECAR_STATE_DIR",)
+    # SLEEVE_NAME differs: a pod is named by its slot, a run by its id (as `sleeve ps` shows it).
+    shared = ("HOME", "SLEEVE_CLI", "SLEEVE_GOAL", "SIDECAR_WORKSPACE", "SIDECAR_STATE_DIR")
     assert {k: pod_env[k] for k in shared} == {k: docker_env[k] for k in shared}
     assert set(host) <= by_name
     assert {k: pod_env[k] for k in host} == host

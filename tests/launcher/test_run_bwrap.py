@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import shlex
 import shutil
 import signal
@@ -19,11 +18,9 @@ from tests.harness import http, wait_for
 from tests.proctools import ns_pid
 from tests.webserver import web_server
 
-from .helpers import SECRET, Result
+from .helpers import RUN_ID, SECRET, Result
 
 pytestmark = pytest.mark.needs("bwrap")
-
-RUN_ID = re.compile(r"\d{14}-[0-9a-f]{6}")
 
 
 def health(url: str) -> dict[str, object]:

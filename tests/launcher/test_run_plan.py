@@ -19,7 +19,7 @@ from sidecar.core.proc import start_time
 from sidecar.launcher.slots import COUNTER_FILE, Project, slot_chain
 from sidecar.launcher.state import RUNNING, Run, StateStore
 
-from .helpers import SECRET, Result, mount_fields
+from .helpers import RUN_ID, SECRET, Result, mount_fields
 
 
 def dry_run(sleeve: Callable[..., Result], project: Path, *args: str) -> tuple[list[str], str]:
@@ -47,7 +47,9 @@ def test_docker_argv_names_container_labels_and_publishes_on_loopback(
     assert f"sleeve.project={key}" in argv and "sleeve.slot=1" in argv
     assert argv[-1] == "sleeve:latest"
     envs = [b for a, b in itertools.pairwise(argv) if a == "--env"]
-    assert f"SLEEVE_NAME={crc1}" in envs and "SLEEVE_CLI=claude-code" in envs
+    # The sleeve is named by its run, as `sleeve ps` names it (its dashboard shows that name).
+    names = [e.removeprefix("SLEEVE_NAME=") for e in envs if e.startswith("SLEEVE_NAME=")]
+    assert len(names) == 1 and RUN_ID.fullmatch(names[0]) and "SLEEVE_CLI=claude-code" in envs
     assert "SLEEVE_GOAL=fix $(rm -rf /) `x`" in envs
     assert "ANTHROPIC_API_KEY" in envs  # by name: docker takes the value from its own env
     assert SECRET not in " ".join(argv) and SECRET not in audit

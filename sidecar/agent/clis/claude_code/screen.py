@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import re
+from dataclasses import replace
 
+from sidecar.agent.screen_choices import decided, menu
 from sidecar.agent.screens import Reading, Screen, Seen, dialog, nonblank, text_of
 from sidecar.core.text import one_line
 
@@ -36,13 +38,15 @@ def read_screen(screen: Screen) -> Reading:
     footed = any(_DIALOG_FOOTER.match(line) for line in tail)
     asks = [i for i, line in enumerate(lines) if _ASKS.match(line)]
     if asks:
-        return Reading(Seen.PERMISSION, _permission_reason(lines, asks[-1]), complete=footed)
+        reason = _permission_reason(lines, asks[-1])
+        choices = decided(menu(lines[asks[-1] :], screen.cols))
+        return Reading(Seen.PERMISSION, reason, complete=footed, choices=choices)
     if any(_BUSY.search(line) for line in tail) or any(_SPINNER.match(line) for line in lines):
         return Reading(Seen.WORKING)
     if _input_box(lines):
         return Reading(Seen.PROMPT, complete=any(_IDLE_HINT.search(line) for line in tail))
-    reading = dialog(nonblank(lines))
-    return Reading(reading.seen, reading.reason, complete=footed)
+    reading = dialog(nonblank(lines), choices=menu(lines, screen.cols))
+    return replace(reading, complete=footed)
 
 
 def _input_box(lines: list[str]) -> bool:

@@ -22,6 +22,7 @@ CLI = Knowledge(
         # that start with ...", "3. No, and tell Codex what to do differently (esc)"), for a
         # dialog the hook no longer holds (a released hook, a supervisor crash).
         ApprovalKeys(once=("y",), always=("Down", "Enter"), deny=("Escape",)),
+        keys_after=0.0,  # its dialogs take keys as they are drawn (measured on 0.169)
     ),
     homes=Homes(dirs=(".codex",)),  # config, sign-in, conversations
 )

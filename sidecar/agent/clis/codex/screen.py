@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import re
 
+from sidecar.agent.screen_choices import decided, menu
 from sidecar.agent.screens import Reading, Screen, Seen, dialog, nonblank, text_of
 
 # The composer (its input prompt) is a "› " line at the foot of the screen, wrapped or typed
@@ -41,12 +42,13 @@ def read_screen(screen: Screen) -> Reading:
     lines = list(screen.lines)
     for at, line in enumerate(lines):
         if _APPROVAL.match(line) and any(_YES.match(rest) for rest in lines[at + 1 :]):
-            return Reading(Seen.PERMISSION, _approval_reason(lines, at))
+            choices = decided(menu(lines[at:], screen.cols))
+            return Reading(Seen.PERMISSION, _approval_reason(lines, at), choices=choices)
     if any(_STATUS.match(line) for line in lines):
         return Reading(Seen.WORKING)
     if _in_composer(screen):
         return Reading(Seen.PROMPT)
-    return dialog(lines, title=_title(lines))
+    return dialog(lines, title=_title(lines), choices=menu(lines, screen.cols))
 
 
 def _in_composer(screen: Screen) -> bool:

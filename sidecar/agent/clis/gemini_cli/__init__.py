@@ -21,6 +21,7 @@ CLI = Knowledge(
         # Its tool confirmation ("1. Allow once", "2. Allow for this session", "3. No, suggest
         # changes (esc)"): a digit picks its choice at once.
         ApprovalKeys(once=("1",), always=("2",), deny=("3",)),
+        keys_after=0.0,  # its dialogs take keys as they are drawn (measured on 0.61)
     ),
     homes=Homes(dirs=(".gemini",)),  # config, sign-in, conversations
 )

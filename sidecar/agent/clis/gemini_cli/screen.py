@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from sidecar.agent.screen_choices import decided, menu
 from sidecar.agent.screens import Reading, Screen, Seen, dialog, nonblank, text_of
 
 # Gemini CLI draws inline: what it drew before (a dialog already answered, the transcript) stays
@@ -35,13 +36,15 @@ def read_screen(screen: Screen) -> Reading:
     lines = list(screen.lines)
     for at, line in enumerate(lines):
         if _ALLOW.match(text_of(line)):
-            return Reading(Seen.PERMISSION, _tool_reason(lines, at))
+            # A digit picks its choice at once there (measured on 0.61).
+            choices = decided(menu(lines, screen.cols, digits=True))
+            return Reading(Seen.PERMISSION, _tool_reason(lines, at), choices=choices)
     if any(_SPINNER.search(line) for line in nonblank(lines)[-_RECENT:]):
         return Reading(Seen.WORKING)
     if _in_input(screen):
         return Reading(Seen.PROMPT)
     box = _last_box(lines)
-    return dialog(box, title=_title(box))
+    return dialog(box, title=_title(box), choices=menu(box, screen.cols))
 
 
 def _in_input(screen: Screen) -> bool:

@@ -25,6 +25,7 @@ CLI = Knowledge(
         ApprovalKeys(
             once=("Enter",), always=("Right", "Enter", "Enter"), deny=("Right", "Right", "Enter")
         ),
+        keys_after=0.0,  # its dialogs take keys as they are drawn (measured on 1.18.33)
     ),
     # Its data (sign-in, conversations); its config is under `.config`, which every slot keeps.
     homes=Homes(dirs=(".local/share/opencode",)),

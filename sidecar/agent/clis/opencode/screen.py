@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 
+from sidecar.agent.screen_choices import Choice, decided
 from sidecar.agent.screens import Reading, Screen, Seen, dialog, nonblank
+from sidecar.core.contract import InputKey
 from sidecar.core.text import one_line
 
 # The input prompt is a box with a heavy left bar: "┃" lines, the last of them the agent and
@@ -27,6 +29,8 @@ _ICON = re.compile(r"^\W\s+")  # the tool's icon before a permission's title: # 
 _COMMAND = re.compile(r"^\$ (.+)$")
 _PATTERN = re.compile(r"^- (.+)$")
 _PROMPT_ROWS = 10  # a permission prompt's heading, title, command and choices
+_BUTTON = re.compile(r"^(Allow|Reject|Confirm|Cancel)\b")
+_HINTS = re.compile(r"\b(ctrl\+|enter\b|select\b|⇆)")  # the key hints to the buttons' right
 
 
 def read_screen(screen: Screen) -> Reading:
@@ -35,7 +39,8 @@ def read_screen(screen: Screen) -> Reading:
     cells = [_first_cell(line) for line in lines]
     for at, cell in enumerate(cells):
         if asked := _ASKS.match(cell):
-            return Reading(Seen.PERMISSION, _permission_reason(asked.group(1), cells[at + 1 :]))
+            reason = _permission_reason(asked.group(1), cells[at + 1 :])
+            return Reading(Seen.PERMISSION, reason, choices=_buttons(lines[at + 1 :]))
     heads = [line for line in lines if _DIALOG_HEAD.search(line)]
     if heads:
         return dialog(lines, title=_first_cell(heads[0]))
@@ -46,6 +51,21 @@ def read_screen(screen: Screen) -> Reading:
     if bottom is not None and _in_box(screen, bottom):
         return Reading(Seen.PROMPT)
     return dialog(nonblank(lines)[-12:])
+
+
+def _buttons(lines: list[str]) -> tuple[Choice, ...]:
+    """The permission prompt's answers: a row of buttons ("Allow once   Allow always   Reject"),
+    the first selected as it opens (its colour says which is; the text does not), each reached
+    with Right, given with Enter."""
+    for line in lines[:_PROMPT_ROWS]:
+        cells = [c for c in re.split(r"\s{2,}", line.strip(" ┃│")) if c]
+        if cells and _BUTTON.match(cells[0]):
+            labels = [c for c in cells if not _HINTS.search(c)]
+            right: InputKey = "Right"
+            return decided(
+                tuple(Choice(label, (*[right] * i, "Enter")) for i, label in enumerate(labels))
+            )
+    return ()
 
 
 def _box_bottom(lines: list[str]) -> int | None:
