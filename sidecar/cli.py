@@ -1,7 +1,7 @@
 """`sidecar status|screen|outbox|inbox|send|resleeve|events|attach|input|keys|wait|approvals|
-approve|deny|audit|policy|notify test`: debugging from `docker exec`, through the local API
-(address and token from the same environment the sidecar reads); human output by default,
-`--json` for machines. `sidecar policy check FILE` reads only the file.
+approve|deny|audit|policy|recordings|notify test`: debugging from `docker exec`, through the
+local API (address and token from the same environment the sidecar reads); human output by
+default, `--json` for machines. `sidecar policy check FILE` reads only the file.
 """
 
 from __future__ import annotations
@@ -86,6 +86,34 @@ def _print_approvals(body: dict[str, Any]) -> None:
     # The summary last: a long command wraps without pushing the other columns about.
     for (approval_id, tool, since), a in zip(rows, approvals, strict=True):
         print(line.format(approval_id, tool, since, a.get("summary") or ""))
+
+
+def _print_recordings(body: dict[str, Any]) -> None:
+    recordings = body.get("recordings") or []
+    if not recordings:
+        print("(no recordings)")
+        return
+    print(f"{'id':23}  {'cli':12}  {'started':24}  {'ended':24}  {'bytes':>10}  markers")
+    for r in recordings:
+        ended = r.get("ended") or "(recording)"
+        print(
+            f"{r.get('id')!s:23}  {r.get('cli')!s:12}  {r.get('started')!s:24}  {ended!s:24}  "
+            f"{r.get('bytes', 0):>10}  {r.get('markers', 0)}"
+        )
+
+
+def _recordings(client: SidecarClient, args: argparse.Namespace) -> int:
+    """Without an id: the list. With one: the file itself on stdout (`| asciinema play -`)."""
+    if args.id is None:
+        body = client.recordings()
+        if args.json:
+            print(json.dumps(body, indent=2))
+        else:
+            _print_recordings(body)
+        return 0
+    client.recording(args.id, sys.stdout.buffer)
+    sys.stdout.buffer.flush()
+    return 0
 
 
 def _print_decided(result: dict[str, Any]) -> None:
@@ -219,6 +247,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout", type=float, help="seconds (default: no limit)")
     sp.add_argument("--json", action="store_true")
     _governance_parsers(sub)
+    sp = sub.add_parser("recordings", help="list the recorded CLI runs, or print one by its id")
+    sp.add_argument("id", nargs="?", help="a recording's id: its asciicast file on stdout")
+    sp.add_argument("--json", action="store_true", help="print the list as JSON")
     sp = sub.add_parser("notify", help="notifications: `notify test` sends one to each channel")
     sp.add_argument("action", choices=["test"])
     sp.add_argument("--json", action="store_true")
@@ -291,6 +322,7 @@ STREAMS: dict[str, Callable[[SidecarClient, argparse.Namespace], int]] = {
     "events": _events,
     "wait": _wait,
     "policy": _policy,
+    "recordings": _recordings,
 }
 # Commands of one request: the call, and how its answer is printed without --json.
 REQUESTS: dict[str, tuple[Call, Callable[[dict[str, Any]], None]]] = {

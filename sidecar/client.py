@@ -13,7 +13,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 from sidecar.core.contract import DEFAULT_PORT
 from sidecar.core.loopback import loopback_url
@@ -199,6 +199,23 @@ class SidecarClient:
         """Add patterns to the allowlist, or take them off (PATCH /egress)."""
         body = {k: v for k, v in (("add", add), ("remove", remove)) if v}
         return dict(self.call("PATCH", "/egress", body))
+
+    def recordings(self) -> dict[str, Any]:
+        """The recorded CLI runs: `recordings`, each with `id`, `cli`, `started`, `ended`,
+        `bytes`, `markers`."""
+        return dict(self.call("GET", "/recordings"))
+
+    def recording(self, recording_id: str, out: BinaryIO) -> None:
+        """Copy one recording (asciicast v2) into `out`."""
+        path = "/recordings/" + urllib.parse.quote(recording_id, safe="")
+        try:
+            with self._request("GET", path) as resp:
+                while block := resp.read(1 << 16):
+                    out.write(block)
+        except urllib.error.HTTPError as exc:
+            raise ClientError(f"GET {path}: {exc.code} {exc.reason}", exc.code) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise ClientError(f"cannot reach the sidecar at {self.base_url}: {exc}") from None
 
     def notify_test(self) -> dict[str, Any]:
         """A test notification to each channel: `results`, each `channel`, `ok`, `detail`. One

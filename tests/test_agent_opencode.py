@@ -63,8 +63,9 @@ def test_prompt_permission_approved_through_the_api_with_the_real_opencode(
 ) -> None:
     """idle -> /input -> working -> waiting (bash and its command) -> POST /approvals/{id} allow
     -> the command ran -> idle; /events in that order; the session id captured; an inbox
-    message that comes while it waits is typed only once it is back at its prompt; the user's
-    own config worked and was not written to, and its server port was not used."""
+    message that comes while it waits is typed only once it is back at its prompt; its two model
+    requests counted from its events with the stub's token counts; the user's own config worked
+    and was not written to, and its server port was not used."""
     sc = opencode_sidecar(make_sidecar, chat_stub(MARKER))
     before = user_file(sc).read_bytes()
     sc.start()
@@ -96,6 +97,13 @@ def test_prompt_permission_approved_through_the_api_with_the_real_opencode(
     assert waits[0]["previous"] == "working" and MARKER in waits[0]["reason"]
     resolved = events.wait(lambda e: e["type"] == "approval-resolved", "approval-resolved")
     assert (resolved["decision"], resolved["by"]) == ("allow", "api")
+    # Its usage, from its own events: two requests of the stub's 1 prompt + 1 completion token
+    # (a model opencode has no price for, nor the table: cost 0, `unknown`).
+    usage = sc.status()["usage"]
+    assert (usage["input_tokens"], usage["output_tokens"], usage["requests"]) == (2, 2, 2)
+    assert usage["reporting"] is True and usage["run"]["cli"] == "opencode"
+    billed = [(e["cli"], e["model"], e["cost_from"]) for e in events.of("usage")]
+    assert billed == [("opencode", "stub-model", "unknown")] * 2
     # Back at its prompt: the notice is typed, and the agent takes it as a prompt.
     events.wait(lambda e: e["type"] == "inbox-notified", "the inbox notice", 30)
     wait_agent(sc, "waiting", 60)  # the stub answers every prompt with the command

@@ -51,6 +51,8 @@ EVERYTHING: dict[str, Any] = {
         "inboxNotify": "off",
         "allowedOrigins": "https://envoy.example:8443",
         "cliConfig": "/etc/sleeve/clis.yaml",
+        "record": "off",
+        "recordMaxMB": 50,
     },
     "extraEnv": {"SIDECAR_FUTURE": "1", "NO_COLOR": True},
     "egress": {
@@ -193,6 +195,8 @@ def test_writable_paths_with_a_read_only_root() -> None:
     assert writable == {"/workspace", "/home/sleeve", "/run", "/tmp"}
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["SIDECAR_STATE_DIR"].startswith("/run/") and env["HOME"] == "/home/sleeve"
+    # Recordings are on a volume, not in /run's memory (whose size limit is the state dir's).
+    assert env["SIDECAR_RECORD_DIR"].startswith("/home/sleeve/")
 
 
 # -- bad values --------------------------------------------------------------------------
@@ -209,6 +213,8 @@ WRONG_TYPES: dict[str, tuple[dict[str, Any], str]] = {
     "unknown pull policy": ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
     "image with a space": ({"image": {"repository": "my image"}}, "/image/repository"),
     "unknown restart": ({"sidecar": {"restart": "sometimes"}}, "/sidecar/restart"),
+    "recording neither on nor off": ({"sidecar": {"record": "yes"}}, "/sidecar/record"),
+    "recordings' cap as text": ({"sidecar": {"recordMaxMB": "200"}}, "/sidecar/recordMaxMB"),
     "token as a literal": ({"extraEnv": {"SIDECAR_TOKEN": "hunter2"}}, "'SIDECAR_TOKEN'"),
     "size as a number": (
         {"persistence": {"workspace": {"size": 10}}},

@@ -30,6 +30,9 @@ def test_defaults_match_the_contract() -> None:
     assert cfg.restart is RestartPolicy.NO
     assert cfg.stop_grace == 5.0
     assert cfg.token is None and cfg.view_token is None
+    assert cfg.recording.on and cfg.record_dir == Path("/run/sidecar/recordings")
+    assert cfg.recording.max_bytes == 200 * 1024 * 1024
+    assert cfg.budget_usd is None and cfg.budget_tokens is None
 
 
 @pytest.mark.parametrize(
@@ -52,6 +55,15 @@ def test_defaults_match_the_contract() -> None:
         ({**BASE, "SIDECAR_ACTIVITY_QUIET": "0.1"}, "SIDECAR_ACTIVITY_QUIET"),
         ({**BASE, "SIDECAR_ACTIVITY_QUIET": "inf"}, "SIDECAR_ACTIVITY_QUIET"),
         ({**BASE, "SIDECAR_TOKEN": "same", "SIDECAR_VIEW_TOKEN": "same"}, "SIDECAR_VIEW_TOKEN"),
+        ({**BASE, "SIDECAR_RECORD": "maybe"}, "SIDECAR_RECORD"),
+        ({**BASE, "SIDECAR_RECORD_DIR": "relative/dir"}, "SIDECAR_RECORD_DIR"),
+        ({**BASE, "SIDECAR_RECORD_MAX_MB": "lots"}, "SIDECAR_RECORD_MAX_MB"),
+        ({**BASE, "SIDECAR_RECORD_MAX_MB": "0"}, "SIDECAR_RECORD_MAX_MB"),
+        ({**BASE, "SIDECAR_BUDGET_USD": "ten dollars"}, "SIDECAR_BUDGET_USD"),
+        ({**BASE, "SIDECAR_BUDGET_USD": "-1"}, "SIDECAR_BUDGET_USD"),
+        ({**BASE, "SIDECAR_BUDGET_USD": "inf"}, "SIDECAR_BUDGET_USD"),
+        ({**BASE, "SIDECAR_BUDGET_TOKENS": "1e6"}, "SIDECAR_BUDGET_TOKENS"),
+        ({**BASE, "SIDECAR_BUDGET_TOKENS": "0"}, "SIDECAR_BUDGET_TOKENS"),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], variable: str) -> None:
@@ -70,6 +82,7 @@ def test_bad_values_name_the_variable(env: dict[str, str], variable: str) -> Non
         ({**BASE, "SIDECAR_ALLOWED_ORIGINS": "evil.example"}, "SIDECAR_ALLOWED_ORIGINS"),
         ({**BASE, "SIDECAR_STATE_DIR": "/proc/sidecar-state"}, "SIDECAR_STATE_DIR"),
         ({**BASE, "SIDECAR_STATE_DIR": "/tmp/" + "d" * 120}, "SIDECAR_STATE_DIR: /tmp/ddd"),
+        ({**BASE, "SIDECAR_BUDGET_USD": "a lot"}, "SIDECAR_BUDGET_USD must be a number"),
     ],
 )
 def test_sidecar_run_exits_2_with_one_line_and_no_traceback(

@@ -1,29 +1,35 @@
 """The control-mode reader and the screen parser, pure: hand-written byte streams as a
-`tmux -C` client prints them (tmux(1) CONTROL MODE; the shapes copied from tmux 3.3a's own)."""
+`tmux -C` client prints them (tmux(1) CONTROL MODE; the shapes copied from tmux 3.3a's own),
+and what one pane wrote taken out of them, unescaped (the recorder's tap)."""
 
 from __future__ import annotations
 
 import pytest
 
+from sidecar.pane import protocol
 from sidecar.pane.protocol import CommandFailed, ControlReader, Reply
 from sidecar.pane.screen import parse_screen
 
 ATTACHED = b"%begin 1795537161 264 0\n%end 1795537161 264 0\n%session-changed $0 main\n"
 
 
-def feed_all(reader: ControlReader, *chunks: bytes) -> tuple[set[bytes], list[Reply]]:
+def feed_all(
+    reader: ControlReader, *chunks: bytes, keep: bytes | None = None
+) -> tuple[set[bytes], list[Reply], bytes]:
     panes: set[bytes] = set()
     replies: list[Reply] = []
+    wrote = b""
     for chunk in chunks:
-        got_panes, got_replies = reader.feed(chunk)
+        got_panes, got_replies, got = reader.feed(chunk, keep)
         panes |= got_panes
         replies += got_replies
-    return panes, replies
+        wrote += got
+    return panes, replies, wrote
 
 
 def test_the_attach_reply_is_not_ours_and_a_command_reply_is() -> None:
     stream = ATTACHED + b"%begin 1795537161 269 1\n12 3 200 50\n%end 1795537161 269 1\n"
-    panes, replies = ControlReader().feed(stream)
+    panes, replies, _ = ControlReader().feed(stream)
     assert panes == set()
     assert replies == [
         Reply(ok=True, lines=(), ours=False),
@@ -40,9 +46,13 @@ def test_output_notifications_between_replies_name_their_panes() -> None:
         b"%begin 7 31 1\n%end 7 31 1\n"
         b"%output %3 \\033[H\n"
     )
-    panes, replies = ControlReader().feed(stream)
+    panes, replies, wrote = ControlReader().feed(stream)
     assert panes == {b"%1", b"%2", b"%3"}
     assert [r.lines for r in replies] == [(b"first",), ()]
+    assert wrote == b""  # no pane's bytes were asked for
+    assert ControlReader().feed(stream, b"%1")[2] == b"hello\r\n"
+    assert ControlReader().feed(stream, b"%2")[2] == b"x"
+    assert ControlReader().feed(stream, b"%3")[2] == b"\x1b[H"
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 64])
@@ -56,10 +66,12 @@ def test_a_stream_cut_anywhere_reads_the_same(size: int) -> None:
         + b"\n"
         + b"%begin 9 41 1\nafter\n%end 9 41 1\n"
     )
-    whole = ControlReader().feed(stream)
-    cut = feed_all(ControlReader(), *(stream[i : i + size] for i in range(0, len(stream), size)))
+    whole = ControlReader().feed(stream, b"%4")
+    chunks = [stream[i : i + size] for i in range(0, len(stream), size)]
+    cut = feed_all(ControlReader(), *chunks, keep=b"%4")
     assert cut == whole
-    panes, replies = cut
+    panes, replies, wrote = cut
+    assert wrote == b"x" * 5000
     assert panes == {b"%0", b"%4"}
     ours = [r for r in replies if r.ours]
     assert ours[0].lines == (b"line one \xe6\x97\xa5\xe6\x9c\xac e\xcc\x81", b"", b"line three")
@@ -87,20 +99,38 @@ def test_body_lines_that_look_like_protocol_are_body() -> None:
         b"%exit",
     ]
     stream = b"%begin 1795537177 270 1\n" + b"\n".join(body) + b"\n%end 1795537177 270 1\n"
-    panes, replies = ControlReader().feed(stream)
-    assert panes == set()
+    panes, replies, wrote = ControlReader().feed(stream, b"%9")
+    assert panes == set() and wrote == b""
     assert replies == [Reply(ok=True, lines=tuple(body), ours=True)]
 
 
 def test_a_long_notification_split_over_many_reads_is_still_one_line() -> None:
     reader = ControlReader()
-    panes, _ = reader.feed(b"%output %5 ")
+    panes, _, _ = reader.feed(b"%output %5 ")
     for _ in range(100):
-        more, replies = reader.feed(b"y" * 10_000)
+        more, replies, _ = reader.feed(b"y" * 10_000)
         assert (more, replies) == (set(), [])
-    more, replies = reader.feed(b"\n%begin 3 3 1\nok\n%end 3 3 1\n")
+    more, replies, _ = reader.feed(b"\n%begin 3 3 1\nok\n%end 3 3 1\n")
     assert panes | more == {b"%5"}
     assert [r.lines for r in replies] == [(b"ok",)]
+
+
+def test_a_kept_panes_line_past_the_limit_loses_its_bytes_and_nothing_after_it() -> None:
+    """An `%output` line longer than LINE cannot be kept whole: its bytes are counted lost and
+    left out (never a head spliced to a tail), the next line is whole again."""
+    reader = ControlReader()
+    reader.feed(b"%output %0 ", b"%0")
+    for _ in range(protocol.LINE // 65536 + 2):
+        assert reader.feed(b"z" * 65536, b"%0")[2] == b""
+    panes, _, wrote = reader.feed(b"tail\n%output %0 next\\134\n", b"%0")
+    assert panes == {b"%0"} and wrote == b"next\\"
+    assert reader.lost > protocol.LINE // 2
+
+
+def test_unescape_reads_exactly_tmuxs_escapes() -> None:
+    raw = bytes(range(256)) + "漢 \\ é".encode()
+    escaped = b"".join(b"\\%03o" % b if b < 32 or b == 92 else bytes([b]) for b in raw)
+    assert protocol.unescape(escaped) == raw
 
 
 # ---- the screen from the replies -------------------------------------------------------------

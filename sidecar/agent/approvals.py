@@ -136,6 +136,8 @@ class Approvals:
         self.cli: str | None = None
         self.resolve: Callable[[str], str | None] | None = None
         self.durable: Callable[[], Awaitable[bool]] | None = None
+        # Answers every request at once when it says so (the budget is spent); None: no gate.
+        self.gate: Callable[[], Answer | None] | None = None
         self._pending: dict[str, Approval] = {}
         self._closed: OrderedDict[str, tuple[Answer | None, str | None]] = OrderedDict()
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -214,7 +216,9 @@ class Approvals:
             done=asyncio.get_running_loop().create_future(),
         )
         self.requested += 1
-        verdict = self.verdict(facts)
+        refusal = self.gate() if self.gate is not None else None
+        # A spent budget refuses whatever the rules say.
+        verdict = self.verdict(facts) if refusal is None else None
         self._pending[approval_id] = approval
         if verdict is not None and self.applies(verdict, source):
             if verdict.action == "allow":
@@ -234,6 +238,8 @@ class Approvals:
             )
         log.info("approval %s requested: %s %s", approval_id, approval.tool, approval.summary)
         self.on_change(approval, None)
+        if refusal is not None:  # listed and answered: the trail shows what was refused, and why
+            self.answer(approval_id, refusal)
         return approval
 
     async def decision(self, approval_id: str) -> Answer:

@@ -1,11 +1,11 @@
 """Agent awareness, wired together: the state machine (`agent`) fed by the running CLI's source
 (`hook_source`, `event_source` or `activity_source`), `POST /input` (`input_delivery`) and the
-inbox notices (`notify`) typing under one lock, and what must survive a supervisor restart
-(`agent_files`).
+inbox notices (`notify`) typing under one lock, what must survive a supervisor restart
+(`agent_files`), the flight recorder (`recorder`) and the agent's bill and budget (`spending`).
 
 The supervisor calls `launch_argv`, `process_changed`, `start`, `tick` and `stop`; the API
 calls `deliver`, `hook_secret_matches`, `hook` and `look` (the screen, through the activity
-source's tmux control client).
+source's tmux control client), and reads `recorder` and `spending`.
 """
 
 from __future__ import annotations
@@ -23,13 +23,15 @@ from sidecar.agent.hook_source import HookSource
 from sidecar.agent.inbox_notices import InboxNotices
 from sidecar.agent.input_delivery import InputDelivery
 from sidecar.agent.machine import AgentMachine
+from sidecar.agent.recorder import Recorder
 from sidecar.agent.registry import CLIDef
 from sidecar.agent.screen_approvals import ScreenApprovals
 from sidecar.agent.screen_source import ScreenSource
+from sidecar.agent.spending import Spending
 from sidecar.agent.statefile import AgentFiles
 from sidecar.audit.trail import AuditTrail
 from sidecar.config import Config
-from sidecar.core.contract import screen_size
+from sidecar.core.contract import InputKey, screen_size
 from sidecar.core.event_shapes import ScreenResized
 from sidecar.core.events import EventBus
 from sidecar.core.shapes import InputAccepted, InputRequest
@@ -39,6 +41,7 @@ from sidecar.pane.screen import Screen, ScreenLook
 from sidecar.pane.send import PaneInput
 from sidecar.pane.tmux import Tmux
 from sidecar.policy.paths import inside
+from sidecar.record.redact import env_secrets
 from sidecar.security.acting import Owner, acting
 from sidecar.workspace.mailbox import Mailbox
 
@@ -106,6 +109,16 @@ class Awareness:
         self.on_screen = ScreenApprovals(self.machine, self.approvals, self.input.deliver)
         self.machine.on_look = self.on_screen.looked
         self.hooks.released = self.on_screen.take
+        self._pane, self._lock = pane, lock
+        self.spending = Spending(
+            config, bus, self.machine, self.approvals, files=self.files, press=self._press
+        )
+        self.input.refuse_text = self.spending.refuse_text
+        self.events.on_usage = lambda usage: self.spending.count([usage])
+        self._config = config
+        self.recorder = Recorder(
+            config, bus, self.activity, self.files, self._secrets, size=lambda: self.tmux.size
+        )
         self._cli: CLIDef | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -140,17 +153,20 @@ class Awareness:
         self._use(cli)
         argv, added = self.hooks.launch(cli, argv, env, has_history=has_history)
         if self.events.active:
-            return self.events.launch(cli, argv)
-        return argv, added
+            argv, added = self.events.launch(cli, argv)
+        return argv, {**added, **self.spending.launch_env(cli, env)}
 
     def process_changed(
         self, state: ProcState, cli: CLIDef | None, *, why: str | None = None
     ) -> None:
         """The CLI's process changed state (`why`: why it does not run, when it does not)."""
-        if self._cli is None and cli is not None and state is ProcState.RUNNING:
+        adopted = self._cli is None and cli is not None and state is ProcState.RUNNING
+        if adopted and cli is not None:
             # A CLI this supervisor did not launch (adopted after a restart): same source.
             self.quiet.adopted(active=cli.state == "activity")
             self._use(cli, adopted=True)
+            self.spending.use(cli, adopted=True)
+        self.recorder.process_changed(state, cli.name if cli else None, adopted=adopted)
         if state is ProcState.STOPPING and self.files.record.hook_secret is not None:
             # Hooks of a CLI being stopped are refused from here on (a resleeve's old CLI).
             self.hooks.revoke()
@@ -166,6 +182,8 @@ class Awareness:
         self._task = asyncio.create_task(self.activity.run(), name="activity")
 
     async def stop(self) -> None:
+        await self.recorder.stop()
+        await self.spending.close()
         self.quiet.stop()
         await self.events.stop()
         self.seen.stop()
@@ -182,8 +200,10 @@ class Awareness:
 
     @property
     def warnings(self) -> list[str]:
-        """Why the agent's state is not known the way its CLI's entry says (for /status)."""
-        return [*self.hooks.warnings, *([self.events.warning] if self.events.warning else [])]
+        """Why the agent's state is not known the way its CLI's entry says, why it is not
+        recorded, why its spending is not counted (for /status)."""
+        events = [self.events.warning] if self.events.warning else []
+        return [*self.hooks.warnings, *events, *self.recorder.warnings, *self.spending.warnings]
 
     def _hooks_silent(self, silent: bool) -> None:
         """The running CLI's hooks are silent (or spoke again after all)."""
@@ -210,6 +230,20 @@ class Awareness:
 
     def _attached(self) -> None:
         self.seen.attached()
+        self.recorder.attached()
+
+    def _secrets(self) -> list[str]:
+        """What no recording may hold: the API's tokens, this launch's secrets, and the values
+        of the CLI's variables that name a credential."""
+        record, config = self.files.record, self._config
+        ours = (config.token, config.view_token, record.hook_secret, record.telemetry_secret)
+        known = [s for s in (*ours, record.events_password) if s]
+        return [*known, *env_secrets(config.child_env)]
+
+    async def _press(self, keys: tuple[InputKey, ...]) -> None:
+        """Type `keys` into the CLI, under the lock every typing takes (the budget's interrupt)."""
+        async with self._lock:
+            await asyncio.to_thread(self._pane.keys, list(keys))
 
     # ---- the API's side ------------------------------------------------------------------------
 

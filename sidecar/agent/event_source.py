@@ -21,12 +21,13 @@ from typing import Any
 import aiohttp
 
 from sidecar.agent.approvals import Approvals, Withdrawn
-from sidecar.agent.event_stream import EventStream, Turns
+from sidecar.agent.event_stream import Bill, EventStream, Turns
 from sidecar.agent.hooks import HookEffect, PermissionAsk
 from sidecar.agent.machine import AgentMachine
 from sidecar.agent.registry import CLIDef
 from sidecar.agent.statefile import AgentFiles
 from sidecar.core.states import ProcState
+from sidecar.usage.reports import BadReport, UsageReport
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ class EventSource:
         self.name = ""  # the running CLI's knowledge name
         self.warning: str | None = None  # why the state is not from the CLI's events
         self.turns: Turns | None = None
+        self.bill: Bill | None = None  # the run's model requests, when its events carry them
+        self.on_usage: Callable[[UsageReport], None] = lambda _: None  # one model request
         self._task: asyncio.Task[None] | None = None
         self._launched = False  # the CLI that runs was launched by us, not adopted
         self._replies: set[asyncio.Task[None]] = set()
@@ -120,6 +123,7 @@ class EventSource:
         if state is ProcState.RUNNING and self.stream is not None:
             self.warning = None
             self.turns = self.stream.turns(self.machine.session_id)
+            self.bill = self.stream.bill() if self.stream.bill is not None else None
             self._stop_reading()
             self._task = asyncio.create_task(self._read(self.stream), name=f"{self.name}-events")
         elif state is not ProcState.RUNNING:
@@ -219,9 +223,19 @@ class EventSource:
             approval = self.approvals.by_key(found[0])
             if approval is not None:  # not ours: a person answered in the CLI first
                 self.approvals.answered_by_terminal(approval.id, found[1])
+        self._bill(event)
         effect = self.turns.apply(event) if self.turns is not None else HookEffect(None)
         if effect.state is not None:
             self._report(effect)
+
+    def _bill(self, event: dict[str, Any]) -> None:
+        try:
+            usage = self.bill.read(event) if self.bill is not None else None
+        except BadReport as exc:
+            log.warning("%s events: a model request's usage not counted: %s", self.name, exc)
+            return
+        if usage is not None:
+            self.on_usage(usage)
 
     def _report(self, effect: HookEffect) -> None:
         if effect.session_id is not None:

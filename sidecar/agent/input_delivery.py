@@ -60,6 +60,8 @@ class InputDelivery:
         self.read = read  # the screen as the running CLI's recognizer reads it, now
         self.look = look  # have the screen looked at (it tells the machine what it shows)
         self.keys_after: float | None = None  # the running CLI's (`ScreenKnowledge`)
+        # Why text is refused whatever the state (the budget is spent); None: it is not.
+        self.refuse_text: Callable[[], str | None] = lambda: None
 
     def _require_running(self) -> None:
         if self.machine.process is not ProcState.RUNNING:
@@ -73,6 +75,9 @@ class InputDelivery:
         choice = None if isinstance(request.choice, UnsetType) else request.choice
         wanted = None if isinstance(request.if_state, UnsetType) else set(request.if_state)
         data = check_text(text) if text is not None else b""
+        refused = self.refuse_text() if text is not None else None
+        if refused is not None:
+            raise StateMismatch(refused)
         async with self.lock:
             self._require_running()
             held = 0.0

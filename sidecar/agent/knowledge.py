@@ -16,6 +16,7 @@ from sidecar.agent.hooks import Hooks
 from sidecar.agent.screens import Recognizer, Seen
 from sidecar.config import ConfigError
 from sidecar.core.contract import INPUT_KEYS, InputKey, StateSource
+from sidecar.usage.telemetry import Telemetry
 
 if TYPE_CHECKING:  # the init process imports the registry: no asyncio in it
     from sidecar.core.contract import Decision
@@ -98,6 +99,10 @@ class Knowledge:
     events: EventStream | None = None
     screen: ScreenKnowledge | None = None
     homes: Homes = Homes()
+    # How it reports its usage (tokens, cost) to the sidecar; None: it reports none.
+    telemetry: Telemetry | None = None
+    # The keys a person presses to stop the turn under way (the budget presses them, once).
+    interrupt: tuple[InputKey, ...] = ("C-c",)
 
     def __post_init__(self) -> None:
         found = self._problem()
@@ -126,6 +131,9 @@ class Knowledge:
         )
 
     def _problem(self) -> tuple[str, str] | None:
+        unknown = [k for k in self.interrupt if k not in INPUT_KEYS]
+        if not self.interrupt or unknown:
+            return "interrupt", f"{unknown or 'none'}: not POST /input's key names"
         for check in (self._entry_problem, self._source_problem, self._screen_problem):
             if (found := check()) is not None:
                 return found

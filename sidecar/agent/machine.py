@@ -56,6 +56,8 @@ class AgentMachine:
         # The state changed (new, previous): a held permission request may be over.
         self.on_state: Callable[[AgentStateName, AgentStateName], None] | None = None
         self.on_look: Callable[[], None] | None = None  # the state or the screen's reading changed
+        # Why the agent must wait whatever its source says (the budget is spent); None: no hold.
+        self._hold: str | None = None
         self._state: AgentStateName = "exited"  # the effective state
         self._reason: str | None = None
         self._since = time.time()
@@ -103,6 +105,12 @@ class AgentMachine:
         if self.on_report is not None:
             self.on_report()
 
+    def hold(self, reason: str | None) -> None:
+        """Keep the agent `waiting` for `reason` while the CLI runs, whatever its source and
+        its screen say (the budget is spent); None lets it go on as they say."""
+        self._hold = reason
+        self._apply()
+
     def screen(self, reading: Reading) -> None:
         """What the screen shows now (a look after the pane settled, or after a source spoke)."""
         before = self._screen
@@ -123,7 +131,7 @@ class AgentMachine:
 
     def _effective(self) -> tuple[AgentStateName, str | None]:
         if self._process is ProcState.RUNNING:
-            return self._combined()
+            return ("waiting", self._hold) if self._hold is not None else self._combined()
         if self._process is ProcState.STARTING:
             return "starting", None
         # Whatever the source says: a CLI that is not running is doing nothing.
@@ -174,6 +182,13 @@ class AgentMachine:
 
     @property
     def state(self) -> AgentStateName:
+        return self._state
+
+    @property
+    def doing(self) -> AgentStateName:
+        """What the agent does as its source and screen tell it, a hold aside."""
+        if self._process is ProcState.RUNNING:
+            return self._combined()[0]
         return self._state
 
     @property

@@ -1,6 +1,7 @@
 """What agent awareness must keep across a supervisor restart, in one small file of its own in
-the state dir (`agent.json`, 0600): Claude Code's pinned session id, the hook secret of the CLI
-that runs, and the inbox messages already announced to the agent.
+the state dir (`agent.json`, 0600): Claude Code's pinned session id, the hook and telemetry
+secrets of the CLI that runs, its recording, and the inbox messages already announced to the
+agent.
 
 Written atomically (temp file + rename) whenever it changes, never on a timer; read back whole or
 not at all (a missing or broken file is an empty record). The fields could move into the
@@ -29,6 +30,8 @@ class AgentRecord(msgspec.Struct, forbid_unknown_fields=False):
     events_url: str | None = None  # the running CLI's own server (opencode), and its password
     events_password: str | None = None
     announced: list[str] = msgspec.field(default_factory=list)  # inbox ids told to the agent
+    telemetry_secret: str | None = None  # what the running CLI's usage reports present
+    recording: str | None = None  # the recording of the CLI run going on (its id)
 
 
 @dataclass

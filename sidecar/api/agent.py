@@ -49,20 +49,6 @@ async def _input(request: web.Request) -> web.Response:
     return httpio.answer(accepted, status=202)
 
 
-async def _bounded(request: web.Request, limit: int) -> bytes | None:
-    """The body, read past the API's own limit up to `limit` (None: bigger than that)."""
-    if request.content_length is not None and request.content_length > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await request.content.read(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def _hook(request: web.Request) -> web.Response:
     awareness = request.app[AWARENESS]
     cli = request.match_info["cli"]
@@ -74,7 +60,7 @@ async def _hook(request: web.Request) -> web.Response:
         msg = f"unknown hook event {event!r}"
         raise httpio.BadRequest(msg)
     payload: dict[str, Any] = {}
-    raw = await _bounded(request, MAX_HOOK_BODY)
+    raw = await httpio.read_bounded(request, MAX_HOOK_BODY)
     if raw is not None:
         try:
             decoded = json.loads(raw) if raw.strip() else {}

@@ -29,9 +29,11 @@ from sidecar.api.messages import MAILBOXES, message_operations
 from sidecar.api.metrics import Metrics, RequestCounter
 from sidecar.api.notify import WebPushOff, notify_operations
 from sidecar.api.openapi import HTML, Media, Operation, document
+from sidecar.api.recordings import PlayerMissing, recording_operations
 from sidecar.api.screen import NoScreen, screen_operations
 from sidecar.api.status import status_operations
 from sidecar.api.terminal import terminal_operations
+from sidecar.api.usage import TelemetryRefused, TelemetryTooLarge, usage_operations
 from sidecar.core.contract import MAX_BODY_BYTES
 from sidecar.core.shapes import ResleeveAccepted, ResleeveRequest
 from sidecar.egress.service import NoAllowlist
@@ -39,6 +41,7 @@ from sidecar.pane.protocol import ControlError
 from sidecar.pane.send import DeliveryError, InputError
 from sidecar.process.resleeve import ResleeveBusy, UnknownCLI
 from sidecar.process.supervisor import Supervisor
+from sidecar.record.store import NoRecording
 from sidecar.workspace import mailbox
 
 log = logging.getLogger(__name__)
@@ -79,8 +82,10 @@ WORKSPACE_STATE_ERRORS = frozenset(
 # would leave it, a state problem (409), not the client's fault and not transient either.
 CLIENT_ERRORS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], ...] = (
     ((BadRequest, UnknownCLI, InputError), 400),
+    (TelemetryRefused, 401),
     (HookRefused, 403),
-    ((approvals.NotFound, WebPushOff), 404),
+    ((approvals.NotFound, NoRecording, PlayerMissing, WebPushOff), 404),
+    (TelemetryTooLarge, 413),
     (
         (
             ResleeveBusy,
@@ -279,6 +284,8 @@ def create_app(sup: Supervisor) -> web.Application:
         *approval_operations(sup.awareness.approvals),
         *egress_operations(sup.egress, sup.audit),
         audit_operation(sup.audit),
+        *recording_operations(sup.awareness.recorder),
+        *usage_operations(sup.awareness.spending),
         *link_operations(sup.notifier),
         *notify_operations(sup.notifier),
     ]

@@ -37,6 +37,20 @@ async def read_optional_body(request: web.Request, shape: type[R]) -> R | None:
     return decode(raw, shape) if raw.strip() else None
 
 
+async def read_bounded(request: web.Request, limit: int) -> bytes | None:
+    """The body, read past the API's own limit up to `limit` (None: bigger than that)."""
+    if request.content_length is not None and request.content_length > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.read(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def decode(raw: bytes, shape: type[R]) -> R:
     try:
         return msgspec.json.decode(raw, type=shape)

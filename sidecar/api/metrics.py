@@ -20,8 +20,10 @@ from sidecar.api import view
 from sidecar.api.prometheus import CONTENT_TYPE, Exposition, process_metrics, process_start
 from sidecar.api.view import SupervisorView
 from sidecar.core.contract import AGENT_STATES
+from sidecar.core.shapes import UsageInfo
 from sidecar.core.states import ProcState
 from sidecar.process.supervisor import Supervisor
+from sidecar.usage.reports import KINDS
 from sidecar.workspace.mailbox import Mailbox, NeedlecastError
 
 PROC_STATES = tuple(s.value for s in ProcState)
@@ -99,6 +101,29 @@ def approvals(out: Exposition, book: Approvals) -> None:
         "Seconds from a permission request to its answer",
         sum(book.decided.values()),
         round(book.wait_seconds, 3),
+    )
+
+
+def usage(out: Exposition, spent: UsageInfo) -> None:
+    """What the agent spent, per model, as its CLI reported it."""
+    models = sorted(spent.by_model.items())
+    out.family(
+        "sidecar_tokens_total",
+        "counter",
+        "Tokens of the agent's model requests, by type (input, output, cache_read, "
+        "cache_creation) and model",
+        [
+            ((("type", kind), ("model", model)), getattr(counts, f"{kind}_tokens"))
+            for model, counts in models
+            for kind in KINDS
+        ],
+    )
+    out.family(
+        "sidecar_cost_usd_total",
+        "counter",
+        "US dollars of the agent's model requests, by model (the CLI's figure, else the "
+        "sidecar's price table)",
+        [((("model", model),), counts.cost_usd) for model, counts in models],
     )
 
 
@@ -263,6 +288,7 @@ class Metrics:
             "1 while the disk refuses the audit trail (records held in memory)",
             int(audit.problem is not None),
         )
+        usage(out, v.usage)
         out.family(
             "sidecar_notifications_total",
             "counter",

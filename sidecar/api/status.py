@@ -92,6 +92,7 @@ def status_answer(
         egress=v.egress,
         screen=ScreenSize(cols=v.screen[0], rows=v.screen[1]),
         access=access,
+        usage=v.usage,
         notify=v.notify,
     )
 

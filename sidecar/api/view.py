@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from sidecar.agent.machine import AgentStatus, seconds_in_states
 from sidecar.core.contract import AgentStateName
-from sidecar.core.shapes import EgressInfo, NotifyInfo
+from sidecar.core.shapes import EgressInfo, NotifyInfo, UsageInfo
 from sidecar.core.states import ProcState, ProcStatus
 
 if TYPE_CHECKING:  # typing only: the snapshot sits below the supervisor, which may take it
@@ -48,6 +48,7 @@ class SupervisorView(NamedTuple):
     egress_allowed: tuple[tuple[str, int], ...]  # connections allowed, by listed pattern
     egress_denied: tuple[tuple[str, int], ...]  # attempts refused, by how (never by host)
     screen: tuple[int, int]  # the CLI's screen: columns, rows
+    usage: UsageInfo  # what the agent spent, and the budget
     notify: NotifyInfo  # the notification channels and their counts
 
     def agent_seconds(self) -> dict[str, float]:
@@ -104,5 +105,6 @@ def of(sup: Supervisor) -> SupervisorView:
         tuple(sup.egress.allowed_by.items()),
         tuple(sup.egress.denied_by_how.items()),
         sup.awareness.screen_size,
+        sup.awareness.spending.info(),
         sup.notifier.info(),
     )

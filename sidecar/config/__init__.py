@@ -21,6 +21,7 @@ from sidecar.config.notify import NotifyConfig
 from sidecar.config.read import (
     ConfigError,
     choice,
+    number,
     port,
     required,
     seconds,
@@ -32,6 +33,7 @@ from sidecar.core.contract import (
     DEFAULT_PORT,
     DEFAULT_STATE_DIR,
     DEFAULT_WORKSPACE,
+    RECORD_MAX_MB,
     STOP_GRACE,
 )
 from sidecar.core.layout import Layout
@@ -48,6 +50,11 @@ ACTIVITY_QUIET = 3.0
 
 class InboxNotify(Enum):
     IDLE = "idle"  # type a notice into an idle CLI marked `prompt: true`
+    OFF = "off"
+
+
+class Record(Enum):
+    ON = "on"
     OFF = "off"
 
 
@@ -165,6 +172,36 @@ def egress_allowlist(env: Mapping[str, str]) -> Allowlist | None:
     return None
 
 
+@dataclass(frozen=True)
+class Recording:
+    """SIDECAR_RECORD, _DIR and _MAX_MB (`sidecar.record`)."""
+
+    on: bool = True
+    dir: Path | None = None  # None: `Layout.recordings`
+    max_bytes: int = RECORD_MAX_MB * 1024 * 1024
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Recording:
+        on = choice(env, "SIDECAR_RECORD", Record.ON) is Record.ON
+        raw_dir = text(env, "SIDECAR_RECORD_DIR")
+        if raw_dir is not None and not Path(raw_dir).is_absolute():
+            msg = f"SIDECAR_RECORD_DIR must be an absolute path, got {raw_dir!r}"
+            raise ConfigError(msg)
+        mib = number(env, "SIDECAR_RECORD_MAX_MB", "MiB", low=0.1, high=1024 * 1024)
+        return cls(
+            on=on,
+            dir=Path(raw_dir) if raw_dir is not None else None,
+            max_bytes=int((mib or RECORD_MAX_MB) * 1024 * 1024),
+        )
+
+
+def _budget(env: Mapping[str, str]) -> tuple[float | None, int | None]:
+    """SIDECAR_BUDGET_USD and SIDECAR_BUDGET_TOKENS (the agent's spending limit)."""
+    usd = number(env, "SIDECAR_BUDGET_USD", "US dollars", low=0.000001, high=1e9)
+    tokens = number(env, "SIDECAR_BUDGET_TOKENS", "tokens", low=1, high=1e15, integer=True)
+    return usd, None if tokens is None else int(tokens)
+
+
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -250,6 +287,11 @@ class Config:
     policy: Policy | None = None
     # SIDECAR_AUDIT_DIR: where the audit trail is appended (None: the state dir).
     audit_dir: Path | None = None
+    # SIDECAR_RECORD*: a recording of each CLI run.
+    recording: Recording = Recording()
+    # SIDECAR_BUDGET_USD, _TOKENS: the agent's spending limit (None: no limit of that kind).
+    budget_usd: float | None = None
+    budget_tokens: int | None = None
     # SIDECAR_PUBLIC_URL, SIDECAR_NOTIFY_*: notifications (none without a channel).
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     # The environment the CLI inherits (PATH, HOME, API keys, ...), captured once here.
@@ -264,6 +306,10 @@ class Config:
     def audit_path(self) -> Path:
         """The audit trail's directory: SIDECAR_AUDIT_DIR, else the state dir."""
         return self.audit_dir or self.state_dir
+
+    @property
+    def record_dir(self) -> Path:
+        return self.recording.dir or self.paths.recordings
 
     @property
     def cli_home(self) -> Path | None:
@@ -302,6 +348,8 @@ class Config:
         policy_path, policy = policy_file(env)
         audit_dir = text(env, "SIDECAR_AUDIT_DIR")
         allow_file = text(env, EGRESS_FILE_VAR) if allowlist is not None else None
+        recording = Recording.from_env(env)
+        budget_usd, budget_tokens = _budget(env)
         notify = NotifyConfig.from_env(env)
         hidden = {*tokens.HIDDEN_VARS, tokens.HANDOVER_VAR}
         return cls(
@@ -332,6 +380,9 @@ class Config:
             policy_file=policy_path,
             policy=policy,
             audit_dir=Path(audit_dir).absolute() if audit_dir else None,
+            recording=recording,
+            budget_usd=budget_usd,
+            budget_tokens=budget_tokens,
             notify=notify,
             # The CLI never inherits the API's tokens, nor where notifications go: a topic or
             # a webhook's URL is often its only key, and the agent must not forge a

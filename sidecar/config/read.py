@@ -1,6 +1,6 @@
-"""The configuration's readers: one per kind of value (text, port, seconds, a choice, a URL), each
-naming the variable in the ConfigError it raises. The launcher reads the stop grace with the same
-reader, to fit a pod's grace period to it."""
+"""The configuration's readers: one per kind of value (text, port, seconds, a number, a choice, a
+URL), each naming the variable in the ConfigError it raises. The launcher reads the stop grace
+with the same reader, to fit a pod's grace period to it."""
 
 from __future__ import annotations
 
@@ -59,16 +59,25 @@ def port(env: Mapping[str, str], name: str, default: int) -> int:
 def seconds(
     env: Mapping[str, str], name: str, default: float, low: float, high: float = MAX_SECONDS
 ) -> float:
+    value = number(env, name, "seconds", low=low, high=high)
+    return default if value is None else value
+
+
+def number(
+    env: Mapping[str, str], name: str, what: str, *, low: float, high: float, integer: bool = False
+) -> float | None:
+    """A number (`integer`: a whole one) from `low` to `high`; None when unset."""
     raw = text(env, name)
     if raw is None:
-        return default
+        return None
     try:
-        value = float(raw)
+        value = float(int(raw.strip(), 10)) if integer else float(raw)
     except ValueError:
-        msg = f"{name} must be a number of seconds, got {raw!r}"
+        kind = "a whole number" if integer else "a number"
+        msg = f"{name} must be {kind} of {what}, got {raw!r}"
         raise ConfigError(msg) from None
     if not math.isfinite(value) or not low <= value <= high:
-        msg = f"{name} must be between {low:g} and {high:g} seconds, got {raw!r}"
+        msg = f"{name} must be between {low:g} and {high:g} {what}, got {raw!r}"
         raise ConfigError(msg)
     return value
 

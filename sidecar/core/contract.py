@@ -46,7 +46,7 @@ StateSource = Literal["hooks", "events", "activity", "none"]
 #: A permission request's answer, who gave it, and how the sidecar learnt of the request and
 #: answers it (/approvals, `approval-resolved` events).
 Decision = Literal["allow", "deny"]
-DecidedBy = Literal["api", "terminal", "timeout", "link", "policy"]
+DecidedBy = Literal["api", "terminal", "timeout", "link", "budget", "policy"]
 ApprovalSource = Literal["hooks", "screen", "events", "proxy"]
 #: What an approval is about: a permission request of the CLI, or a held request for a host off
 #: the egress allowlist.
@@ -85,6 +85,11 @@ def runtime_grace(stop_grace: float = STOP_GRACE) -> int:
     (`stop_grace`, SIDECAR_STOP_GRACE) rounded up, and the sidecar's shutdown after it."""
     return math.ceil(stop_grace) + SHUTDOWN_MARGIN
 
+
+#: `SIDECAR_RECORD_MAX_MB`: the recordings' total size cap, in MiB (oldest removed first).
+RECORD_MAX_MB: Final = 200
+#: The share of a budget (`SIDECAR_BUDGET_*`) at which a `budget` event warns.
+BUDGET_WARN_AT: Final = 0.8
 
 #: The tmux session that hosts the CLI (`sidecar attach` attaches to it).
 TMUX_SESSION: Final = "main"

@@ -176,6 +176,37 @@ class ScreenResized(Event, tag="screen-resized"):
     rows: Annotated[int, Meta(ge=1)]
 
 
+class UsageEvent(Event, tag="usage"):
+    """One model request of the agent, as its CLI reported it (`/status` `usage` sums them)."""
+
+    cli: str
+    model: str
+    input_tokens: Annotated[int, Meta(ge=0)]
+    output_tokens: Annotated[int, Meta(ge=0)]
+    cache_read_tokens: Annotated[int, Meta(ge=0)]
+    cache_creation_tokens: Annotated[int, Meta(ge=0)]
+    cost_usd: Annotated[float, Meta(ge=0)]
+    cost_from: Annotated[
+        Literal["cli", "prices", "unknown"],
+        Meta(
+            description="`cli`: the CLI's own figure; `prices`: the sidecar's pinned price "
+            "table; `unknown`: a model the table does not know (counted as 0)"
+        ),
+    ]
+
+
+class BudgetEvent(Event, tag="budget"):
+    """The sleeve's spending reached 80 % of a limit (`warning`) or the limit (`exceeded`:
+    approvals are denied, the turn was interrupted, the agent waits for `PATCH /budget`)."""
+
+    level: Literal["warning", "exceeded"]
+    message: Annotated[str, Meta(description="one sentence for a person")]
+    spent_usd: Annotated[float, Meta(ge=0)]
+    spent_tokens: Annotated[int, Meta(ge=0)]
+    usd: Annotated[float | None, Meta(description="the limit in USD")]
+    tokens: Annotated[int | None, Meta(description="the limit in tokens")]
+
+
 class NotificationEvent(Event, tag="notification"):
     """A notification was handed to the channels (`sent`), held back (`suppressed`: `why` says
     `cooldown`, `typing` or `over`), or withdrawn (no longer true: the approval was answered)."""
@@ -203,6 +234,8 @@ AnyEvent = (
     | EgressChanged
     | PolicyChanged
     | ScreenResized
+    | UsageEvent
+    | BudgetEvent
     | NotificationEvent
     | ErrorEvent
 )

@@ -40,6 +40,16 @@ class Layout:
         return self.state_dir / "sidecar.lock"
 
     @property
+    def usage_state(self) -> Path:
+        """The agent's usage and budget (`sidecar.usage.ledger`), kept across a crash."""
+        return self.state_dir / "usage.json"
+
+    @property
+    def recordings(self) -> Path:
+        """Where recordings go unless SIDECAR_RECORD_DIR says otherwise (`sidecar.record`)."""
+        return self.state_dir / "recordings"
+
+    @property
     def vapid_key(self) -> Path:
         """Web Push's VAPID private key (PEM, 0600), made the first time it is needed."""
         return self.state_dir / "vapid.pem"

@@ -216,6 +216,7 @@ class StatusAnswer(Answer):
     egress: EgressInfo = field(default_factory=lambda: EgressInfo(mode="open", allow=[], denied=0))
     screen: Annotated[ScreenSize | None, Meta(description="the CLI's screen size")] = None
     access: Access = "read-write"
+    usage: UsageInfo | None = None  # always sent (see `UsageInfo`)
     notify: NotifyInfo = field(default_factory=lambda: NotifyInfo(channels=[], on=[]))
 
 
@@ -319,7 +320,8 @@ DecidedByField = Annotated[
     DecidedBy,
     Meta(
         description="who answered: the API, a person in the terminal, the timeout policy, a "
-        "notification's one-tap link, or a rule of the policy file (`rule` names it)"
+        "notification's one-tap link, the budget (`SIDECAR_BUDGET_*` spent), or a rule of the"
+        " policy file (`rule` names it)"
     ),
 ]
 ApprovalKindField = Annotated[
@@ -578,3 +580,100 @@ class TerminalToken(Answer):
     """The token for ttyd's init message: always empty (the proxy authenticates)."""
 
     token: Annotated[str, Meta(max_length=0, description="always empty: the proxy authenticates")]
+
+
+# ---- usage and budget --------------------------------------------------------------------------
+
+Usd = Annotated[float, Meta(ge=0, description="US dollars")]
+
+
+class TokenCounts(Answer):
+    """Tokens and cost of model requests, as the CLI reported them."""
+
+    input_tokens: Count
+    output_tokens: Count
+    cache_read_tokens: Count
+    cache_creation_tokens: Count
+    cost_usd: Annotated[
+        Usd,
+        Meta(
+            description="as the CLI computed it; for a CLI that reports none, from the "
+            "sidecar's pinned price table (docs: usage)"
+        ),
+    ]
+    requests: Annotated[int, Meta(ge=0, description="model requests counted")]
+
+
+class RunUsage(TokenCounts):
+    """The current CLI run's share (a resleeve, a restart or a heal starts a new run)."""
+
+    cli: str
+    started: Timestamp
+
+
+class BudgetInfo(Answer):
+    """The sleeve's spending limit (`SIDECAR_BUDGET_*`, changed by `PATCH /budget`)."""
+
+    usd: Annotated[float, Meta(gt=0, description="the limit in USD; null: none")] | None
+    tokens: Annotated[int, Meta(gt=0, description="the limit in tokens; null: none")] | None
+    spent_usd: Usd
+    spent_tokens: Annotated[
+        int, Meta(ge=0, description="input, output, cache read and cache creation tokens")
+    ]
+    state: Annotated[
+        Literal["none", "ok", "warning", "exceeded"],
+        Meta(
+            description="`none`: no limit; `warning`: 80 % or more of a limit spent; "
+            "`exceeded`: a limit reached (approvals are denied, `/input` text answers 409)"
+        ),
+    ]
+
+
+class UsageInfo(TokenCounts):
+    """What the agent spent since the sidecar started (surviving supervisor crashes and
+    resleeves), from the CLI's own reports."""
+
+    by_model: Annotated[dict[str, TokenCounts], Meta(description="the same, per model")]
+    since: Annotated[Timestamp, Meta(description="when counting began")]
+    reporting: Annotated[
+        bool,
+        Meta(
+            description="whether the running CLI reports its usage to the sidecar (false: "
+            "a CLI whose usage the sidecar cannot read; nothing it spends is counted)"
+        ),
+    ]
+    run: RunUsage | None
+    budget: BudgetInfo
+
+
+class BudgetRequest(Request):
+    """New limits: a number sets one, null clears it, a field left out stays as it is."""
+
+    usd: Annotated[float, Meta(gt=0, le=1000000000.0, description="USD")] | UnsetType | None = UNSET
+    tokens: Annotated[int, Meta(gt=0, le=10**15, description="tokens")] | UnsetType | None = UNSET
+
+
+class OtlpAnswer(Answer):
+    """An OTLP/HTTP export's answer (`ExportLogsServiceResponse`): the whole request was taken."""
+
+    partial_success: dict[str, int | str] = field(name="partialSuccess")
+
+
+# ---- recordings --------------------------------------------------------------------------------
+
+
+class RecordingItem(Answer):
+    """One recording: an asciicast v2 file of one CLI run."""
+
+    id: Annotated[str, Meta(description="its name in `GET /recordings/{id}`")]
+    cli: str
+    started: Timestamp
+    ended: Annotated[Timestamp | None, Meta(description="null while the run goes on")]
+    bytes: Annotated[int, Meta(ge=0, description="the file's size")]
+    markers: Annotated[int, Meta(ge=0, description='its `"m"` events')]
+
+
+class RecordingsAnswer(Answer):
+    """The recordings kept, oldest first."""
+
+    recordings: list[RecordingItem]

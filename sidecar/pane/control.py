@@ -1,7 +1,8 @@
 """The sidecar's one tmux control-mode client (`tmux -C attach`), its channel to the CLI's pane:
 an `%output` line tells when the pane writes (one wakeup per burst, nothing while it is quiet;
-why not the tty's mtime or `capture-pane`: docs/benchmarks.md), and `ask` sends commands through
-it and reads their replies, with no process per command (how `sidecar.pane.screen` looks).
+why not the tty's mtime or `capture-pane`: docs/benchmarks.md), `ask` sends commands through
+it and reads their replies, with no process per command (how `sidecar.pane.screen` looks), and
+while a `sink` is set it hands over every byte the CLI's pane writes (the recorder's tap).
 """
 
 from __future__ import annotations
@@ -12,19 +13,36 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import psutil
 
 from sidecar.core.contract import TMUX_SESSION
-from sidecar.pane.protocol import ControlReader, NoAnswer, NotAttached, Reply
-from sidecar.pane.tmux import Tmux
+from sidecar.pane.protocol import ControlError, ControlReader, NoAnswer, NotAttached, Reply
+from sidecar.pane.screen import Screen, look_styled
+from sidecar.pane.tmux import PANE, Tmux
 
 log = logging.getLogger(__name__)
 
 # On the first `%output` the client pauses the pane for itself (`refresh-client -A %N:pause`:
 # tmux keeps reading the pane and drops only this client's copy) and continues it SAMPLE seconds
 # later: output is known to within SAMPLE, what the `activity` source and POST /input's hold need.
+# With a sink every byte is needed: the pane is never paused, and `on_output` is called at most
+# once per SAMPLE instead (and once more at the end of a window in which the pane wrote).
 SAMPLE = 0.25  # seconds the pane stays paused for this client after output
+# tmux makes a pane wait for a control client that has not yet read what it was sent (its
+# `pause-after` aside): a flood of output through an unpaused client runs at the client's pace
+# (measured with tmux 3.5a: a client that only copied it to /dev/null made 10 MB take 3.5 s
+# instead of 1 s), and a paused pane it does not make wait. So with a sink, a pane that writes
+# more than FLOOD bytes within SAMPLE is paused for this client for FLOOD_PAUSE, and the sink
+# gets the screen as it is before the pane is continued: a flood is known a frame a second.
+FLOOD = 256 * 1024
+FLOOD_PAUSE = 1.0
+# With a sink, the client's output is read at most once per TAP_BATCH while the pane writes:
+# tmux hands it over in pieces of a few hundred bytes, and a wakeup per piece cost the
+# supervisor ~20x what the bytes themselves do. The pipe holds 64 KiB: under the FLOOD rate it
+# never fills in that time, so the pane never waits for it.
+TAP_BATCH = 0.02
 ENDS_WITHIN = 1.0  # seconds a control client whose output closed gets to exit by itself
 
 
@@ -40,6 +58,18 @@ async def _reap(proc: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
+
+
+class Tap(Protocol):
+    """What takes the CLI's pane's bytes (`PaneActivity.tap`)."""
+
+    def wrote(self, data: bytes) -> None:
+        """What the pane wrote, unescaped, as it came. Called in the reader's loop: it must
+        return at once (a client that falls behind makes the pane wait)."""
+
+    def skipped(self, screen: Screen | None, *, first: bool) -> None:
+        """The pane wrote too fast and was paused for a while (`first`: a new flood): the
+        screen as it is now, before its bytes come again (None: tmux did not show it)."""
 
 
 def _pane_action(pane: bytes, action: bytes) -> bytes:
@@ -70,6 +100,15 @@ class PaneActivity:
         self._waiting: deque[asyncio.Future[Reply | None] | None] = deque()
         self._stop = False
         self._wake = asyncio.Event()
+        self.sink: Tap | None = None  # takes every byte of the CLI's pane (None: nobody)
+        self._window_ends = 0.0  # with a sink: on_output's next call is due after this
+        self._trailing: asyncio.TimerHandle | None = None
+        # With a sink: the pane's bytes in the current SAMPLE window, the window's end, whether
+        # the pane is paused for a flood, and when the last flood pause ended.
+        self._tapped, self._tap_until = 0, 0.0
+        self._flooding = False
+        self._flood_ended = 0.0
+        self._floods: set[asyncio.Task[None]] = set()
 
     def client_argv(self) -> list[str]:
         attach = ("attach-session", "-f", "ignore-size", "-t", TMUX_SESSION)
@@ -126,25 +165,50 @@ class PaneActivity:
         )
         self._proc = proc
         self._paused.clear()
+        self._flooding = False
         waiting: deque[asyncio.Future[Reply | None] | None] = deque()
         self._waiting = waiting
         if self.on_attach is not None:
             self.on_attach()
         assert proc.stdout is not None
         reader = ControlReader()
+        pane = PANE.encode()
         try:
             while chunk := await proc.stdout.read(1 << 16):
-                panes, replies = reader.feed(chunk)
+                sink = self.sink
+                panes, replies, wrote = reader.feed(chunk, pane if sink is not None else None)
+                if wrote and sink is not None:
+                    sink.wrote(wrote)
+                    self._count(len(wrote))
                 if panes:
                     self._seen(panes)
                 for reply in replies:
                     if reply.ours and waiting:
                         self._answer(waiting.popleft(), reply)
+                if wrote and sink is not None and not self._flooding:
+                    await self._gather(proc)
         finally:
             self._proc = None
             while waiting:
                 self._answer(waiting.popleft(), None)
             await _reap(proc)
+
+    @staticmethod
+    async def _gather(proc: asyncio.subprocess.Process) -> None:
+        """Leave the client's output in its pipe for TAP_BATCH (reading paused: no wakeup for
+        each piece that arrives meanwhile), then take it all at once."""
+        # The Process keeps its SubprocessTransport in `_transport`; what is used of it,
+        # get_pipe_transport and pause_reading, is asyncio's public transport API.
+        transport = proc._transport  # type: ignore[attr-defined]
+        pipe = transport.get_pipe_transport(1) if transport is not None else None
+        if pipe is None:
+            return
+        pipe.pause_reading()
+        try:
+            await asyncio.sleep(TAP_BATCH)  # sleep-ok: lets the pane's pieces gather in the pipe
+        finally:
+            if not pipe.is_closing():
+                pipe.resume_reading()
 
     @staticmethod
     def _answer(future: asyncio.Future[Reply | None] | None, reply: Reply | None) -> None:
@@ -174,6 +238,9 @@ class PaneActivity:
     def _seen(self, panes: set[bytes]) -> None:
         now = time.monotonic()
         self.last_output = now
+        if self.sink is not None:
+            self._seen_unpaused(now)
+            return
         fresh = panes - self._paused
         if fresh:
             # Pause this client's copy of the pane's output; continue it SAMPLE s later.
@@ -182,9 +249,68 @@ class PaneActivity:
             asyncio.get_running_loop().call_later(SAMPLE, self._resume, fresh)
         self.on_output(now)
 
+    def tap(self, sink: Tap | None) -> None:
+        """Hand every byte the CLI's pane writes to `sink` from now on (None: stop). A pane
+        paused for this client is continued at once: its bytes are wanted."""
+        self.sink = sink
+        if sink is not None and self._paused:
+            self._resume(set(self._paused))
+
+    def _count(self, size: int) -> None:
+        """Bytes of the tapped pane: past FLOOD within SAMPLE it is paused for FLOOD_PAUSE."""
+        now = time.monotonic()
+        if now >= self._tap_until:
+            self._tapped, self._tap_until = 0, now + SAMPLE
+        self._tapped += size
+        if self._tapped <= FLOOD or self._flooding:
+            return
+        self._flooding = True
+        first = now - self._flood_ended > 2 * SAMPLE
+        self._send(_pane_action(PANE.encode(), b"pause"), [None])
+        loop = asyncio.get_running_loop()
+        loop.call_later(FLOOD_PAUSE, self._flood_pause_ends, first)
+
+    def _flood_pause_ends(self, first: bool) -> None:
+        task = asyncio.get_running_loop().create_task(self._continue_flooded(first))
+        self._floods.add(task)
+        task.add_done_callback(self._floods.discard)
+
+    async def _continue_flooded(self, first: bool) -> None:
+        """The screen for the sink while the pane is still paused (so that no byte of it can
+        come before the frame), then the pane continued."""
+        screen = None
+        with contextlib.suppress(ControlError):
+            screen = await look_styled(self.ask)
+        if self.sink is not None:
+            self.sink.skipped(screen, first=first)
+        self._flooding = False
+        self._flood_ended = time.monotonic()
+        self._tapped, self._tap_until = 0, self._flood_ended + SAMPLE
+        self._send(_pane_action(PANE.encode(), b"continue"), [None])
+
+    def _seen_unpaused(self, now: float) -> None:
+        """Output while a sink takes every byte: `on_output` at most once per SAMPLE, as the
+        pause would allow, and at the end of a window in which the pane went on writing."""
+        if now >= self._window_ends:
+            self._window_ends = now + SAMPLE
+            self.on_output(now)
+        elif self._trailing is None:
+            delay = self._window_ends - now
+            self._trailing = asyncio.get_running_loop().call_later(delay, self._window_end)
+
+    def _window_end(self) -> None:
+        self._trailing = None
+        last = self.last_output
+        if last is not None:
+            self._window_ends = time.monotonic() + SAMPLE
+            self.on_output(last)
+
     def _resume(self, panes: set[bytes]) -> None:
+        panes &= self._paused  # a tap may have continued them already
         self._paused -= panes
-        self._send(b"".join(_pane_action(p, b"continue") for p in panes), [None] * len(panes))
+        if panes:
+            lines = b"".join(_pane_action(p, b"continue") for p in panes)
+            self._send(lines, [None] * len(panes))
 
     def _send(self, lines: bytes, replies: Sequence[asyncio.Future[Reply | None] | None]) -> bool:
         """Write command `lines` to the client, one entry in `replies` per line (never an empty
@@ -205,6 +331,10 @@ class PaneActivity:
     async def stop(self) -> None:
         self._stop = True
         self._wake.set()
+        if self._trailing is not None:
+            self._trailing.cancel()
+        for task in list(self._floods):
+            task.cancel()
         proc = self._proc
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):

@@ -30,6 +30,8 @@ CAPTURE = f"capture-pane -p -t {TARGET}"
 LOOK = (SIZE, CAPTURE)
 # The window (the session's only one) and its one pane are the same size.
 WINDOW = f"{TMUX_SESSION}:0"
+# The same with colours and attributes (-e: SGR escapes), for a recording's frame.
+STYLED = (SIZE, f"capture-pane -p -e -t {TARGET}")
 
 Ask = Callable[[Sequence[str], float], Awaitable[list[Reply]]]
 
@@ -57,6 +59,12 @@ def parse_screen(size: Reply, capture: Reply) -> Screen:
     lines = [line.decode("utf-8", "replace") for line in capture.lines[:rows]]
     lines += [""] * (rows - len(lines))
     return Screen(rows, cols, tuple(lines), row, col)
+
+
+async def look_styled(ask: Ask) -> Screen:
+    """The screen with its SGR escapes in the lines. Raises ControlError."""
+    size, capture = await ask(STYLED, LOOK_TIMEOUT)
+    return parse_screen(size, capture)
 
 
 class ScreenLook:

@@ -8,7 +8,11 @@ in the end-to-end tests: the network seam, because no real API is reachable from
 With `bash_command` set, a streamed request that offers the Bash tool and ends with the user's
 own text is answered with a Bash `tool_use` running that command (so the CLI asks permission
 for it), and the request that carries its `tool_result` with the text reply and `end_turn`: one
-prompt, one tool call, one answer.
+prompt, one tool call, one answer (`bash_calls`: that many calls in a row before the answer).
+
+With `usage`, every answer reports those token counts (`input_tokens`, `output_tokens`,
+`cache_read_input_tokens`, `cache_creation_input_tokens`), and `reported` lists what each
+answer reported, as a client sums it: the start's input and cache counts, the end's output.
 """
 
 from __future__ import annotations
@@ -40,9 +44,18 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 class AnthropicStub:
     """Runs an aiohttp app on its own event loop in a thread; `url` is set once it listens."""
 
-    def __init__(self, reply: str = REPLY_TEXT, bash_command: str | None = None) -> None:
+    def __init__(
+        self,
+        reply: str = REPLY_TEXT,
+        bash_command: str | None = None,
+        bash_calls: int = 1,
+        usage: dict[str, int] | None = None,
+    ) -> None:
         self.reply = reply
         self.bash_command = bash_command
+        self.bash_calls = bash_calls
+        self.usage = usage
+        self.reported: list[dict[str, int]] = []
         self.url = ""
         self._requests: list[Recorded] = []
         self._lock = threading.Lock()
@@ -101,6 +114,16 @@ class AnthropicStub:
         await self._record(request)
         return web.Response(status=200)
 
+    def _usage(self, output: int) -> tuple[dict[str, int], int]:
+        """What an answer's start reports (input and cache counts, one output token so far),
+        and its final output count; the total goes to `reported`."""
+        given = self.usage or {"input_tokens": 12, "output_tokens": output}
+        start = {k: v for k, v in given.items() if k != "output_tokens"}
+        final = given.get("output_tokens", output)
+        with self._lock:
+            self.reported.append({**start, "output_tokens": final})
+        return {**start, "output_tokens": 1}, final
+
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request) or {}
         model = body.get("model", "claude-stub")
@@ -112,14 +135,18 @@ class AnthropicStub:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 12, "output_tokens": 1},
         }
         if not body.get("stream"):
+            start, final = self._usage(1)
             message["content"] = [{"type": "text", "text": self.reply}]
             message["stop_reason"] = "end_turn"
+            message["usage"] = {**start, "output_tokens": final}
             return web.json_response(message)
-        if self._wants_bash(body):
-            return await self._stream(request, self._bash_events(message))
+        bash = self._wants_bash(body)
+        start, final = self._usage(20 if bash else 9)
+        message["usage"] = start
+        if bash:
+            return await self._stream(request, self._bash_events(message, final))
         text_block = {"type": "text", "text": ""}
         events: list[tuple[str, dict[str, Any]]] = [
             ("message_start", {"message": message}),
@@ -134,7 +161,7 @@ class AnthropicStub:
                 "message_delta",
                 {
                     "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                    "usage": {"output_tokens": 9},
+                    "usage": {"output_tokens": final},
                 },
             ),
             ("message_stop", {}),
@@ -142,21 +169,28 @@ class AnthropicStub:
         return await self._stream(request, events)
 
     def _wants_bash(self, body: dict[str, Any]) -> bool:
-        """A turn of the main loop (it offers Bash) whose last message is the user's text, not
-        a tool's result: the one to answer with the tool call."""
+        """A turn of the main loop (it offers Bash) with fewer than `bash_calls` tool results
+        since the user's own text: one to answer with a tool call."""
         if self.bash_command is None:
             return False
         if not any(
             isinstance(t, dict) and t.get("name") == "Bash" for t in body.get("tools") or []
         ):
             return False
-        messages = body.get("messages") or []
-        last = messages[-1] if messages else {}
-        content = last.get("content") if isinstance(last, dict) else None
-        blocks = content if isinstance(content, list) else []
-        return not any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks)
+        results = 0
+        for message in reversed(body.get("messages") or []):
+            if not isinstance(message, dict) or message.get("role") != "user":
+                continue
+            content = message.get("content")
+            blocks = content if isinstance(content, list) else []
+            if not any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks):
+                break  # the user's own text: the turn began there
+            results += 1
+        return results < self.bash_calls
 
-    def _bash_events(self, message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    def _bash_events(
+        self, message: dict[str, Any], output_tokens: int
+    ) -> list[tuple[str, dict[str, Any]]]:
         self._tool_uses += 1
         tool = {"type": "tool_use", "id": f"toolu_stub{self._tool_uses:04d}", "name": "Bash"}
         args = json.dumps({"command": self.bash_command, "description": "Run the stub's command"})
@@ -175,7 +209,7 @@ class AnthropicStub:
                 "message_delta",
                 {
                     "delta": {"stop_reason": "tool_use", "stop_sequence": None},
-                    "usage": {"output_tokens": 20},
+                    "usage": {"output_tokens": output_tokens},
                 },
             ),
             ("message_stop", {}),

@@ -65,6 +65,8 @@ sets win: extraEnv, then the settings, then what the pod's layout fixes.
 {{- with .Values.sidecar.inboxNotify }}{{ $_ := set $env "SIDECAR_INBOX_NOTIFY" . }}{{ end }}
 {{- with .Values.sidecar.allowedOrigins }}{{ $_ := set $env "SIDECAR_ALLOWED_ORIGINS" . }}{{ end }}
 {{- with .Values.sidecar.cliConfig }}{{ $_ := set $env "SIDECAR_CLI_CONFIG" . }}{{ end }}
+{{- with .Values.sidecar.record }}{{ $_ := set $env "SIDECAR_RECORD" . }}{{ end }}
+{{- $_ := set $env "SIDECAR_RECORD_MAX_MB" (toString .Values.sidecar.recordMaxMB) }}
 {{- if not .Values.egress.open }}
 {{- $_ := set $env "SIDECAR_EGRESS_ALLOW" (default "none" (join "," .Values.egress.allow)) }}
 {{- end }}
@@ -76,6 +78,7 @@ sets win: extraEnv, then the settings, then what the pod's layout fixes.
 {{- $_ := set $env "SIDECAR_PORT" "8080" }}
 {{- $_ := set $env "SIDECAR_WORKSPACE" "/workspace" }}
 {{- $_ := set $env "SIDECAR_STATE_DIR" "/run/sidecar" }}
+{{- $_ := set $env "SIDECAR_RECORD_DIR" "/home/sleeve/.sidecar/recordings" }}
 {{- $_ := set $env "SIDECAR_TOKEN_FILE" "/etc/sleeve/tokens/token" }}
 {{- $_ := set $env "SIDECAR_VIEW_TOKEN_FILE" "/etc/sleeve/tokens/view-token" }}
 {{- range $name, $value := $env }}

@@ -1,10 +1,11 @@
 """Claude Code (2.1.330), all the sidecar and the launcher know of it: its hooks (`hooks`: our
-`--settings`, its session arguments, what each event means), its screen (`screen`), its resume
-rule and the folders a slot keeps of it.
+`--settings`, its session arguments, what each event means), its screen (`screen`), its usage
+(`telemetry`), its resume rule and the folders a slot keeps of it.
 """
 
 from sidecar.agent.clis.claude_code.hooks import HOOKS, history
 from sidecar.agent.clis.claude_code.screen import read_screen
+from sidecar.agent.clis.claude_code.telemetry import TELEMETRY
 from sidecar.agent.knowledge import ApprovalKeys, Homes, Knowledge, ScreenKnowledge
 from sidecar.agent.screens import Seen
 
@@ -40,4 +41,6 @@ CLI = Knowledge(
         sign_in=".claude/.credentials.json",
         seed="claude-credentials",
     ),
+    telemetry=TELEMETRY,
+    interrupt=("Escape",),  # "esc to interrupt", its footer says while a turn runs
 )

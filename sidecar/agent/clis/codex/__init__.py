@@ -25,4 +25,5 @@ CLI = Knowledge(
         keys_after=0.0,  # its dialogs take keys as they are drawn (measured on 0.169)
     ),
     homes=Homes(dirs=(".codex",)),  # config, sign-in, conversations
+    interrupt=("Escape",),  # "esc to interrupt" while a turn runs
 )

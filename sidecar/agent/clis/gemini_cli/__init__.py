@@ -24,4 +24,5 @@ CLI = Knowledge(
         keys_after=0.0,  # its dialogs take keys as they are drawn (measured on 0.61)
     ),
     homes=Homes(dirs=(".gemini",)),  # config, sign-in, conversations
+    interrupt=("Escape",),  # "esc to cancel" while a turn runs
 )

@@ -1,6 +1,7 @@
 """opencode (1.18.33), all the sidecar and the launcher know of it: the TUI started with its
 server on a loopback port of ours, whose event stream tells the agent's state and carries its
-permission requests (`events`), and its screen (`screen`), read beside it.
+permission requests (`events`) and its model requests' usage (`usage`), and its screen
+(`screen`), read beside it.
 """
 
 from sidecar.agent.clis.opencode.events import STREAM
@@ -29,4 +30,6 @@ CLI = Knowledge(
     ),
     # Its data (sign-in, conversations); its config is under `.config`, which every slot keeps.
     homes=Homes(dirs=(".local/share/opencode",)),
+    # "esc interrupt", then "esc again to interrupt": the second Escape stops the turn.
+    interrupt=("Escape", "Escape"),
 )

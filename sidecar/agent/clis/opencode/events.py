@@ -1,6 +1,7 @@
 """opencode's event stream (1.18.33): how it is started with its server on a loopback port of
 ours behind a per-launch password, and what its server's events mean for the agent's state and
-approvals (`STREAM`; the connection itself is `sidecar.agent.event_source`'s).
+approvals (`STREAM`, its usage read by `usage`; the connection itself is
+`sidecar.agent.event_source`'s).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from sidecar.agent.clis.opencode.usage import Bill
 from sidecar.agent.event_stream import Event, EventStream
 from sidecar.agent.hooks import HookEffect, PermissionAsk
 
@@ -210,4 +212,5 @@ STREAM = EventStream(
     asked,
     _replied_in,
     reply,
+    Bill,
 )
