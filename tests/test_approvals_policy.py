@@ -3,7 +3,7 @@ audit trail on disk): a rule's allow or deny answers a request at once, never li
 `approval-resolved` told; `ask` lists it naming the rule; a dialog read off the screen is never
 allowed by a rule but is denied by one; a decision is returned only once its record is on disk;
 an egress request's own timeout names SIDECAR_EGRESS_ASK; the policy's decisions are counted
-by rule."""
+by rule; a spent budget refuses before the policy is asked."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from sidecar.agent.approval_log import ApprovalLog
-from sidecar.agent.approvals import Approvals
+from sidecar.agent.approvals import Answer, Approvals
 from sidecar.audit.trail import NAME, AuditTrail
 from sidecar.core.events import EventBus
 from sidecar.policy.load import parse_policy
@@ -98,4 +98,16 @@ async def test_an_egress_request_times_out_on_its_own_clock(tmp_path: Path) -> N
     assert (answer.decision, answer.by) == ("deny", "timeout")
     assert answer.message is not None and "within 0.05 s (SIDECAR_EGRESS_ASK)" in answer.message
     assert held.summary == "CONNECT x.example:443" and held.kind == "egress"
+    await trail.close()
+
+
+async def test_a_spent_budget_refuses_what_a_rule_would_allow(tmp_path: Path) -> None:
+    """The budget's gate (`sidecar.agent.spending`) answers before the policy is asked: a rule's
+    allow never outruns a spent budget."""
+    approvals, _, trail = book(tmp_path)
+    approvals.gate = lambda: Answer("deny", "budget", "the budget is spent")
+    asked = approvals.request("Bash", {"command": "git status"}, source="hooks")
+    answer = await approvals.decision(asked.id)
+    assert (answer.decision, answer.by, answer.rule) == ("deny", "budget", None)
+    assert approvals.by_rule == {}
     await trail.close()
