@@ -1,7 +1,7 @@
 """`sidecar status|screen|outbox|inbox|send|resleeve|events|attach|input|keys|wait|approvals|
-approve|deny|recordings|notify test`: debugging from `docker exec`, through the local API (address
-and token from the same environment the sidecar reads); human output by default, `--json` for
-machines.
+approve|deny|audit|policy|recordings|notify test`: debugging from `docker exec`, through the
+local API (address and token from the same environment the sidecar reads); human output by
+default, `--json` for machines. `sidecar policy check FILE` reads only the file.
 """
 
 from __future__ import annotations
@@ -121,6 +121,51 @@ def _print_decided(result: dict[str, Any]) -> None:
     print(f"{done} {result.get('id')}")
 
 
+def _print_audit(body: dict[str, Any]) -> None:
+    """One line per record: time, type, then its fields (the JSON names them)."""
+    records = body.get("records") or []
+    if not records:
+        print("(no audit records)")
+    for r in records:
+        rest = {k: v for k, v in r.items() if k not in ("time", "type", "seq", "sleeve")}
+        fields = " ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in rest.items())
+        print(f"{r.get('time')}  {r.get('type')}  {fields}")
+    if body.get("truncated"):
+        print("(more records matched: --limit, --since or --type narrow it)", file=sys.stderr)
+
+
+def _policy(client: SidecarClient | None, args: argparse.Namespace) -> int:
+    """`policy check FILE`: 0 when the file is a valid policy, 2 naming what is wrong. `policy
+    test FILE`: the trail's decisions FILE would make differently; 0 none, 1 some, 2 error."""
+    from sidecar.policy.load import PolicyError, read_policy
+    from sidecar.policy.replay import differences
+
+    try:
+        draft = read_policy(args.file)
+    except PolicyError as exc:
+        print(f"sidecar policy {args.action}: {exc}", file=sys.stderr)
+        return 2
+    if args.action == "check":
+        text = f"{args.file}: {len(draft.rules)} rules, default {draft.default}"
+        print(json.dumps({"file": args.file, "rules": len(draft.rules)}) if args.json else text)
+        return 0
+    assert client is not None
+    try:
+        records = list(client.audit_all(["approval-resolved"]))
+    except ClientError as exc:
+        print(f"sidecar policy test: {exc}", file=sys.stderr)
+        return 2
+    found = differences(draft, records)
+    for diff in found:
+        if args.json:
+            print(json.dumps({"record": diff.record, "then": diff.then, "now": diff.now}))
+        else:
+            print(diff.line())
+    if not args.json:
+        print(f"{len(found)} of {len(records)} decisions would be decided differently")
+    return 1 if found else 0
+
+
 def _print_notify_test(body: dict[str, Any]) -> None:
     results = body.get("results") or []
     if not results:
@@ -201,6 +246,20 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--state", action="append", required=True, choices=AGENT_STATES)
     sp.add_argument("--timeout", type=float, help="seconds (default: no limit)")
     sp.add_argument("--json", action="store_true")
+    _governance_parsers(sub)
+    sp = sub.add_parser("recordings", help="list the recorded CLI runs, or print one by its id")
+    sp.add_argument("id", nargs="?", help="a recording's id: its asciicast file on stdout")
+    sp.add_argument("--json", action="store_true", help="print the list as JSON")
+    sp = sub.add_parser("notify", help="notifications: `notify test` sends one to each channel")
+    sp.add_argument("action", choices=["test"])
+    sp.add_argument("--json", action="store_true")
+    sub.add_parser("attach", help="attach this terminal to the tmux session")
+    sub.add_parser("run", help="run the supervisor (the container entrypoint)")
+    return p
+
+
+def _governance_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """approvals, approve, deny, audit, policy: who decides what the agent may do."""
     sp = sub.add_parser("approvals", help="list the permission requests the agent waits on")
     sp.add_argument("--json", action="store_true", help="print JSON")
     sp = sub.add_parser("approve", help="allow one permission request, by its id")
@@ -213,15 +272,15 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("id", help="the request's id (`sidecar approvals`)")
     sp.add_argument("--message", help="told to the agent (why, or what to do instead)")
     sp.add_argument("--json", action="store_true")
-    sp = sub.add_parser("recordings", help="list the recorded CLI runs, or print one by its id")
-    sp.add_argument("id", nargs="?", help="a recording's id: its asciicast file on stdout")
-    sp.add_argument("--json", action="store_true", help="print the list as JSON")
-    sp = sub.add_parser("notify", help="notifications: `notify test` sends one to each channel")
-    sp.add_argument("action", choices=["test"])
+    sp = sub.add_parser("audit", help="print the audit trail (the latest records)")
+    sp.add_argument("--since", help="RFC 3339 time: records from then on")
+    sp.add_argument("--type", action="append", dest="types", help="a record type (repeatable)")
+    sp.add_argument("--limit", type=int, help="at most this many (default 100)")
     sp.add_argument("--json", action="store_true")
-    sub.add_parser("attach", help="attach this terminal to the tmux session")
-    sub.add_parser("run", help="run the supervisor (the container entrypoint)")
-    return p
+    sp = sub.add_parser("policy", help="check a policy file, or test it against the audit trail")
+    sp.add_argument("action", choices=("check", "test"), help="check: validate; test: replay")
+    sp.add_argument("file", help="the policy file (YAML)")
+    sp.add_argument("--json", action="store_true")
 
 
 def _events(client: SidecarClient, args: argparse.Namespace) -> int:
@@ -262,6 +321,7 @@ Call = Callable[[SidecarClient, argparse.Namespace], dict[str, Any]]
 STREAMS: dict[str, Callable[[SidecarClient, argparse.Namespace], int]] = {
     "events": _events,
     "wait": _wait,
+    "policy": _policy,
     "recordings": _recordings,
 }
 # Commands of one request: the call, and how its answer is printed without --json.
@@ -283,6 +343,10 @@ REQUESTS: dict[str, tuple[Call, Callable[[dict[str, Any]], None]]] = {
         _print_decided,
     ),
     "deny": (lambda client, args: client.deny(args.id, message=args.message), _print_decided),
+    "audit": (
+        lambda client, args: client.audit(since=args.since, types=args.types, limit=args.limit),
+        _print_audit,
+    ),
     "notify": (lambda client, _: client.notify_test(), _print_notify_test),
 }
 
@@ -292,6 +356,8 @@ def client_main(argv: list[str]) -> int:
     env = dict(os.environ)
     if args.command == "attach":
         return _attach(env)
+    if args.command == "policy" and args.action == "check":
+        return _policy(None, args)
     try:
         client = SidecarClient.from_env(env)
         if args.url:

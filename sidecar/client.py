@@ -158,6 +158,48 @@ class SidecarClient:
         path = "/approvals/" + urllib.parse.quote(approval_id, safe="")
         return dict(self.call("POST", path, body))
 
+    def audit(
+        self,
+        *,
+        since: str | None = None,
+        types: list[str] | None = None,
+        limit: int | None = None,
+        after: int | None = None,
+    ) -> dict[str, Any]:
+        """Audit records, oldest first: `records`, `truncated` (more matched than `limit`)."""
+        query = {
+            "since": since,
+            "type": ",".join(types) if types else None,
+            "limit": limit,
+            "after": after,
+        }
+        given = {k: str(v) for k, v in query.items() if v is not None}
+        path = "/audit" + (f"?{urllib.parse.urlencode(given)}" if given else "")
+        return dict(self.call("GET", path))
+
+    def audit_all(self, types: list[str], *, pages: int = 100) -> Iterator[dict[str, Any]]:
+        """Every audit record of `types`, oldest first, page by page (at most `pages` pages of
+        10,000)."""
+        after = 0
+        for _ in range(pages):
+            page = self.audit(types=types, after=after, limit=10_000)
+            records = page.get("records") or []
+            yield from records
+            if not page.get("truncated") or not records:
+                return
+            after = int(records[-1]["seq"])
+
+    def egress(self) -> dict[str, Any]:
+        """The egress allowlist as the proxy applies it now (GET /egress)."""
+        return dict(self.call("GET", "/egress"))
+
+    def change_egress(
+        self, add: list[str] | None = None, remove: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Add patterns to the allowlist, or take them off (PATCH /egress)."""
+        body = {k: v for k, v in (("add", add), ("remove", remove)) if v}
+        return dict(self.call("PATCH", "/egress", body))
+
     def recordings(self) -> dict[str, Any]:
         """The recorded CLI runs: `recordings`, each with `id`, `cli`, `started`, `ended`,
         `bytes`, `markers`."""

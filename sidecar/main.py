@@ -11,6 +11,8 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from sidecar.agent.registry import CLIDef
     from sidecar.config import Config
     from sidecar.process.init import Incarnation
@@ -42,6 +44,8 @@ def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef], int]:
     # Before anything in the state dir is used: a second sidecar there would kill this one's
     # tmux server, and this one its.
     lock = statelock.take(config.paths.lock, config.port)
+    if config.audit_dir is not None:
+        _prepare_audit_dir(config.audit_dir)
     if config.egress is not None:
         _check_egress(config)
     return config, dict(registry), lock
@@ -61,6 +65,28 @@ def _check_egress(config: Config) -> None:
     )
     if problem is not None:
         msg = f"SIDECAR_EGRESS_ALLOW is set but the CLI's network cannot be closed here: {problem}"
+        raise ConfigError(msg)
+
+
+def _prepare_audit_dir(path: Path) -> None:
+    """SIDECAR_AUDIT_DIR: made 0700 if missing; one others can write is refused (the trail's
+    records must be the sidecar's alone)."""
+    import stat
+
+    from sidecar.config import ConfigError
+
+    try:
+        if not os.path.lexists(path):
+            path.mkdir(mode=0o700, parents=True)
+        st = os.stat(path)
+    except OSError as exc:
+        msg = f"SIDECAR_AUDIT_DIR: cannot make {path}: {exc.strerror}"
+        raise ConfigError(msg) from None
+    if not stat.S_ISDIR(st.st_mode):
+        msg = f"SIDECAR_AUDIT_DIR: {path} is not a directory"
+        raise ConfigError(msg)
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        msg = f"SIDECAR_AUDIT_DIR: {path} is not private to the sidecar (owner or mode)"
         raise ConfigError(msg)
 
 
@@ -142,12 +168,6 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         # Handlers only flag; the loop does the work.
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP ignored"))
-    # Now a SIGTERM has somewhere to go: the ones init held back since the fork arrive here.
-    incarnation.release_signals()
-    if incarnation.reaped is not None:
-        REAPED.listen(incarnation.reaped)  # how init's orphans die: the tmux server is one
-
     sup = Supervisor(
         config,
         registry,
@@ -156,6 +176,12 @@ async def serve(
         started=incarnation.started,
         link_key=link_key,
     )
+    # SIGHUP reads the allow file and the policy again (the work is a task of the loop's).
+    loop.add_signal_handler(signal.SIGHUP, sup.rules.reload)
+    # Now a SIGTERM has somewhere to go: the ones init held back since the fork arrive here.
+    incarnation.release_signals()
+    if incarnation.reaped is not None:
+        REAPED.listen(incarnation.reaped)  # how init's orphans die: the tmux server is one
     # handler_cancellation: a handler whose client went away is cancelled at once instead of
     # holding its buffers; shutdown_timeout bounds how long shutdown waits for the rest (open
     # streams are ended by the app's on_shutdown hooks first).

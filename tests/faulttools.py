@@ -1,7 +1,7 @@
 """The fault tests' view of a sleeve: its processes in one scan of /proc (`census`), whether it
 is whole again (one tmux server, one CLI, one ttyd, one supervisor, healthy), the CLIs they run
-(`fault_clis`), the SIGKILL of a tmux server the moment it appears, and a failure that comes with
-the sidecar log's warnings."""
+(`fault_clis`), the SIGKILL of a tmux server the moment it appears, a failure that comes with
+the sidecar log's warnings, and a small real disk that fills up (`small_disk`, `fill`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.harness import CLIS, Proc, Sidecar, live_processes, py_cli, wait_for, write_cli_config
+from tests.tools import missing
 
 # Seconds from a fault until the sleeve is whole again. It covers the backoff of a CLI or ttyd
 # killed soon after each start (1, 2, 4 s: test_faults kills each at most three times).
@@ -191,3 +193,34 @@ def log_excerpt(sc: Sidecar, lines: int = 40) -> str:
         if str(record.get("level")).lower() in ("warning", "error", "critical"):
             picked.append(f"{record.get('logger')}: {record.get('msg')}")
     return "\n".join(picked[-lines:])
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of `size` at `path` (root only: the disk-full fault, at the OS seam)."""
+    path.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        missing(f"a small tmpfs cannot be mounted here ({done.stderr.strip()}): needs root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Fill the disk with one file, leaving nothing free."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with contextlib.suppress(OSError):
+            while os.write(fd, b"x" * 512):
+                pass
+    finally:
+        os.close(fd)
+    return filler

@@ -6,69 +6,19 @@ Codex's PermissionRequest hook, held by the sidecar until `POST /approvals/{id}`
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
-from sidecar.agent.clis.codex import hooks as codex
 from tests.agenttools import EventLog, agent_status, cli_argv, wait_agent
-from tests.e2e.tool_stub import codex_config, running
+from tests.clitools import RAN, codex_sidecar, rollout, tool_stub  # tool_stub: a fixture
 from tests.harness import Sidecar, http, wait_for
-from tests.tools import cli_bin
+
+__all__ = ["tool_stub"]  # the fixtures, imported for pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 TOKEN = "codex-admin-token-0123456789"
 HOOK = "/hooks/codex"
-RAN = "echo CODEX-RAN > ran.txt"
-
-
-@pytest.fixture
-def tool_stub() -> Iterator[str]:
-    """`tests.e2e.tool_stub` on a loopback port: its base URL for Codex's model provider."""
-    with running(RAN) as port:
-        yield f"http://127.0.0.1:{port}/v1"
-
-
-def user_config(sc: Sidecar, stub_url: str, *, extra: str = "") -> None:
-    """The user's own ~/.codex/config.toml: the stub as its model provider, the workspace
-    trusted, and a hook of their own (trusted by them) that must keep running beside ours."""
-    home = sc.tmp / "home" / ".codex"
-    home.mkdir(parents=True, exist_ok=True)
-    sc.workspace.mkdir(parents=True, exist_ok=True)
-    hook = {"type": "command", "command": f"echo user-hook >> {sc.tmp / 'user-hook.txt'}"}
-    normalized = {**hook, "timeout": 600, "async": False}
-    key = f"{home / 'config.toml'}:user_prompt_submit:0:0"
-    provider = codex_config(stub_url, str(sc.workspace), "STUB_API_KEY", extra)
-    (home / "config.toml").write_text(
-        f"""{provider}
-[[hooks.UserPromptSubmit]]
-[[hooks.UserPromptSubmit.hooks]]
-type = "command"
-command = {json.dumps(hook["command"])}
-
-[hooks.state."{key}"]
-trusted_hash = "{codex.trust_hash("UserPromptSubmit", normalized)}"
-"""
-    )
-
-
-def codex_sidecar(
-    make_sidecar: Callable[..., Sidecar], stub_url: str | None, *, extra: str = "", **env: str
-) -> Sidecar:
-    binary = cli_bin("codex")
-    sc = make_sidecar(cli="codex")
-    if stub_url is not None:
-        user_config(sc, stub_url, extra=extra)
-        sc.env_extra["STUB_API_KEY"] = "stub-key"
-    sc.env_extra.update(PATH=f"{binary.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}", **env)
-    return sc
-
-
-def rollout(sc: Sidecar, session: str) -> str:
-    found = list((sc.tmp / "home" / ".codex" / "sessions").rglob(f"rollout-*-{session}.jsonl"))
-    assert len(found) == 1, found
-    return found[0].read_text()
 
 
 def prompt_until_waiting(sc: Sidecar, text: str) -> dict:

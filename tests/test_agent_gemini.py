@@ -10,14 +10,10 @@ the one that keeps it in tmp shows the fallback when the CLI rejects that file.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
 import statistics
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,86 +22,14 @@ import pytest
 
 from sidecar.client import ClientError
 from tests.agenttools import EventLog, cli_argv, wait_agent
-from tests.e2e.tool_stub import running
+from tests.clitools import gemini_sidecar, run_dir, stub_for  # run_dir, stub_for: fixtures
 from tests.harness import Sidecar, http, wait_for
-from tests.tools import cli_bin
+
+__all__ = ["run_dir", "stub_for"]  # the fixtures, imported for pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 TOKEN = "agent-admin-token-0123456789"
 HOOK = "/hooks/gemini-cli"
-API_KEY = "stub-gemini-key-0123456789"
-
-
-@pytest.fixture
-def stub_for() -> Iterator[Callable[[str], str]]:
-    """Starts `tests.e2e.tool_stub` answering with a command; gives its base URL."""
-    with contextlib.ExitStack() as stack:
-        yield lambda command: f"http://127.0.0.1:{stack.enter_context(running(command))}"
-
-
-@pytest.fixture
-def run_dir() -> Iterator[Callable[[], Path]]:
-    """State dirs under /run (root's, 0755 all the way up) for the sidecars of one test."""
-    made: list[Path] = []
-
-    def make() -> Path:
-        if os.geteuid() != 0 or not Path("/run").is_dir():
-            pytest.skip("Gemini CLI reads system settings only from root's directories")
-        path = Path("/run") / f"sidecar-gemini-test-{uuid.uuid4().hex[:12]}"
-        made.append(path)
-        return path
-
-    yield make
-    for path in made:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def user_home(sc: Sidecar, *, configured: bool = True) -> Path:
-    """The CLI user's HOME: with `configured`, Gemini starts at its prompt (API key auth, the
-    workspace trusted) and the user has a hook of their own on two events."""
-    home = sc.tmp / "home"
-    gemini = home / ".gemini"
-    gemini.mkdir(parents=True, exist_ok=True)
-    if configured:
-
-        def hook(event: str) -> list[dict[str, Any]]:
-            mine = f"date +%s.%N-{event} >> {sc.tmp / 'user-hook.txt'}"
-            return [{"hooks": [{"type": "command", "command": mine, "name": "mine"}]}]
-
-        settings = {
-            "security": {"auth": {"selectedType": "gemini-api-key"}},
-            "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
-            "privacy": {"usageStatisticsEnabled": False},
-            "hooks": {
-                event: hook(event) for event in ("BeforeAgent", "Notification", "AfterAgent")
-            },
-        }
-        (gemini / "settings.json").write_text(json.dumps(settings))
-        trusted = {str(sc.workspace): "TRUST_FOLDER"}
-        (gemini / "trustedFolders.json").write_text(json.dumps(trusted))
-    return home
-
-
-def gemini_sidecar(
-    make_sidecar: Callable[..., Sidecar],
-    stub_url: str,
-    state_dir: Path | None,
-    *,
-    configured: bool = True,
-    **env: str,
-) -> Sidecar:
-    sc = make_sidecar(cli="gemini-cli")
-    user_home(sc, configured=configured)
-    gemini = cli_bin("gemini")
-    sc.env_extra.update(
-        GEMINI_API_KEY=API_KEY,
-        GOOGLE_GEMINI_BASE_URL=stub_url,
-        PATH=f"{gemini.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-        **env,
-    )
-    if state_dir is not None:
-        sc.env_extra["SIDECAR_STATE_DIR"] = str(state_dir)
-    return sc
 
 
 def user_hook_times(sc: Sidecar, event: str) -> list[float]:

@@ -6,10 +6,8 @@ asks permission; the answer goes back through opencode's permission reply."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,47 +15,16 @@ import psutil
 import pytest
 
 from tests.agenttools import EventLog, cli_argv, wait_agent, wait_ticks
-from tests.e2e.tool_stub import opencode_config, running
-from tests.harness import Sidecar, free_ports, http, wait_for
+from tests.clitools import OPENCODE_TOKEN as TOKEN
+from tests.clitools import chat_stub, opencode_sidecar, opencode_user_config  # chat_stub: a fixture
+from tests.harness import Sidecar, http, wait_for
 from tests.proctools import kill_supervisor, restarted
 from tests.tools import cli_bin
 
+__all__ = ["chat_stub"]  # the fixture, imported for pytest
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-TOKEN = "agent-admin-token-0123456789"
 MARKER = "echo OPENCODE-RAN | tee ran.txt"
-
-
-@pytest.fixture
-def chat_stub() -> Iterator[Callable[[str], int]]:
-    """Starts `tests.e2e.tool_stub` answering with a command; gives the port."""
-    with contextlib.ExitStack() as stack:
-        yield lambda command: stack.enter_context(running(command))
-
-
-def user_config(stub_port: int) -> dict[str, Any]:
-    """The user's own ~/.config/opencode/opencode.json: a provider pointing at the stub, asking
-    before bash and edits, and a server port of their own (ours must win, theirs stay unused)."""
-    return {**opencode_config(stub_port), "server": {"port": free_ports(1)[0]}}
-
-
-def opencode_sidecar(
-    make_sidecar: Callable[..., Sidecar], stub_port: int | None, binary: Path | None = None
-) -> Sidecar:
-    """A sidecar running the built-in `opencode` entry (found on PATH), configured by the
-    user's own file when `stub_port` is given, with nothing configured otherwise."""
-    binary = binary or cli_bin("opencode")
-    sc = make_sidecar(cli="opencode")
-    if stub_port is not None:
-        config = sc.tmp / "home" / ".config" / "opencode" / "opencode.json"
-        config.parent.mkdir(parents=True)
-        config.write_text(json.dumps(user_config(stub_port)))
-    sc.env_extra.update(
-        SIDECAR_TOKEN=TOKEN,
-        OPENCODE_DISABLE_MODELS_FETCH="1",
-        OPENCODE_DISABLE_AUTOUPDATE="1",
-        PATH=f"{binary.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-    )
-    return sc
 
 
 def user_file(sc: Sidecar) -> Path:
@@ -122,8 +89,9 @@ def test_prompt_permission_approved_through_the_api_with_the_real_opencode(
 
     code, body = sc.post(f"/approvals/{approval['id']}", {"decision": "allow"})
     assert code == 200 and body["by"] == "api", body
-    wait_for(lambda: (sc.workspace / "ran.txt").exists(), 30, what="the command ran")
-    assert (sc.workspace / "ran.txt").read_text() == "OPENCODE-RAN\n"
+    ran = sc.workspace / "ran.txt"
+    # Its content, not its existence: tee creates the file before it writes the line.
+    wait_for(lambda: ran.exists() and ran.read_text() == "OPENCODE-RAN\n", 30, what="it ran")
     events.wait_states(["idle", "working", "waiting", "working", "idle"], 60)
     waits = [e for e in events.of("agent-state") if e["state"] == "waiting"]
     assert waits[0]["previous"] == "working" and MARKER in waits[0]["reason"]
@@ -141,7 +109,7 @@ def test_prompt_permission_approved_through_the_api_with_the_real_opencode(
     wait_agent(sc, "waiting", 60)  # the stub answers every prompt with the command
     assert sc.status()["agent"]["session_id"] == session
     assert user_file(sc).read_bytes() == before
-    theirs = user_config(0)["server"]["port"]  # a port of their own, unused: ours won
+    theirs = opencode_user_config(0)["server"]["port"]  # a port of their own, unused: ours won
     assert str(theirs) not in cli_argv(sc)
 
 

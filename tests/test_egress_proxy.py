@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -159,7 +160,7 @@ async def test_a_second_request_on_the_connection_is_not_carried() -> None:
     assert b"".join(heard).count(b"GET ") == 1
 
 
-async def test_a_host_off_the_list_is_403_with_one_line(web: Server) -> None:
+async def test_a_host_off_the_list_is_403_with_a_json_body_the_agent_can_read(web: Server) -> None:
     async with proxy_for("127.0.0.1:1") as (proxy, denied):
         answer = await exchange(
             proxy, f"GET http://127.0.0.1:{web.port}/ HTTP/1.1\r\n\r\n".encode()
@@ -167,9 +168,14 @@ async def test_a_host_off_the_list_is_403_with_one_line(web: Server) -> None:
         connect = await exchange(proxy, b"CONNECT example.com:443 HTTP/1.1\r\n\r\n")
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 403 Forbidden")
-    assert body == f"127.0.0.1:{web.port} is not on the egress allowlist".encode() + (
-        b" (SIDECAR_EGRESS_ALLOW)\n"
+    assert b"\r\nContent-Type: application/json\r\n" in head
+    document = json.loads(body)
+    assert document["error"] == f"127.0.0.1:{web.port} is not on the egress allowlist" + (
+        " (SIDECAR_EGRESS_ALLOW)"
     )
+    assert (document["host"], document["port"]) == ("127.0.0.1", web.port)
+    assert "SIDECAR_EGRESS_ASK is not set" in document["reason"]
+    assert "PATCH /egress" in document["next"]
     assert connect.startswith(b"HTTP/1.1 403 ")
     assert web.seen == []
     assert denied == [("127.0.0.1", web.port, "proxy"), ("example.com", 443, "proxy")]

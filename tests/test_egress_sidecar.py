@@ -88,7 +88,11 @@ def test_the_cli_reaches_listed_hosts_through_the_proxy_and_refusals_are_told(
             assert got["direct"] == {"tcp": "EACCES", "udp": "EACCES", "ipv6": "EAFNOSUPPORT"}
             status, reason = got["results"][1]
             assert status == 403
-            assert reason == f"{far} is not on the egress allowlist (SIDECAR_EGRESS_ALLOW)\n"
+            refused = json.loads(reason)  # a body the agent can read
+            assert refused["error"] == f"{far} is not on the egress allowlist" + (
+                " (SIDECAR_EGRESS_ALLOW)"
+            )
+            assert (refused["host"], str(refused["port"])) == tuple(far.split(":"))
 
             s = sc.status()
             assert s["egress"] == {

@@ -199,6 +199,7 @@ def test_answers_allow_additions_and_requests_do_not(spec: dict[str, Any]) -> No
         "ResleeveRequest",
         "InputRequest",
         "ApprovalRequest",
+        "EgressPatch",
         "ScreenSizeRequest",
         "BudgetRequest",
         "PushSubscription",

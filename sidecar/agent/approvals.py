@@ -2,7 +2,15 @@
 answered exactly once — through the API, by the timeout policy, or by a person in the CLI's own
 terminal, whichever comes first — and then remembered (bounded) so that a late answer is told
 who decided. How an answer reaches the CLI is its source's business: a held hook returns it, a
-dialog on screen gets keys; both wait on `decision()`.
+dialog on screen gets keys, the egress proxy lets a held request through; all wait on
+`decision()`, which returns only once the decision's audit record is on disk.
+
+The policy (`SIDECAR_POLICY_FILE`) is asked here, where a request becomes an approval, for every
+CLI and for egress alike: an `allow` or `deny` rule answers it at once (`by: "policy"`), through
+the same channel a person's answer takes, and it is never listed. One exception: a dialog read
+off the screen is never allowed by a rule (its text may be cut short, and the keys would go into
+a dialog a person may be reading); it is listed for a person instead, and a `deny` rule still
+answers it.
 """
 
 from __future__ import annotations
@@ -14,12 +22,13 @@ import secrets
 import time
 import unicodedata
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.core.contract import ApprovalSource, DecidedBy, Decision, rfc3339
 from sidecar.core.text import MAX_REASON
+from sidecar.policy.rules import Facts, Kind, Policy, Verdict, tool_facts
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +72,7 @@ class Answer:
     by: DecidedBy
     message: str | None = None  # told to the agent on deny
     remember: bool = False  # "don't ask again for this" where the CLI offers it
+    rule: str | None = None  # the policy rule that decided (`by: "policy"`)
 
 
 @dataclass
@@ -74,6 +84,9 @@ class Approval:
     since: str  # RFC 3339
     source: ApprovalSource
     key: str | None = None  # the CLI's own id for the request, where it has one
+    kind: Kind = "tool"
+    facts: Facts | None = None  # what the policy saw
+    rule: str | None = None  # the policy rule that said `ask` (or that was not applied)
     started: float = field(default_factory=time.monotonic)
     answer: Answer | None = None
     withdrawn: str | None = None  # why it went away unanswered
@@ -108,19 +121,31 @@ Listener = Callable[[Approval, Answer | None], None]  # (request, None) opened; 
 
 
 class Approvals:
-    """One per supervisor. `timeout`: SIDECAR_APPROVAL_TIMEOUT (None: wait for a person)."""
+    """One per supervisor. `timeout`: SIDECAR_APPROVAL_TIMEOUT (None: wait for a person).
+    `policy` decides before a person is asked (None: a person always decides); `cli` is the
+    running CLI's name and `resolve(path)` a tool's path relative to the workspace (None:
+    outside it), for the policy's facts; `durable()` returns once every decision so far is on
+    the audit trail's disk."""
 
-    def __init__(self, timeout: float | None, on_change: Listener) -> None:
+    def __init__(
+        self, timeout: float | None, on_change: Listener, *, policy: Policy | None = None
+    ) -> None:
         self.timeout = timeout
-        self.on_change = on_change  # events, metrics
+        self.on_change = on_change  # events, metrics, the audit trail
+        self.policy = policy
+        self.cli: str | None = None
+        self.resolve: Callable[[str], str | None] | None = None
+        self.durable: Callable[[], Awaitable[bool]] | None = None
         # Answers every request at once when it says so (the budget is spent); None: no gate.
         self.gate: Callable[[], Answer | None] | None = None
         self._pending: dict[str, Approval] = {}
         self._closed: OrderedDict[str, tuple[Answer | None, str | None]] = OrderedDict()
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        # For /metrics: requests so far, answers by (decision, by), seconds to an answer.
+        # For /metrics: requests so far, answers by (decision, by), seconds to an answer, and
+        # the policy's decisions by (rule, decision).
         self.requested = 0
         self.decided: Counter[tuple[Decision, DecidedBy]] = Counter()
+        self.by_rule: Counter[tuple[str, Decision]] = Counter()
         self.wait_seconds = 0.0
 
     # ---- what is waiting -------------------------------------------------------------------
@@ -141,47 +166,98 @@ class Approvals:
 
     # ---- a source's side ---------------------------------------------------------------------
 
+    def facts(self, tool: str, tool_input: Any, source: ApprovalSource) -> Facts:
+        """What the policy sees of a tool's request."""
+        return tool_facts(
+            tool, tool_input, cli=self.cli, screen=source == "screen", resolve=self.resolve
+        )
+
+    def verdict(self, facts: Facts) -> Verdict | None:
+        """The policy's verdict on a request (None without a policy)."""
+        return self.policy.decide(facts) if self.policy is not None else None
+
+    @staticmethod
+    def applies(verdict: Verdict | None, source: ApprovalSource) -> bool:
+        """Whether the policy answers (else a person decides: no policy, `ask`, or an `allow`
+        of a dialog read off the screen)."""
+        if verdict is None or verdict.action == "ask":
+            return False
+        return not (verdict.action == "allow" and source == "screen")
+
     def request(
-        self, tool: str, tool_input: Any, *, source: ApprovalSource, key: str | None = None
+        self,
+        tool: str,
+        tool_input: Any,
+        *,
+        source: ApprovalSource,
+        key: str | None = None,
+        kind: Kind = "tool",
+        facts: Facts | None = None,
+        summary: str | None = None,
+        timeout: float | None = None,
     ) -> Approval:
-        """List a new permission request (`key`: the CLI's own id for it, if any)."""
+        """A new permission request (`key`: the CLI's own id for it, if any), decided at once
+        by the policy or listed for a person (`timeout`: instead of SIDECAR_APPROVAL_TIMEOUT).
+        """
         approval_id = secrets.token_hex(6)
         while approval_id in self._pending or approval_id in self._closed:
             approval_id = secrets.token_hex(6)
+        facts = facts or self.facts(tool, tool_input, source)
         approval = Approval(
             id=approval_id,
             tool=clean(tool, 100) or "tool",
-            summary=summary_of(tool, tool_input),
+            summary=clean(summary) if summary else summary_of(tool, tool_input),
             input=tool_input,
             since=rfc3339(),
             source=source,
             key=key,
+            kind=kind,
+            facts=facts,
             done=asyncio.get_running_loop().create_future(),
         )
-        self._pending[approval_id] = approval
         self.requested += 1
-        if self.timeout is not None:
+        refusal = self.gate() if self.gate is not None else None
+        # A spent budget refuses whatever the rules say.
+        verdict = self.verdict(facts) if refusal is None else None
+        self._pending[approval_id] = approval
+        if verdict is not None and self.applies(verdict, source):
+            if verdict.action == "allow":
+                self.answer(approval_id, Answer("allow", "policy", rule=verdict.rule))
+            else:
+                message = (
+                    verdict.message or f"Denied by the sidecar's policy (rule {verdict.rule})."
+                )
+                self.answer(approval_id, Answer("deny", "policy", message, rule=verdict.rule))
+            return approval
+        approval.rule = verdict.rule if verdict is not None else None
+        seconds = timeout if timeout is not None else self.timeout
+        if seconds is not None:
+            variable = "SIDECAR_APPROVAL_TIMEOUT" if timeout is None else "SIDECAR_EGRESS_ASK"
             self._timers[approval_id] = asyncio.get_running_loop().call_later(
-                self.timeout, self._expired, approval_id
+                seconds, self._expired, approval_id, seconds, variable
             )
         log.info("approval %s requested: %s %s", approval_id, approval.tool, approval.summary)
         self.on_change(approval, None)
-        refusal = self.gate() if self.gate is not None else None
         if refusal is not None:  # listed and answered: the trail shows what was refused, and why
             self.answer(approval_id, refusal)
         return approval
 
     async def decision(self, approval_id: str) -> Answer:
-        """Wait until it is answered. Raises Withdrawn if it goes away first."""
+        """Wait until it is answered, and its record is on the audit trail's disk. Raises
+        Withdrawn if it goes away first."""
         approval = self._pending.get(approval_id)
         if approval is not None and approval.done is not None:
-            return await asyncio.shield(approval.done)
-        if approval_id not in self._closed:
+            answer = await asyncio.shield(approval.done)
+        elif approval_id not in self._closed:
             raise NotFound(approval_id)
-        first, withdrawn = self._closed[approval_id]
-        if first is None:
-            raise Withdrawn(withdrawn or "withdrawn")
-        return first
+        else:
+            first, withdrawn = self._closed[approval_id]
+            if first is None:
+                raise Withdrawn(withdrawn or "withdrawn")
+            answer = first
+        if self.durable is not None:
+            await self.durable()
+        return answer
 
     def answered_by_terminal(self, approval_id: str, decision: Decision) -> Answer | None:
         """A person answered in the CLI's own UI first. None: it was answered already."""
@@ -222,6 +298,8 @@ class Approvals:
             approval.done.set_result(answer)
         latency = time.monotonic() - approval.started
         self.decided[answer.decision, answer.by] += 1
+        if answer.rule is not None:
+            self.by_rule[answer.rule, answer.decision] += 1
         self.wait_seconds += latency
         log.info(
             "approval %s %s by %s after %.3fs: %s %s",
@@ -235,11 +313,11 @@ class Approvals:
         self.on_change(approval, answer)
         return answer
 
-    def _expired(self, approval_id: str) -> None:
+    def _expired(self, approval_id: str, seconds: float, variable: str) -> None:
         self._timers.pop(approval_id, None)
         message = (
-            f"Nobody answered this permission request within {self.timeout:g} s "
-            "(SIDECAR_APPROVAL_TIMEOUT), so it was denied."
+            f"Nobody answered this permission request within {seconds:g} s ({variable}), "
+            "so it was denied."
         )
         with contextlib.suppress(NotFound, AlreadyAnswered):
             self.answer(approval_id, Answer("deny", "timeout", message))

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from sidecar.agent.activity_source import ActivitySource
-from sidecar.agent.approvals import Answer, Approval, Approvals
+from sidecar.agent.approval_log import ApprovalLog
+from sidecar.agent.approvals import Answer, Approvals
 from sidecar.agent.event_source import EventSource
 from sidecar.agent.hook_source import HookSource
 from sidecar.agent.inbox_notices import InboxNotices
@@ -28,9 +29,10 @@ from sidecar.agent.screen_approvals import ScreenApprovals
 from sidecar.agent.screen_source import ScreenSource
 from sidecar.agent.spending import Spending
 from sidecar.agent.statefile import AgentFiles
+from sidecar.audit.trail import AuditTrail
 from sidecar.config import Config
 from sidecar.core.contract import InputKey, screen_size
-from sidecar.core.event_shapes import ApprovalRequested, ApprovalResolved, ScreenResized
+from sidecar.core.event_shapes import ScreenResized
 from sidecar.core.events import EventBus
 from sidecar.core.shapes import InputAccepted, InputRequest
 from sidecar.core.states import ProcState
@@ -38,16 +40,35 @@ from sidecar.pane.control import PaneActivity
 from sidecar.pane.screen import Screen, ScreenLook
 from sidecar.pane.send import PaneInput
 from sidecar.pane.tmux import Tmux
+from sidecar.policy.paths import inside
 from sidecar.record.redact import env_secrets
-from sidecar.security.acting import Owner
+from sidecar.security.acting import Owner, acting
 from sidecar.workspace.mailbox import Mailbox
 
 
 class Awareness:
-    def __init__(self, config: Config, bus: EventBus, tmux: Tmux, owner: Owner | None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        bus: EventBus,
+        tmux: Tmux,
+        owner: Owner | None,
+        audit: AuditTrail | None = None,
+    ) -> None:
         self.bus = bus
         self.machine = AgentMachine(bus)
-        self.approvals = Approvals(config.approval_timeout, self._approval_changed)
+        self.approvals = Approvals(
+            config.approval_timeout, ApprovalLog(bus, audit), policy=config.policy
+        )
+        if audit is not None:
+            self.approvals.durable = audit.synced
+        workspace = str(config.workspace)
+
+        def resolve(path: str) -> str | None:
+            with acting(owner):  # what the CLI's user can follow
+                return inside(workspace, path)
+
+        self.approvals.resolve = resolve
         self.files = AgentFiles(config.paths.agent_state)
         self.machine.session_id = self.files.load().session_id
         self.tmux = tmux
@@ -107,6 +128,7 @@ class Awareness:
 
     def _use(self, cli: CLIDef, *, adopted: bool = False) -> None:
         self._cli = cli
+        self.approvals.cli = cli.name
         self.seen.use(cli)
         self.hooks.use(cli)
         self.events.use(cli)
@@ -269,19 +291,3 @@ class Awareness:
     def answer(self, approval_id: str, answer: Answer) -> Answer:
         """POST /approvals/<id>."""
         return self.approvals.answer(approval_id, answer)
-
-    def _approval_changed(self, approval: Approval, answer: Answer | None) -> None:
-        if answer is None and approval.withdrawn is None:
-            self.bus.publish(
-                ApprovalRequested(id=approval.id, tool=approval.tool, summary=approval.summary)
-            )
-        elif answer is None:
-            self.bus.publish(
-                ApprovalResolved(
-                    id=approval.id, decision=None, by=None, reason=approval.withdrawn or ""
-                )
-            )
-        else:
-            self.bus.publish(
-                ApprovalResolved(id=approval.id, decision=answer.decision, by=answer.by)
-            )

@@ -197,14 +197,22 @@ class HookSource:
             # --continue picked a conversation: pin it from now on.
             self.machine.session_id = effect.session_id
             self.files.update(session_id=effect.session_id)
-        if effect.state is None:
-            return
+        if effect.state is None or (effect.state == "waiting" and self._decided(event, payload)):
+            return  # the policy answers this request at once: nobody is waited for
         reason = effect.reason
         if effect.restates and effect.state == self.machine.state:
             reason = self.machine.status().reason  # the first word on it named the tool
         self.machine.report(effect.state, reason)
         if effect.state == "idle":
             self.on_idle()
+
+    def _decided(self, event: str, payload: dict[str, Any]) -> bool:
+        """A permission request the policy will answer at once (`held` asks it again)."""
+        ask = self.cli.permission(event, payload) if self.cli is not None else None
+        if ask is None:
+            return False
+        verdict = self.approvals.verdict(self.approvals.facts(ask.tool, ask.input, "hooks"))
+        return self.approvals.applies(verdict, "hooks")
 
     async def held(self, event: str, payload: dict[str, Any]) -> dict[str, Any] | None:
         """The reply to a hook the CLI waits on: a permission request's answer, once given

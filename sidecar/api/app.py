@@ -19,6 +19,8 @@ from sidecar.agent.input_delivery import NotRunning, StateMismatch
 from sidecar.api import errorpage, httpio, reference, reference_pages
 from sidecar.api.agent import HookRefused, agent_operations
 from sidecar.api.approvals import approval_conflict, approval_operations
+from sidecar.api.audit import audit_operation
+from sidecar.api.egress import egress_operations
 from sidecar.api.events import events_operation
 from sidecar.api.guard import make_guard
 from sidecar.api.httpio import BadRequest, error
@@ -34,6 +36,7 @@ from sidecar.api.terminal import terminal_operations
 from sidecar.api.usage import TelemetryRefused, TelemetryTooLarge, usage_operations
 from sidecar.core.contract import MAX_BODY_BYTES
 from sidecar.core.shapes import ResleeveAccepted, ResleeveRequest
+from sidecar.egress.service import NoAllowlist
 from sidecar.pane.protocol import ControlError
 from sidecar.pane.send import DeliveryError, InputError
 from sidecar.process.resleeve import ResleeveBusy, UnknownCLI
@@ -90,6 +93,7 @@ CLIENT_ERRORS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int], 
             StateMismatch,
             DeliveryError,
             NoScreen,
+            NoAllowlist,
             mailbox.UnsafePathError,
         ),
         409,
@@ -278,6 +282,8 @@ def create_app(sup: Supervisor) -> web.Application:
         *terminal_operations(app, sup),
         *agent_operations(app, sup.awareness, sup.registry),
         *approval_operations(sup.awareness.approvals),
+        *egress_operations(sup.egress, sup.audit),
+        audit_operation(sup.audit),
         *recording_operations(sup.awareness.recorder),
         *usage_operations(sup.awareness.spending),
         *link_operations(sup.notifier),

@@ -53,6 +53,8 @@ def approval_operations(approvals: Approvals) -> list[Operation]:
                         input=a.input,
                         since=a.since,
                         source=a.source,
+                        kind=a.kind,
+                        rule=a.rule,
                     )
                     for a in approvals.pending()
                 ]
@@ -76,6 +78,8 @@ def approval_operations(approvals: Approvals) -> list[Operation]:
         remember = False if isinstance(body.remember, UnsetType) else body.remember
         approval_id = request.match_info["id"]
         answer = approvals.answer(approval_id, Answer(body.decision, "api", message, remember))
+        if approvals.durable is not None:
+            await approvals.durable()  # the decision is on the audit trail before it is told
         return httpio.answer(ApprovalDecided(id=approval_id, decision=answer.decision, by="api"))
 
     return [
@@ -100,7 +104,9 @@ def approval_operations(approvals: Approvals) -> list[Operation]:
             "Answer one permission request, exactly once",
             {200: ApprovalDecided},
             description="The answer goes to the CLI through its own decision channel where it "
-            "has one (a held hook), else as keys into the dialog on screen. 404: no such "
+            "has one (a held hook), else as keys into the dialog on screen; an `egress` "
+            "request's answer lets the held request through (with `remember`: its host and "
+            "port join the allowlist) or refuses it with a 403 the agent can read. 404: no such "
             "request; 409: answered already (`decision` and `by` name the first answer) or "
             "withdrawn (`reason`); 400: anything else. The view token may not answer.",
             body=ApprovalRequest,

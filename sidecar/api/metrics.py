@@ -70,17 +70,27 @@ def _depth(mailbox: Mailbox) -> int | None:
 
 
 def approvals(out: Exposition, book: Approvals) -> None:
-    """The agent's permission requests: asked, answered (by decision and who), waiting, and
-    the seconds from a request to its answer."""
+    """The agent's permission requests: asked, answered (by decision and who, and the policy's
+    by rule), waiting, and the seconds from a request to its answer."""
     out.one("sidecar_approvals_requested_total", "counter", "Permission requests", book.requested)
     out.family(
         "sidecar_approvals_decided_total",
         "counter",
-        "Permission requests answered, by decision and by whom (api, terminal, timeout, link)",
+        "Permission requests answered, by decision and by whom (api, terminal, timeout, link, "
+        "policy)",
         [
             ((("decision", decision), ("by", by)), book.decided[decision, by])
             for decision in ("allow", "deny")
-            for by in ("api", "terminal", "timeout", "link")
+            for by in ("api", "terminal", "timeout", "link", "policy")
+        ],
+    )
+    out.family(
+        "sidecar_policy_decisions_total",
+        "counter",
+        "Requests the policy decided, by rule and decision (the rules are the policy file's)",
+        [
+            ((("rule", rule), ("decision", decision)), n)
+            for (rule, decision), n in sorted(book.by_rule.items())
         ],
     )
     out.one(
@@ -263,6 +273,20 @@ class Metrics:
             "counter",
             "Attempts of the CLI to reach a host off the egress allowlist, by how (no host label)",
             [((("how", how),), n) for how, n in v.egress_denied] if v.egress.mode != "open" else [],
+        )
+        audit = self.sup.audit
+        out.one("sidecar_audit_records_total", "counter", "Audit records on disk", audit.written)
+        out.one(
+            "sidecar_audit_dropped_total",
+            "counter",
+            "Audit records lost: the disk refused them longer than memory could hold them",
+            audit.dropped,
+        )
+        out.one(
+            "sidecar_audit_failing",
+            "gauge",
+            "1 while the disk refuses the audit trail (records held in memory)",
+            int(audit.problem is not None),
         )
         usage(out, v.usage)
         out.family(

@@ -87,7 +87,7 @@ def of(sup: Supervisor) -> SupervisorView:
         sup.cli,
         sup.ttyd.status,
         sup.resleeving,
-        (*sup.warnings, *sup.awareness.warnings),
+        (*sup.warnings, *sup.awareness.warnings, *sup.rules.warnings),
         sup.restarts,
         sup.restarted_at,
         pane.tty if pane is not None else None,

@@ -38,6 +38,8 @@ from sidecar.core.contract import (
 )
 from sidecar.core.layout import Layout
 from sidecar.egress.allowlist import Allowlist, AllowlistError, parse_list, read_file, split_value
+from sidecar.policy.load import PolicyError, read_policy
+from sidecar.policy.rules import Policy
 from sidecar.security import tokens
 from sidecar.security.users import User, UserError, parse_user
 
@@ -217,6 +219,33 @@ def _path(env: Mapping[str, str], name: str, default: str) -> Path:
     return Path(text(env, name) or default).absolute()
 
 
+POLICY_VAR = "SIDECAR_POLICY_FILE"
+
+
+def policy_file(env: Mapping[str, str]) -> tuple[Path | None, Policy | None]:
+    """SIDECAR_POLICY_FILE and the policy it holds (None, None: unset). The file is read again
+    on SIGHUP with `read_policy`; here a bad one is a configuration error naming its line."""
+    raw = text(env, POLICY_VAR)
+    if raw is None:
+        return None, None
+    path = Path(raw).absolute()
+    try:
+        return path, read_policy(path)
+    except PolicyError as exc:
+        msg = f"{POLICY_VAR}: {exc}"
+        raise ConfigError(msg) from None
+
+
+def egress_ask(env: Mapping[str, str], allow: Allowlist | None) -> float | None:
+    """SIDECAR_EGRESS_ASK: seconds a request for a host off the list is held for an approval."""
+    if text(env, "SIDECAR_EGRESS_ASK") is None:
+        return None
+    if allow is None:
+        msg = "SIDECAR_EGRESS_ASK needs SIDECAR_EGRESS_ALLOW (or _FILE): no list, nothing to ask"
+        raise ConfigError(msg)
+    return seconds(env, "SIDECAR_EGRESS_ASK", 0.0, 0.5, 600.0)
+
+
 @dataclass(frozen=True)
 class Config:
     sleeve_name: str
@@ -249,6 +278,15 @@ class Config:
     activity_quiet: float = ACTIVITY_QUIET
     # SIDECAR_EGRESS_ALLOW(_FILE): the hosts the CLI may reach; None: the network is open.
     egress: Allowlist | None = None
+    # SIDECAR_EGRESS_ALLOW_FILE, read again on SIGHUP.
+    egress_file: Path | None = None
+    # SIDECAR_EGRESS_ASK: seconds a request for a host off the list waits for an approval.
+    egress_ask: float | None = None
+    # SIDECAR_POLICY_FILE (read again on SIGHUP) and the policy it held at start.
+    policy_file: Path | None = None
+    policy: Policy | None = None
+    # SIDECAR_AUDIT_DIR: where the audit trail is appended (None: the state dir).
+    audit_dir: Path | None = None
     # SIDECAR_RECORD*: a recording of each CLI run.
     recording: Recording = Recording()
     # SIDECAR_BUDGET_USD, _TOKENS: the agent's spending limit (None: no limit of that kind).
@@ -263,6 +301,11 @@ class Config:
     def paths(self) -> Layout:
         """Every path in the state dir (with SIDECAR_USER, the CLI's in its session dir)."""
         return Layout(self.state_dir, for_user=self.user is not None)
+
+    @property
+    def audit_path(self) -> Path:
+        """The audit trail's directory: SIDECAR_AUDIT_DIR, else the state dir."""
+        return self.audit_dir or self.state_dir
 
     @property
     def record_dir(self) -> Path:
@@ -301,6 +344,10 @@ class Config:
         user = _user(text(env, "SIDECAR_USER"), os.geteuid() if euid is None else euid)
         user_home = _user_home(env)
         allowlist = egress_allowlist(env)
+        ask = egress_ask(env, allowlist)
+        policy_path, policy = policy_file(env)
+        audit_dir = text(env, "SIDECAR_AUDIT_DIR")
+        allow_file = text(env, EGRESS_FILE_VAR) if allowlist is not None else None
         recording = Recording.from_env(env)
         budget_usd, budget_tokens = _budget(env)
         notify = NotifyConfig.from_env(env)
@@ -328,6 +375,11 @@ class Config:
             activity_quiet=quiet,
             approval_timeout=approval_timeout,
             egress=allowlist,
+            egress_file=Path(allow_file).absolute() if allow_file else None,
+            egress_ask=ask,
+            policy_file=policy_path,
+            policy=policy,
+            audit_dir=Path(audit_dir).absolute() if audit_dir else None,
             recording=recording,
             budget_usd=budget_usd,
             budget_tokens=budget_tokens,

@@ -46,8 +46,11 @@ StateSource = Literal["hooks", "events", "activity", "none"]
 #: A permission request's answer, who gave it, and how the sidecar learnt of the request and
 #: answers it (/approvals, `approval-resolved` events).
 Decision = Literal["allow", "deny"]
-DecidedBy = Literal["api", "terminal", "timeout", "link", "budget"]
-ApprovalSource = Literal["hooks", "screen", "events"]
+DecidedBy = Literal["api", "terminal", "timeout", "link", "budget", "policy"]
+ApprovalSource = Literal["hooks", "screen", "events", "proxy"]
+#: What an approval is about: a permission request of the CLI, or a held request for a host off
+#: the egress allowlist.
+ApprovalKind = Literal["tool", "egress"]
 
 #: The CLI's network (`egress.mode` in /status), and how a refused attempt was made (`how` of
 #: `egress-denied` events).

@@ -12,6 +12,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType, field
 from sidecar.core.contract import EgressHow, Status, rfc3339
 from sidecar.core.shapes import (
     AgentStateField,
+    ApprovalKindField,
     ChannelName,
     DecidedByField,
     DecisionField,
@@ -109,16 +110,22 @@ class ApprovalRequested(Event, tag="approval-requested"):
     id: str
     tool: str
     summary: str
+    kind: ApprovalKindField = "tool"
 
 
 class ApprovalResolved(Event, tag="approval-resolved"):
     """A permission request was answered, or withdrawn unanswered (`decision` and `by` null,
-    `reason` says why: the turn was interrupted, the CLI exited, a resleeve)."""
+    `reason` says why: the turn was interrupted, the CLI exited, a resleeve). One the policy
+    decided at once was never listed: this event (`by: "policy"`, `rule`) is its only one."""
 
     id: str
     decision: DecisionField | None
     by: DecidedByField | None
     reason: str | UnsetType = UNSET
+    kind: ApprovalKindField = "tool"
+    tool: str | UnsetType = UNSET
+    summary: str | UnsetType = UNSET
+    rule: Annotated[str, Meta(description="the policy rule that decided")] | UnsetType = UNSET
 
 
 class EgressDenied(Event, tag="egress-denied"):
@@ -128,6 +135,37 @@ class EgressDenied(Event, tag="egress-denied"):
     host: Annotated[str, Meta(description="the host name asked for, or the address")]
     port: Annotated[int, Meta(ge=0, le=65535)]
     how: EgressHowField
+    reason: (
+        Annotated[
+            str,
+            Meta(
+                description="with SIDECAR_EGRESS_ASK: why this one was not held for an "
+                "approval (a connection around the proxy cannot be held safely)"
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
+
+
+class EgressChanged(Event, tag="egress-changed"):
+    """The allowlist changed while the sleeve runs: `PATCH /egress` (`api`), an egress
+    approval allowed with `remember` (`approval`), the allow file read again on SIGHUP
+    (`reload`)."""
+
+    added: list[str]
+    removed: list[str]
+    by: Literal["api", "approval", "reload"]
+    allow: Annotated[list[str], Meta(description="the whole list after the change")]
+    closed: Annotated[int, Meta(ge=0, description="open connections closed by the change")] = 0
+
+
+class PolicyChanged(Event, tag="policy-changed"):
+    """The policy file was read again (SIGHUP): the new rules apply (`error` null), or it was
+    refused and the policy before it stays (`error` says why)."""
+
+    file: str
+    rules: Annotated[int, Meta(ge=0, description="rules in force now")]
+    error: str | None = None
 
 
 class ScreenResized(Event, tag="screen-resized"):
@@ -193,6 +231,8 @@ AnyEvent = (
     | ApprovalRequested
     | ApprovalResolved
     | EgressDenied
+    | EgressChanged
+    | PolicyChanged
     | ScreenResized
     | UsageEvent
     | BudgetEvent

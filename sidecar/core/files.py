@@ -45,6 +45,21 @@ def read_regular(path: Path, limit: int = MAX_SMALL_FILE) -> bytes | None:
         os.close(fd)
 
 
+class TooBig(ValueError):
+    """A file holds more than the caller reads."""
+
+
+def read_limited(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of the file at `path`, at most `limit` of them: TooBig when it holds more,
+    OSError when it cannot be read. Never reads past `limit` + 1 (a huge file costs nothing)."""
+    with open(path, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        msg = f"larger than {limit} bytes"
+        raise TooBig(msg)
+    return data
+
+
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:

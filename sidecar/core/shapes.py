@@ -13,6 +13,7 @@ from sidecar.core.contract import (
     MAX_INPUT_BYTES,
     MAX_NAME_CHARS,
     AgentStateName,
+    ApprovalKind,
     ApprovalSource,
     DecidedBy,
     Decision,
@@ -137,6 +138,42 @@ class EgressInfo(Answer):
     mode: EgressMode
     allow: Annotated[list[str], Meta(description="the allowed host patterns, as normalised")]
     denied: Annotated[int, Meta(ge=0, description="refused attempts since the supervisor started")]
+
+
+class EgressAnswer(EgressInfo):
+    """The allowlist as the proxy applies it now, and what it did."""
+
+    added: Annotated[
+        list[str], Meta(description="patterns added while the sleeve runs (in `allow` too)")
+    ]
+    allowed: Annotated[
+        dict[str, int], Meta(description="connections let through, by the pattern allowing them")
+    ]
+    asked: Annotated[int, Meta(ge=0, description="requests held for an egress approval")]
+    ask: Annotated[float | None, Meta(description="SIDECAR_EGRESS_ASK: seconds a request is held")]
+
+
+MAX_PATTERNS_CHANGED = 1000
+
+
+class EgressPatch(Request):
+    """Patterns to add to the allowlist and to take off it, in the allowlist's syntax."""
+
+    add: (
+        Annotated[list[str], Meta(max_length=MAX_PATTERNS_CHANGED, description="patterns to allow")]
+        | UnsetType
+    ) = UNSET
+    remove: (
+        Annotated[
+            list[str],
+            Meta(
+                max_length=MAX_PATTERNS_CHANGED,
+                description="patterns to take off (as `allow` lists them); open connections "
+                "they allowed are closed",
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
 
 
 class Progress(Answer):
@@ -283,7 +320,15 @@ DecidedByField = Annotated[
     DecidedBy,
     Meta(
         description="who answered: the API, a person in the terminal, the timeout policy, a "
-        "notification's one-tap link, or the budget (`SIDECAR_BUDGET_*` spent)"
+        "notification's one-tap link, the budget (`SIDECAR_BUDGET_*` spent), or a rule of the"
+        " policy file (`rule` names it)"
+    ),
+]
+ApprovalKindField = Annotated[
+    ApprovalKind,
+    Meta(
+        description="`tool`: a permission request of the CLI; `egress`: a proxied request for "
+        "a host off the allowlist, held while it waits (SIDECAR_EGRESS_ASK)"
     ),
 ]
 
@@ -300,12 +345,27 @@ class ApprovalItem(Struct):
             "and zero-width characters removed)"
         ),
     ]
-    input: Annotated[object, Meta(description="the tool's arguments as the CLI gave them")]
+    input: Annotated[
+        object,
+        Meta(
+            description="the tool's arguments as the CLI gave them; for `egress`: host, port, "
+            "how, method, and the process that asked (pid, exe, argv, uid) as the kernel "
+            "tells it"
+        ),
+    ]
     since: Timestamp
     source: Annotated[
         ApprovalSource,
         Meta(description="how the sidecar learnt of it and answers it"),
     ]
+    kind: ApprovalKindField = "tool"
+    rule: Annotated[
+        str | None,
+        Meta(
+            description="the policy rule that sent it to a person (`ask`, or an `allow` "
+            "never applied to a dialog on screen)"
+        ),
+    ] = None
 
 
 class ApprovalsAnswer(Answer):

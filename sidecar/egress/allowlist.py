@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sidecar.core.files import TooBig, read_limited
+
 DEFAULT_PORTS = (80, 443)
 NONE = "none"  # the list spelled so allows nothing (an empty list is an error: a typo?)
 MAX_PATTERNS = 10_000
@@ -194,14 +196,13 @@ def read_file(source: str, path: str | Path) -> list[str]:
     """The patterns of the allow file at `path`: at most MAX_FILE bytes of UTF-8, else an
     AllowlistError that starts with `source` (what named the file) and says what is wrong."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_FILE + 1)
+        data = read_limited(path, MAX_FILE)
     except OSError as exc:
         msg = f"{source}: cannot read {path}: {exc.strerror}"
         raise AllowlistError(msg) from None
-    if len(data) > MAX_FILE:
+    except TooBig:
         msg = f"{source}: {path} is larger than {MAX_FILE} bytes"
-        raise AllowlistError(msg)
+        raise AllowlistError(msg) from None
     try:
         return split_file(data.decode("utf-8"))
     except UnicodeDecodeError:

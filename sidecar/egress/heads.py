@@ -4,6 +4,7 @@ for the far end (origin form, one request, closed after it), and its one-line re
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -11,11 +12,13 @@ from sidecar.egress.allowlist import normalise_host
 
 
 class Refusal(Exception):
-    """The request is answered with `status` and a one-line `reason`, and closed."""
+    """The request is answered with `status` and a one-line `reason`, and closed; with `body`,
+    the answer is that JSON object instead (a refused host: what the agent can act on)."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, body: dict[str, object] | None = None) -> None:
         super().__init__(reason)
         self.status = status
+        self.body = body
 
 
 PHRASES = {
@@ -154,11 +157,15 @@ def upstream_head(req: Request) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def refusal_bytes(status: int, reason: str) -> bytes:
-    body = f"{reason}\n".encode("utf-8", "replace")
+def refusal_bytes(status: int, reason: str, document: dict[str, object] | None = None) -> bytes:
+    """The refusal's answer: `reason` as one line of text, or `document` as JSON."""
+    if document is None:
+        body, kind = f"{reason}\n".encode("utf-8", "replace"), "text/plain; charset=utf-8"
+    else:
+        body, kind = json.dumps(document).encode() + b"\n", "application/json"
     head = (
         f"HTTP/1.1 {status} {PHRASES.get(status, 'Error')}\r\n"
-        f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+        f"Content-Type: {kind}\r\nContent-Length: {len(body)}\r\n"
         "Connection: close\r\n\r\n"
     )
     return head.encode("latin-1") + body

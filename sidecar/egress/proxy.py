@@ -12,199 +12,62 @@ buffer is full), which asyncio gives as it is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
+from sidecar.audit.records import EgressConnectionRecord
 from sidecar.egress.allowlist import Allowlist, normalise_host
-from sidecar.egress.heads import Refusal, Request, parse_head, refusal_bytes, upstream_head
+from sidecar.egress.heads import Refusal, Request, upstream_head
+from sidecar.egress.peer import Peer
+from sidecar.egress.sides import Client, Limits, Upstream
 
 log = logging.getLogger(__name__)
 
 Denied = Callable[[str, int, str], None]  # (host, port, how)
 Allowed = Callable[[str], None]  # the pattern's text
+Closed = Callable[[EgressConnectionRecord], None]  # a request's connection ended (or was refused)
+# (client address, proxy address, with its command line): the process behind a connection.
+FindPeer = Callable[[tuple[str, int], tuple[str, int], bool], Awaitable[Peer | None]]
+ALSO = "also"  # the rule of a connection to an address allowed besides the list (the API)
+NEXT = (
+    "This sleeve reaches only the hosts on its egress allowlist. If the task needs this host, "
+    "say so: a person can allow it (PATCH /egress, or by answering its approval) and you can "
+    "try again."
+)
 
 
 @dataclass(frozen=True)
-class Limits:
-    max_tunnels: int = 512  # far ends open (or being opened) at once; more: 503
-    max_clients: int = 1024  # client connections at once; more: 503 at once
-    connect_timeout: float = 10.0  # a far end that does not answer by then: 504
-    idle_timeout: float = 600.0  # a connection with no byte either way for this long is closed
-    head_timeout: float = 15.0  # the request head must have arrived by then: 408
-    max_line: int = 8 * 1024  # the request line; longer: 414
-    max_head: int = 32 * 1024  # request line and headers; longer: 431
+class Asked:
+    """A request for a host off the list, held while it is decided (`SIDECAR_EGRESS_ASK`)."""
+
+    host: str
+    port: int
+    method: str
+    summary: str  # `CONNECT host:port`, `GET http://host/path`
+    peer: Callable[[], Awaitable[Peer | None]]  # the process that asked, as the kernel tells it
 
 
-class _Side(asyncio.Protocol):
-    """One end of a joined pair: what it reads goes to `peer`; while its own write buffer is
-    full, the peer stops reading (backpressure both ways)."""
-
-    def __init__(self, proxy: EgressProxy) -> None:
-        self.proxy = proxy
-        self.transport: asyncio.Transport | None = None
-        self.peer: _Side | None = None
-        self.eof = False
-        self.last = time.monotonic()
-        self.budget: int | None = None  # bytes still to pass on (a plain request's body)
-        # What a far end sent before it was joined to its client (a server that speaks first,
-        # between the connect and the join): passed on at the join.
-        self.early = b""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.last = time.monotonic()
-        self.pass_on(data)
-
-    def pass_on(self, data: bytes) -> None:
-        if self.budget is not None:
-            if data and not self.budget:
-                # A second request on a kept-alive connection: the far end was asked for one
-                # only. Closing makes the client send it again on a new connection, decided anew.
-                self.close()
-                return
-            data = data[: self.budget]  # what follows the body is never sent on
-            self.budget -= len(data)
-        peer = self.peer
-        if data and peer is not None and peer.transport is not None:
-            peer.last = self.last
-            peer.transport.write(data)
-        elif data:
-            self.early += data
-
-    def eof_received(self) -> bool:
-        self.eof = True
-        peer = self.peer
-        if peer is None or peer.transport is None or peer.eof:
-            self.close()
-            return False
-        if peer.transport.can_write_eof():
-            peer.transport.write_eof()  # a half-close goes through (HTTP/1.0 clients use it)
-        return True  # keep the other direction open
-
-    def pause_writing(self) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.resume_reading()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.close()
-
-    def close(self) -> None:
-        for side in (self, self.peer):
-            if side is not None and side.transport is not None:
-                side.transport.close()
+@dataclass(frozen=True)
+class AskAnswer:
+    allowed: bool
+    rule: str | None = None  # what allowed it (`approval:<id>`, `policy:<rule>`)
+    reason: str = ""  # why it was refused, told to the agent
 
 
-class _Upstream(_Side):
-    """The far end: counted among the proxy's tunnels from the connect until it is gone."""
-
-    def __init__(self, proxy: EgressProxy) -> None:
-        super().__init__(proxy)
-        self.counted = True
-        self.one_shot = False  # plain HTTP: the far end's EOF ends the exchange
-        proxy.tunnels += 1
-
-    def release(self) -> None:
-        if self.counted:
-            self.counted = False
-            self.proxy.tunnels -= 1
-
-    def eof_received(self) -> bool:
-        if self.one_shot:
-            self.close()
-            return False
-        return super().eof_received()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.release()
-        super().connection_lost(exc)
-
-
-class _Client(_Side):
-    """A client connection: reads the request head, then is joined to the far end."""
-
-    def __init__(self, proxy: EgressProxy) -> None:
-        super().__init__(proxy)
-        self.buf = b""
-        self.timer: asyncio.TimerHandle | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.closed = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        proxy = self.proxy
-        proxy.clients.add(self)
-        if len(proxy.clients) > proxy.limits.max_clients:
-            self.refuse(503, "too many connections to the egress proxy")
-            return
-        self.timer = proxy.loop.call_later(proxy.limits.head_timeout, self.head_late)
-        proxy.arm_sweeper()
-
-    def head_late(self) -> None:
-        self.timer = None
-        if self.peer is None and self.task is None:
-            self.refuse(408, "the request head did not arrive in time")
-
-    def data_received(self, data: bytes) -> None:
-        self.last = time.monotonic()
-        if self.task is not None or self.peer is not None:
-            self.pass_on(data)
-            return
-        self.buf += data
-        limits = self.proxy.limits
-        end = self.buf.find(b"\r\n\r\n")
-        line_end = self.buf.find(b"\r\n")
-        if (line_end < 0 and len(self.buf) > limits.max_line) or line_end > limits.max_line:
-            self.refuse(414, f"request line longer than {limits.max_line} bytes")
-        elif (end < 0 and len(self.buf) > limits.max_head) or end > limits.max_head:
-            self.refuse(431, f"request head longer than {limits.max_head} bytes")
-        elif end >= 0:
-            head, self.buf = self.buf[:end], self.buf[end + 4 :]
-            assert self.transport is not None
-            self.transport.pause_reading()  # until the far end is there
-            self.task = self.proxy.loop.create_task(self.serve(head))
-
-    async def serve(self, head: bytes) -> None:
-        try:
-            req = parse_head(head)
-            await self.proxy.open(self, req)
-        except Refusal as refusal:
-            self.refuse(refusal.status, str(refusal))
-        finally:
-            self.task = None
-
-    def refuse(self, status: int, reason: str) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(refusal_bytes(status, reason))
-        self.close()
-
-    def close(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        super().close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.proxy.clients.discard(self)
-        if self.task is not None:
-            self.task.cancel()  # a connect under way for a client that went away
-        super().connection_lost(exc)
+Ask = Callable[[Asked], Awaitable[AskAnswer]]
 
 
 class EgressProxy:
-    """The proxy for one allowlist. `also`: (host, port) pairs allowed besides the list (the
-    sidecar's own API, which the CLI's hooks reach through the proxy when a client ignores
-    NO_PROXY). `on_denied(host, port, "proxy")` and `on_allowed(pattern)` are told of every
-    request decided."""
+    """The proxy for one allowlist (`allow`, which may change while it runs). `also`: (host,
+    port) pairs allowed besides the list (the sidecar's own API, which the CLI's hooks reach
+    through the proxy when a client ignores NO_PROXY). `on_denied(host, port, "proxy")` and
+    `on_allowed(pattern)` are told of every request decided; `ask`, when set, decides a request
+    for a host off the list while it is held; `on_closed` gets each request's record when its
+    connection ends, with the process that made it (`find_peer`)."""
 
     def __init__(
         self,
@@ -214,14 +77,20 @@ class EgressProxy:
         on_denied: Denied | None = None,
         on_allowed: Allowed | None = None,
         limits: Limits | None = None,
+        ask: Ask | None = None,
+        on_closed: Closed | None = None,
+        find_peer: FindPeer | None = None,
     ) -> None:
         self.allow = allow
         self.also = {(normalise_host(h), p) for h, p in also}
         self.on_denied = on_denied
         self.on_allowed = on_allowed
+        self.ask = ask
+        self.on_closed = on_closed
+        self.find_peer = find_peer
         self.limits = limits or Limits()
         self.tunnels = 0
-        self.clients: set[_Client] = set()
+        self.clients: set[Client] = set()
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -246,7 +115,7 @@ class EgressProxy:
         """Listen on `host`:`port` (0: a port the kernel picks). OSError when it cannot."""
         self._loop = asyncio.get_running_loop()
         self._server = await self._loop.create_server(
-            lambda: _Client(self), host, port, reuse_address=True, backlog=1024
+            lambda: Client(self), host, port, reuse_address=True, backlog=1024
         )
 
     async def close(self) -> None:
@@ -269,19 +138,19 @@ class EgressProxy:
         pattern = self.allow.match(req.host, req.port)
         return None if pattern is None else pattern.text
 
-    async def open(self, client: _Client, req: Request) -> None:
+    async def open(self, client: Client, req: Request) -> None:
         """Connect `client` to the far end `req` names, or raise the Refusal to answer."""
         shown = f"[{req.host}]:{req.port}" if ":" in req.host else f"{req.host}:{req.port}"
         pattern = self._decide(req)
         if pattern is None:
-            if self.on_denied is not None:
-                self.on_denied(req.host, req.port, "proxy")
-            raise Refusal(403, f"{shown} is not on the egress allowlist (SIDECAR_EGRESS_ALLOW)")
+            client.rule = await self._asked(client, req, shown)
+        else:
+            client.rule = pattern or ALSO
+            if pattern and self.on_allowed is not None:
+                self.on_allowed(pattern)
         if self.tunnels >= self.limits.max_tunnels:
             raise Refusal(503, f"too many connections through the egress proxy ({self.tunnels})")
-        if pattern and self.on_allowed is not None:
-            self.on_allowed(pattern)
-        upstream = _Upstream(self)
+        upstream = Upstream(self)
         timeout = self.limits.connect_timeout
         try:
             # The proxy resolves the name itself (getaddrinfo in the loop's executor): the
@@ -305,8 +174,103 @@ class EgressProxy:
             upstream.release()
             raise
         self._join(client, upstream, req)
+        if self.on_closed is not None:
+            # Who asked is looked up once the tunnel is up: never on the connection's setup path.
+            self.loop.call_soon(self.look_up, client)
 
-    def _join(self, client: _Client, upstream: _Upstream, req: Request) -> None:
+    async def _asked(self, client: Client, req: Request, shown: str) -> str:
+        """The rule that allowed a request for a host off the list, once `ask` allowed it while
+        the request was held; else the Refusal the agent can read."""
+        error = f"{shown} is not on the egress allowlist (SIDECAR_EGRESS_ALLOW)"
+        reason = "refused at once: nobody is asked (SIDECAR_EGRESS_ASK is not set)"
+        if self.ask is not None:
+            target = shown if req.method == "CONNECT" else f"http://{shown}{req.path}"
+
+            async def peer() -> Peer | None:
+                task = self.look_up(client, argv=True)
+                return await task if task is not None else None
+
+            assert client.transport is not None
+            client.transport.resume_reading()  # to see the client go away while it waits
+            answer = await self.ask(
+                Asked(req.host, req.port, req.method, f"{req.method} {target}", peer)
+            )
+            client.transport.pause_reading()  # until the far end is there
+            if answer.allowed:
+                return answer.rule or "approval"
+            reason = answer.reason
+        if self.on_denied is not None:
+            self.on_denied(req.host, req.port, "proxy")
+        body: dict[str, object] = {
+            "error": error, "host": req.host, "port": req.port, "reason": reason, "next": NEXT,
+        }  # fmt: skip
+        raise Refusal(403, f"{error}: {reason}", body)
+
+    def look_up(self, client: Client, *, argv: bool = False) -> asyncio.Task[Peer | None] | None:
+        """Start finding the process behind `client` (once; `argv`: its command line too, for
+        an approval; None: nobody wants to know)."""
+        if client.peer_task is None and self.find_peer is not None and client.transport:
+            ends = (client.transport.get_extra_info("peername"),
+                    client.transport.get_extra_info("sockname"))  # fmt: skip
+            if ends[0] is not None and ends[1] is not None:
+                client.peer_task = self.loop.create_task(self._peer(ends, argv))
+        return client.peer_task
+
+    async def _peer(self, ends: tuple[tuple[str, int], tuple[str, int]], argv: bool) -> Peer | None:
+        assert self.find_peer is not None
+        with contextlib.suppress(OSError):
+            return await self.find_peer(ends[0][:2], ends[1][:2], argv)
+        return None
+
+    def ended(self, client: Client) -> None:
+        """A client's connection is gone: its request's record, if it made one (once the
+        process behind it is known)."""
+        if client.req is None or self.on_closed is None:
+            return
+        task = client.peer_task
+        if task is not None and not task.done():
+            task.add_done_callback(lambda _: self._record(client))
+            return
+        self._record(client)
+
+    def _record(self, client: Client) -> None:
+        req = client.req
+        assert req is not None and self.on_closed is not None
+        peer = None
+        task = client.peer_task
+        if task is not None and task.done() and not task.cancelled():
+            peer = task.result()
+        upstream = client.peer
+        self.on_closed(
+            EgressConnectionRecord(
+                host=req.host,
+                port=req.port,
+                how="proxy",
+                method=req.method,
+                allowed=client.refused is None and client.rule is not None,
+                rule=client.rule,
+                reason=client.refused,
+                bytes_out=client.moved,
+                bytes_in=upstream.moved if upstream is not None else 0,
+                duration=round(time.monotonic() - client.opened, 3),
+                pid=peer.pid if peer else None,
+                exe=peer.exe if peer else None,
+                uid=peer.uid if peer else None,
+            )
+        )
+
+    def close_unlisted(self, patterns: Collection[str]) -> int:
+        """Close the connections open under `patterns` (just taken off the list) whose host the
+        list no longer allows; how many."""
+        closed = 0
+        for client in list(self.clients):
+            req = client.req
+            if req is not None and client.rule in patterns and self._decide(req) is None:
+                client.close()
+                closed += 1
+        return closed
+
+    def _join(self, client: Client, upstream: Upstream, req: Request) -> None:
         assert client.transport is not None and upstream.transport is not None
         if client.transport.is_closing():
             upstream.close()
@@ -319,7 +283,9 @@ class EgressProxy:
             client.transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
             upstream.one_shot = True
-            upstream.transport.write(upstream_head(req))
+            head = upstream_head(req)
+            upstream.transport.write(head)
+            client.moved += len(head)  # the request as the far end gets it
             client.budget = req.body
         early, client.buf = client.buf, b""
         client.pass_on(early)

@@ -35,6 +35,7 @@ from sidecar.pane import tmux_version
 from sidecar.pane.tmux import PaneInfo, Tmux
 from sidecar.process import adopt, cli_status, persist, takeover
 from sidecar.process.cli_runner import CliRunner
+from sidecar.process.governance import Governance, open_trail
 from sidecar.process.persist import ProcRef, SupervisorState
 from sidecar.process.pidfd import wait_exited
 from sidecar.process.resleeve import Resleeves
@@ -95,10 +96,21 @@ class Supervisor:
             config.workspace / ".cstack" / "CURRENT.md", bus, config.workspace, self.owner
         )
         self.tmux = Tmux(config.paths, run_as=config.user, env=user_env)
+        # Every decision, egress connection, list change and resleeve is appended here.
+        self.audit = open_trail(config, bus)
         # What the agent is doing (sidecar.agent.machine): told of every change of the CLI's state.
-        self.awareness = Awareness(config, bus, self.tmux, self.owner)
+        self.awareness = Awareness(config, bus, self.tmux, self.owner, self.audit)
         # The CLI's egress allowlist: the proxy, and every refused attempt's one door.
-        self.egress = Egress(config.egress, bus, (config.host, config.port))
+        self.egress = Egress(
+            config.egress,
+            bus,
+            (config.host, config.port),
+            audit=self.audit,
+            owner=self.owner,
+            ask_seconds=config.egress_ask,
+        )
+        # The policy and the allow file read again on SIGHUP; held egress requests asked.
+        self.rules = Governance(config, bus, self.awareness.approvals, self.egress, self.audit)
         # Notifications, from the bus; its links outlive a crash (`link_key` is init's).
         self.notifier = Notifier(
             config,
@@ -362,6 +374,7 @@ class Supervisor:
             await run.stop()
         await self.awareness.stop()
         await self.egress.close()
+        await self.rules.close()
         await self.ttyd.stop()
         server = run.server.ref
         await asyncio.to_thread(self.tmux.kill_server)
