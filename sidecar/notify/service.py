@@ -146,7 +146,7 @@ class Notifier:
 
     def approval_kind(self, approval_id: str) -> str:
         approval = self.approvals.get(approval_id)
-        return str(getattr(approval, "kind", "tool"))
+        return approval.kind if approval is not None else "tool"
 
     def approvals_open(self) -> bool:
         return bool(self.approvals.pending())
@@ -205,7 +205,7 @@ class Notifier:
         )
 
     def _about(self, approval: Approval) -> NotificationApproval:
-        egress = getattr(approval, "kind", "tool") == "egress"
+        egress = approval.kind == "egress"
         about = NotificationApproval(
             id=approval.id,
             kind="egress" if egress else "tool",
