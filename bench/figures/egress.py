@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
+
 from bench.context import Context
 from bench.core import Baseline, Check, Figure, Target, at_most, interleave, ratio_at_least
 from bench.procs import BenchError, cli_pid, memory, own_procs, running
@@ -69,11 +71,14 @@ def data_server() -> Iterator[tuple[int, int]]:
 
 
 def proxy_port(pid: int) -> int:
-    """The proxy's port, as the CLI's environment names it."""
-    with open(f"/proc/{pid}/environ", "rb") as fh:
-        for item in fh.read().split(b"\0"):
-            if item.startswith(b"HTTPS_PROXY="):
-                return int(item.rpartition(b":")[2])
+    """The proxy's port, as the CLI's environment names it. The pane runs the egress guard,
+    which gives the CLI's variables to the CLI alone: the CLI is among its descendants."""
+    pane = psutil.Process(pid)
+    for proc in (pane, *pane.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):
+            proxy = proc.environ().get("HTTPS_PROXY")
+            if proxy:
+                return int(proxy.rpartition(":")[2])
     msg = "the CLI's environment names no HTTPS_PROXY"
     raise BenchError(msg)
 
