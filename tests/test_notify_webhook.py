@@ -8,6 +8,7 @@ notifications, which the CLI can neither send nor see where they go."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from aiohttp import web
 
@@ -237,16 +239,16 @@ def test_a_webhook_off_the_egress_allowlist_still_gets_the_sidecars_notification
     egress proxy. The CLI can reach the receiver neither directly nor through the proxy, and
     sees its URL in no environment (its own, or the sidecar's /proc/<pid>/environ)."""
     hook = start(receivers, WebhookReceiver())
-    report = tmp_path / "report.json"
     script = tmp_path / "escape.py"
     script.write_text(ESCAPE)
     port = hook.url.rsplit(":", 1)[1]
-    clis = write_cli_config(
-        tmp_path / "clis.yaml",
-        {"escape": {"command": [sys.executable, str(script), str(report), port]}},
-    )
     env = webhook_env(tmp_path, hook, SIDECAR_EGRESS_ALLOW="example.com")
     with running_sidecar(tmp_path, cli="escape", env_extra=env) as sc:
+        report = sc.workspace / "report.json"  # the guarded CLI writes in its workspace only
+        clis = write_cli_config(
+            tmp_path / "clis.yaml",
+            {"escape": {"command": [sys.executable, str(script), str(report), port]}},
+        )
         sc.env_extra["SIDECAR_CLI_CONFIG"] = str(clis)
         sc.start()
         assert sc.proc is not None
@@ -255,8 +257,13 @@ def test_a_webhook_off_the_egress_allowlist_still_gets_the_sidecars_notification
         )
         assert got["env"] == []
         assert got["direct"] != "ok" and got["proxy"] == 403, got
-        assert str(sc.proc.pid) in got["ancestors"], got["ancestors"].keys()
+        # What the guarded CLI could read up its tree (under the guard, with no capabilities,
+        # nothing: its ancestors have some), and every process of the sidecar's, read here.
         assert not any(hook.url in environ for environ in got["ancestors"].values())
+        init = psutil.Process(sc.proc.pid)
+        for proc in (init, *init.children(recursive=True)):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                assert not any(hook.url in v for v in proc.environ().values()), proc
         assert hook.seen == []
         tested = sc.post("/notify/test")
         assert tested.status == 200
