@@ -105,7 +105,12 @@ class Awareness:
             drawn=lambda: self.seen.drawn,
         )
         self.events = EventSource(
-            self.machine, self.files, self.approvals, self.notices.check, self._fall_back
+            self.machine,
+            self.files,
+            self.approvals,
+            self.notices.check,
+            on_lost=self._fall_back,
+            on_found=self._events_found,
         )
         self.input = InputDelivery(
             self.machine, self.activity, pane, lock, self.seen.read_now, look=self.seen.look_now
@@ -217,6 +222,15 @@ class Awareness:
             self.machine.source_changed("hooks")
             self.quiet.active = False
             self.quiet.stop()
+            self._screen_approvals(self._cli, adopted=False)
+
+    def _events_found(self) -> None:
+        """The CLI's event stream, given up for, answered after all: it tells the state again
+        and its requests are its own (listed from it, answered through it)."""
+        self.machine.source_changed("events")
+        self.quiet.active = False
+        self.quiet.stop()
+        if self._cli is not None:
             self._screen_approvals(self._cli, adopted=False)
 
     def _fall_back(self) -> None:

@@ -38,6 +38,9 @@ CATCH_UP = 5.0  # seconds for the state before the stream (a stream made again, 
 # 1.18.33): a stream that has not said its first event within this is made again.
 FIRST_WORD = 1.0
 RETRY = 0.1  # seconds between tries to reach it meanwhile
+# Once it is given up for, it is still tried, less often: a server slow to come up (a busy
+# machine) takes the state back from the screen when it does.
+LATE_RETRY = 2.0
 MAX_LINE = 4 * 1024 * 1024  # an event bigger than this (a huge tool output) ends the connection
 
 
@@ -70,13 +73,16 @@ class EventSource:
         files: AgentFiles,
         approvals: Approvals,
         on_idle: Callable[[], None],
+        *,
         on_lost: Callable[[], None],
+        on_found: Callable[[], None],
     ) -> None:
         self.machine = machine
         self.files = files
         self.approvals = approvals
         self.on_idle = on_idle  # the agent went idle: an inbox notice may be due
-        self.on_lost = on_lost  # the stream is gone for good: another source takes over
+        self.on_lost = on_lost  # the stream is given up for: another source takes over
+        self.on_found = on_found  # ... and it came after all: this source takes over again
         self.stream: EventStream | None = None  # the running CLI's, when it uses this source
         self.name = ""  # the running CLI's knowledge name
         self.warning: str | None = None  # why the state is not from the CLI's events
@@ -162,7 +168,9 @@ class EventSource:
             # A CLI just launched has done nothing yet; one adopted, or a stream that broke,
             # may have: its state is asked for first.
             missed, self._launched = not self._launched, False
-            while time.monotonic() < deadline:
+            while True:  # until the CLI stops (the task is cancelled then)
+                if self.stream is not None and time.monotonic() >= deadline:
+                    self._lost(f"{why} within {COME_UP:g} s")
                 try:
                     async with asyncio.timeout(FIRST_WORD):
                         response = await http.get(stream.path)
@@ -172,13 +180,15 @@ class EventSource:
                         if first is None:
                             why = f"its server answered {response.status}"
                         else:
+                            if self.stream is None:
+                                self._found(stream)
+                                missed = True  # what the screen listed was withdrawn
                             await self._follow(http, stream, events, missed=missed)
                             why, missed = "its event stream ended", True
                             deadline = time.monotonic() + COME_UP
                 except (aiohttp.ClientError, ValueError, TimeoutError) as exc:
                     why = f"its server is unreachable ({exc.__class__.__name__})"
-                await asyncio.sleep(RETRY)
-            self._lost(f"{why} within {COME_UP:g} s")
+                await asyncio.sleep(RETRY if self.stream is not None else LATE_RETRY)
 
     async def _follow(
         self,
@@ -246,6 +256,14 @@ class EventSource:
         self.machine.report(effect.state, effect.reason)
         if effect.state == "idle":
             self.on_idle()
+
+    def _found(self, stream: EventStream) -> None:
+        self.stream, self.warning = stream, None
+        log.warning(
+            "%s's event stream answered after all: the agent's state comes from it", self.name
+        )
+        self.approvals.withdraw_all(f"{self.name}'s event stream lists its requests again")
+        self.on_found()
 
     def _lost(self, why: str) -> None:
         self.warning = (
