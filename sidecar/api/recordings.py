@@ -157,7 +157,11 @@ def recording_operations(recorder: Recorder) -> list[Operation]:
             "getPlayer",
             "meta",
             "The asciinema web player the dashboard replays recordings with",
-            {200: Media("the player's script or style sheet", "text/plain")},
+            {
+                200: tuple(
+                    Media(f"the player's `{name}`", kind) for name, kind in PLAYER_FILES.items()
+                )
+            },
             description="The pinned npm package `asciinema-player`, installed beside the "
             "sidecar and checked by hash (scripts/setup, the image). 404: not installed.",
             errors=(404,),
