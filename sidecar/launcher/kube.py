@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from sidecar import config
-from sidecar.core.contract import runtime_grace
+from sidecar.core.contract import RECORD_MAX_MB, runtime_grace
 from sidecar.launcher.homes import seeded
 from sidecar.launcher.plan import (
     CONTAINER_PORT,
@@ -136,6 +136,9 @@ def pod_env(plan: RunPlan) -> list[Obj]:
     fixed = fixed_env(plan, port=CONTAINER_PORT, host="0.0.0.0")  # noqa: S104
     env.update(fixed)
     env["SIDECAR_STOP_GRACE"] = f"{stop_grace(host):g}"
+    # Recordings on the home volume: the state dir is memory in a pod (as the chart does).
+    env["SIDECAR_RECORD_DIR"] = f"{SANDBOX_HOME}/.sidecar/recordings"
+    env.setdefault("SIDECAR_RECORD_MAX_MB", str(RECORD_MAX_MB))
     for var, name in TOKEN_FILES.items():  # the Secret's keys (token_secret), mounted as files
         env[f"{var}_FILE"] = f"{TOKEN_DIR}/{name}"
     return [{"name": k, "value": env[k]} for k in sorted(env)]

@@ -42,6 +42,7 @@ SETTING_VALUES = {
     "SIDECAR_INBOX_NOTIFY": ("sidecar", "inboxNotify"),
     "SIDECAR_ALLOWED_ORIGINS": ("sidecar", "allowedOrigins"),
     "SIDECAR_CLI_CONFIG": ("sidecar", "cliConfig"),
+    "SIDECAR_RECORD": ("sidecar", "record"),
 }
 HOST_SECRETS = {
     "ANTHROPIC_API_KEY": "sk-ant-api03-HOSTKEY-never-in-a-manifest",
