@@ -2,14 +2,14 @@
 sidecar's API): `python -I -m sidecar.egress.guard --allow 127.0.0.1:P ... -- ARGV`.
 
 Without privilege, so the same in Docker, bubblewrap and a restricted pod: the wrapper forks;
-the child sets no_new_privs, drops every capability, applies Landlock (TCP connect to the
-allowed ports only; abstract unix sockets and signals scoped; the files of `sidecar.egress.fence`
-out of reach) and the seccomp filter of `sidecar.security.seccomp`, hands the filter's listener
-to the parent and execs ARGV with the CLI's own variables (`--env-file`: they reach nothing
-outside the guard). The parent stays as the broker (`sidecar.egress.broker`), the CLI's parent,
-under a filter of its own: it decides every connect, forwards the signals sent to it alone, and
-exits as the CLI did. The broker dying closes the listener, and from then on the CLI's
-connects fail (ENOSYS): fail closed.
+the child sets no_new_privs, drops every capability (a root CLI keeps root's file access),
+applies Landlock (TCP connect to the allowed ports only; abstract unix sockets and signals
+scoped; the files of `sidecar.egress.fence` out of reach) and the seccomp filter of
+`sidecar.security.seccomp`, hands the filter's listener to the parent and execs ARGV with the
+CLI's own variables (`--env-file`: they reach nothing outside the guard). The parent stays as
+the broker (`sidecar.egress.broker`), the CLI's parent, under a filter of its own: it decides
+every connect, forwards the signals sent to it alone, and exits as the CLI did. The broker
+dying closes the listener, and from then on the CLI's connects fail (ENOSYS): fail closed.
 
 Choices against the first design: the broker connects the CLI's own TCP socket (pidfd_getfd)
 rather than a new one put in its place, so options set before connect (curl's TCP_NODELAY) and
@@ -218,9 +218,11 @@ class _Child:
             if os.getppid() != self.parent:
                 os._exit(1)
             sf.no_new_privs()
-            # No capability, not even for a root CLI (whose exec would otherwise get them all
-            # back: no_new_privs keeps the empty set empty).
-            caps.keep_only(())
+            # No capability but, for a root CLI, root's access to files whatever their mode (its
+            # HOME may be another user's 0700 directory, as the image's /home/sleeve is): the
+            # fence (Landlock) still decides what it may change and read. Its exec would
+            # otherwise get them all back; no_new_privs keeps the set as small as this.
+            caps.keep_only(caps.FILE_ACCESS if os.geteuid() == 0 else ())
             landlock.restrict_connect(self.ports, self.version)
             self.fence.apply()
             listener = sf.install()

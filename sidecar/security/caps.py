@@ -16,11 +16,15 @@ from pathlib import Path
 
 # linux/capability.h
 CAP_CHOWN = 0
+CAP_DAC_OVERRIDE = 1
+CAP_DAC_READ_SEARCH = 2
 CAP_KILL = 5
 CAP_SETGID = 6
 CAP_SETUID = 7
 CAP_SETPCAP = 8
 CAP_NET_BIND_SERVICE = 10
+#: What lets root read, write and search files whatever their mode (and nothing more).
+FILE_ACCESS = (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH)
 CAP_NAMES = {
     CAP_CHOWN: "CHOWN",
     CAP_KILL: "KILL",
