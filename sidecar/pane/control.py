@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Protocol
 
 import psutil
@@ -43,6 +43,15 @@ FLOOD_PAUSE = 1.0
 # supervisor ~20x what the bytes themselves do. The pipe holds 64 KiB: under the FLOOD rate it
 # never fills in that time, so the pane never waits for it.
 TAP_BATCH = 0.02
+# tmux up to 3.6a keeps a control client's offset into a pane's output across `respawn-pane`
+# (tmux GitHub issue 5499, fixed after 3.6a): a client that has not read all of it when the
+# pane is respawned makes the server read the new process's output at a wrong offset, and the
+# server dies (SIGSEGV, or exit 1 after "not enough data"). Measured with 3.5a: 40 respawns of a
+# pane flooding output under a tapped client killed its server in 5 runs of 5 (tests/
+# test_tmux_respawn.py without the pause). So this client's copy
+# of the pane is paused around a respawn (`paused`): a paused pane's offset holds nothing, and
+# continuing it starts from the pane's own.
+PAUSE_WITHIN = 1.0  # seconds tmux gets to pause the pane before a respawn goes ahead anyway
 ENDS_WITHIN = 1.0  # seconds a control client whose output closed gets to exit by itself
 
 
@@ -72,10 +81,14 @@ class Tap(Protocol):
         screen as it is now, before its bytes come again (None: tmux did not show it)."""
 
 
-def _pane_action(pane: bytes, action: bytes) -> bytes:
+def _pane_action(pane: str, action: str) -> str:
     # Quoted: tmux 3.3a's command parser takes a word that starts with `%` for a directive
     # (`%if`), so `refresh-client -A %3:pause` is a syntax error and pauses nothing.
-    return b"refresh-client -A '" + pane + b":" + action + b"'\n"
+    return f"refresh-client -A '{pane}:{action}'"
+
+
+def _lines(commands: Iterable[str]) -> bytes:
+    return "".join(f"{command}\n" for command in commands).encode()
 
 
 class PaneActivity:
@@ -109,6 +122,7 @@ class PaneActivity:
         self._flooding = False
         self._flood_ended = 0.0
         self._floods: set[asyncio.Task[None]] = set()
+        self._holds = 0  # `paused` blocks under way: nothing continues the pane meanwhile
 
     def client_argv(self) -> list[str]:
         attach = ("attach-session", "-f", "ignore-size", "-t", TMUX_SESSION)
@@ -221,7 +235,7 @@ class PaneActivity:
         (or it went away meanwhile); NoAnswer: no reply within `timeout` seconds."""
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Reply | None]] = [loop.create_future() for _ in commands]
-        if not self._send("".join(f"{c}\n" for c in commands).encode(), futures):
+        if not self._send(_lines(commands), futures):
             msg = "the tmux control client is not attached"
             raise NotAttached(msg)
         try:
@@ -244,7 +258,8 @@ class PaneActivity:
         fresh = panes - self._paused
         if fresh:
             # Pause this client's copy of the pane's output; continue it SAMPLE s later.
-            self._send(b"".join(_pane_action(p, b"pause") for p in fresh), [None] * len(fresh))
+            pauses = (_pane_action(p.decode(), "pause") for p in fresh)
+            self._send(_lines(pauses), [None] * len(fresh))
             self._paused |= fresh
             asyncio.get_running_loop().call_later(SAMPLE, self._resume, fresh)
         self.on_output(now)
@@ -266,7 +281,7 @@ class PaneActivity:
             return
         self._flooding = True
         first = now - self._flood_ended > 2 * SAMPLE
-        self._send(_pane_action(PANE.encode(), b"pause"), [None])
+        self._send(_lines([_pane_action(PANE, "pause")]), [None])
         loop = asyncio.get_running_loop()
         loop.call_later(FLOOD_PAUSE, self._flood_pause_ends, first)
 
@@ -276,17 +291,39 @@ class PaneActivity:
         task.add_done_callback(self._floods.discard)
 
     async def _continue_flooded(self, first: bool) -> None:
-        """The screen for the sink while the pane is still paused (so that no byte of it can
-        come before the frame), then the pane continued."""
+        """The screen for the sink, then the pane continued."""
+        await self._frame(first=first)
+        self._flooding = False
+        self._flood_ended = time.monotonic()
+        self._tapped, self._tap_until = 0, self._flood_ended + SAMPLE
+        self._continue([PANE])
+
+    async def _frame(self, *, first: bool) -> None:
+        """The screen for the sink, looked at while the pane is still paused (so that no byte
+        of it can come before the frame)."""
+        if self.sink is None:
+            return
         screen = None
         with contextlib.suppress(ControlError):
             screen = await look_styled(self.ask)
         if self.sink is not None:
             self.sink.skipped(screen, first=first)
-        self._flooding = False
-        self._flood_ended = time.monotonic()
-        self._tapped, self._tap_until = 0, self._flood_ended + SAMPLE
-        self._send(_pane_action(PANE.encode(), b"continue"), [None])
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """This client's copy of the pane paused for the block (a respawn: see PAUSE_WITHIN),
+        then continued, a sink first getting the screen as it is. Without a client, nothing
+        to pause."""
+        self._holds += 1
+        try:
+            with contextlib.suppress(ControlError):
+                await self.ask([_pane_action(PANE, "pause")], PAUSE_WITHIN)
+            yield
+        finally:
+            self._holds -= 1
+            if not self._holds and PANE.encode() not in self._paused and not self._flooding:
+                await self._frame(first=False)
+                self._continue([PANE])
 
     def _seen_unpaused(self, now: float) -> None:
         """Output while a sink takes every byte: `on_output` at most once per SAMPLE, as the
@@ -308,9 +345,14 @@ class PaneActivity:
     def _resume(self, panes: set[bytes]) -> None:
         panes &= self._paused  # a tap may have continued them already
         self._paused -= panes
-        if panes:
-            lines = b"".join(_pane_action(p, b"continue") for p in panes)
-            self._send(lines, [None] * len(panes))
+        self._continue(p.decode() for p in panes)
+
+    def _continue(self, panes: Iterable[str]) -> None:
+        """Continue this client's copy of `panes`, unless a `paused` block is under way (its
+        end continues them)."""
+        actions = [_pane_action(p, "continue") for p in panes]
+        if actions and not self._holds:
+            self._send(_lines(actions), [None] * len(actions))
 
     def _send(self, lines: bytes, replies: Sequence[asyncio.Future[Reply | None] | None]) -> bool:
         """Write command `lines` to the client, one entry in `replies` per line (never an empty

@@ -65,7 +65,7 @@ class CliRunner:
         self._spawn = spawn
         self._save = save
         self.plans = LaunchPlanner(registry, awareness, env, owner, config.workspace)
-        self.server = TmuxServer(tmux)
+        self.server = TmuxServer(tmux, awareness.activity.paused)
         self.process = ProcessState(self._changed, initial=CliStatus(cli=config.cli))
         self.lock = asyncio.Lock()  # launches, heals, resleeves and shutdown, one at a time
         self.stopping = False

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 from sidecar.core.proc import send_signal, start_time
@@ -19,8 +20,13 @@ from sidecar.process.persist import ProcRef
 
 
 class TmuxServer:
-    def __init__(self, tmux: Tmux) -> None:
+    """`quiet`: what holds tmux's control clients still while the pane is respawned
+    (`PaneActivity.paused`: tmux up to 3.6a can die respawning a pane such a client is behind
+    on)."""
+
+    def __init__(self, tmux: Tmux, quiet: Callable[[], AbstractAsyncContextManager[None]]) -> None:
         self.tmux = tmux
+        self.quiet = quiet
         self.ref: ProcRef | None = None  # the server, once a pane in it is ours
         self.pane: PaneInfo | None = None
         self.pane_started: float | None = None  # the pane process's start time (pid reuse)
@@ -52,7 +58,8 @@ class TmuxServer:
                 pane = await asyncio.to_thread(run, argv, cwd, env)
                 self.take(pane, None)
             else:
-                pane = await asyncio.to_thread(run, argv, cwd, env)
+                async with self.quiet():
+                    pane = await asyncio.to_thread(run, argv, cwd, env)
                 self.pane, self.pane_started = pane, start_time(pane.pane_pid)
         except BaseException:
             self.forget()
