@@ -203,8 +203,9 @@ def resleeve_operation() -> Operation:
         {202: ResleeveAccepted},
         description="The body is optional; without `cli` the current CLI is stopped and "
         "started again (with its resume command, if it has one). 400: an unknown CLI (the "
-        "message lists the known ones); 409: a resleeve is already in progress or the "
-        "sidecar is shutting down. Progress is reported on `/events` (`resleeve`).",
+        "message lists the known ones); 409: a resleeve is already in progress, or the "
+        "sidecar is starting (or taking over after a restart) or shutting down. Progress is "
+        "reported on `/events` (`resleeve`).",
         body=ResleeveRequest,
         body_required=False,
         errors=(400, 409),

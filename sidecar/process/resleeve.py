@@ -47,16 +47,16 @@ class Resleeves:
         self.busy = False
         self.move: tuple[str, str] | None = None  # (from, to) while one is under way
 
-    def begin(self, cli_name: str | None, *, stopping: bool) -> tuple[str, asyncio.Task[None]]:
+    def begin(self, cli_name: str | None, *, refused: str | None) -> tuple[str, asyncio.Task[None]]:
         """Validate and start a resleeve; raises UnknownCLI or ResleeveBusy synchronously so the
-        caller can answer 400/409 before anything happens."""
+        caller can answer 400/409 before anything happens. `refused`: why the supervisor takes
+        none now (None: it does)."""
         name = cli_name or self.runner.name
         if name not in self.registry:
             msg = f"unknown CLI {name!r}; known: {', '.join(sorted(self.registry))}"
             raise UnknownCLI(msg)
-        if self.busy or stopping:
-            msg = "a resleeve is already in progress" if self.busy else "shutting down"
-            raise ResleeveBusy(msg)
+        if self.busy or refused is not None:
+            raise ResleeveBusy(refused or "a resleeve is already in progress")
         self.busy = True
         return name, self._spawn(self._run(name), "resleeve")
 

@@ -121,6 +121,7 @@ class Supervisor:
             generation=restarts,
         )
         self._stopping = False
+        self._started = False  # `start` has launched or taken over the CLI
         self._tasks: set[asyncio.Task[None]] = set()
         self.state_file = persist.StateFile(config.paths.supervisor_state)
         self._init = ProcRef.of(os.getppid())  # None: no more saves
@@ -250,6 +251,7 @@ class Supervisor:
                 await self.runner.launch(resume=False, fresh_server=True)  # a first start
             else:
                 await self._take_over(record, found)
+        self._started = True
         self._spawn(self._tick(), "tick")
         return False
 
@@ -333,8 +335,14 @@ class Supervisor:
     # ---- resleeve ------------------------------------------------------------------------
 
     def begin_resleeve(self, cli_name: str | None) -> tuple[str, asyncio.Task[None]]:
-        """`Resleeves.begin`: raises UnknownCLI or ResleeveBusy before anything happens."""
-        return self.resleeves.begin(cli_name, stopping=self._stopping)
+        """`Resleeves.begin`: raises UnknownCLI or ResleeveBusy before anything happens. None is
+        taken before `start` has launched or taken over the CLI: the API listens first, and a
+        resleeve then would launch into a server the takeover had not looked at yet, which it
+        then stops, leaving a CLI that ignores SIGHUP running beside the new one."""
+        refused = None if self._started else "the sidecar is starting"
+        if self._stopping:
+            refused = "shutting down"
+        return self.resleeves.begin(cli_name, refused=refused)
 
     # ---- periodic ------------------------------------------------------------------------
 
