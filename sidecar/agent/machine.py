@@ -209,6 +209,11 @@ class AgentMachine:
         return self._screen is not None and self._screen.needs_person
 
     @property
+    def prompt_up(self) -> bool:
+        """A prompt for a person is on screen, or announced by the CLI's source (`waiting`)."""
+        return self.screen_needs_person or self.state == "waiting"
+
+    @property
     def process(self) -> ProcState:
         """The supervisor's state of the CLI process, as last told."""
         return self._process

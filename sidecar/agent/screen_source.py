@@ -63,7 +63,7 @@ class ScreenSource:
         an early look reads counts only if it is a whole frame of a shape the CLI's knowledge
         recognizes (`Reading.complete`); the rest waits for the pane to settle."""
         self._settle_later()
-        if self.machine.screen_needs_person or self.machine.state == "waiting":
+        if self.machine.prompt_up:
             # A prompt for a person: has it gone, or (announced by the source) appeared? When
             # it appeared is when its keys can be sent (`sidecar.agent.input_delivery`).
             self.look_now()

@@ -48,7 +48,7 @@ TAP_BATCH = 0.02
 # pane is respawned makes the server read the new process's output at a wrong offset, and the
 # server dies (SIGSEGV, or exit 1 after "not enough data"). Measured with 3.5a: 40 respawns of a
 # pane flooding output under a tapped client killed its server in 5 runs of 5 (tests/
-# test_tmux_respawn.py without the pause). So this client's copy
+# test_pane_activity.py without the pause). So this client's copy
 # of the pane is paused around a respawn (`paused`): a paused pane's offset holds nothing, and
 # continuing it starts from the pane's own.
 PAUSE_WITHIN = 1.0  # seconds tmux gets to pause the pane before a respawn goes ahead anyway
@@ -92,18 +92,22 @@ def _lines(commands: Iterable[str]) -> bytes:
 
 
 class PaneActivity:
-    """Calls `on_output(monotonic time)` whenever the pane writes (at most once per SAMPLE), and
-    answers `ask` while attached."""
+    """Calls `on_output(monotonic time)` whenever the pane writes (at most once per SAMPLE, but
+    for every output while `closely` says so), and answers `ask` while attached."""
 
     def __init__(
         self,
         tmux: Tmux,
         on_output: Callable[[float], None],
         on_attach: Callable[[], None] | None = None,
+        closely: Callable[[], bool] = lambda: False,
     ) -> None:
         self.tmux = tmux
         self.on_output = on_output
         self.on_attach = on_attach  # the client attached: the screen may be looked at
+        # Whether every output counts now (a prompt for a person is up: its answer shows as a
+        # redraw, which a pause or a SAMPLE window would let pass unnoticed until the next).
+        self.closely = closely
         self.last_output: float | None = None  # time.monotonic()
         self._proc: asyncio.subprocess.Process | None = None
         self._paused: set[bytes] = set()
@@ -252,6 +256,9 @@ class PaneActivity:
     def _seen(self, panes: set[bytes]) -> None:
         now = time.monotonic()
         self.last_output = now
+        if self.closely():
+            self.on_output(now)
+            return
         if self.sink is not None:
             self._seen_unpaused(now)
             return
