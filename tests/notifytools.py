@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import pytest
 from aiohttp import web
 
+from tests.aioserver import ThreadedApp
 from tests.harness import Sidecar, wait_for
 
 WEBHOOK_SECRET = "whsec-test-0123456789abcdef"
@@ -84,9 +85,8 @@ class Receiver:
         self.url = ""
         self._seen: list[Seen] = []
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
+        # A handler still holding its answer is not waited for at the end (shutdown_timeout).
+        self._server = ThreadedApp(host, handler_cancellation=True, shutdown_timeout=1.0)
 
     @property
     def seen(self) -> list[Seen]:
@@ -106,32 +106,13 @@ class Receiver:
         return await behave(request, seen)
 
     def start(self) -> Receiver:
-        async def start() -> str:
-            app = web.Application(client_max_size=1024 * 1024)
-            app.router.add_route("*", "/{tail:.*}", self._handle)
-            # A handler still holding its answer is not waited for at the end (shutdown_timeout).
-            self._runner = web.AppRunner(
-                app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
-            )
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, self.host, 0)
-            await site.start()
-            return f"http://{self.host}:{self._runner.addresses[0][1]}"
-
-        self._thread.start()
-        self.url = asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
+        app = web.Application(client_max_size=1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self.url = self._server.serve(app)
         return self
 
     def stop(self) -> None:
-        async def cleanup() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
-            await asyncio.sleep(0)  # the closed connections' sockets go on the next turn
-
-        asyncio.run_coroutine_threadsafe(cleanup(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
+        self._server.stop()
 
     def wait(self, count: int = 1, timeout: float = 10.0, what: str = "requests") -> list[Seen]:
         return wait_for(

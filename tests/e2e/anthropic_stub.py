@@ -17,7 +17,6 @@ answer reported, as a client sums it: the start's input and cache counts, the en
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
@@ -25,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from tests.aioserver import ThreadedApp
 
 REPLY_TEXT = "Hello from the sleeve test stub."
 
@@ -59,9 +60,7 @@ class AnthropicStub:
         self.url = ""
         self._requests: list[Recorded] = []
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
+        self._server = ThreadedApp()
         self._tool_uses = 0
 
     # --- recording ---------------------------------------------------------------------------
@@ -232,30 +231,17 @@ class AnthropicStub:
         return web.json_response({"error": {"type": "not_found", "message": "stub"}}, status=404)
 
     # --- lifecycle ---------------------------------------------------------------------------
-    async def _start(self) -> str:
+    def start(self) -> AnthropicStub:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("HEAD", "/api/hello", self._hello)
         app.router.add_route("GET", "/api/hello", self._hello)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_route("*", "/{tail:.*}", self._other)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        return f"http://127.0.0.1:{port}"
-
-    def start(self) -> AnthropicStub:
-        self._thread.start()
-        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        self.url = self._server.serve(app)
         return self
 
     def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
+        self._server.stop()
 
     def __enter__(self) -> AnthropicStub:
         return self.start()

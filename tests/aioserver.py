@@ -1,0 +1,74 @@
+"""An aiohttp application served on a free loopback port from a thread of its own (the stubs and
+receivers the tests talk to), stopped with every connection's socket closed: a socket left to the
+garbage collector becomes a ResourceWarning, an error under `filterwarnings = error`, in whichever
+test happens to run when it is collected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+CLOSE_TURNS = 100  # loop turns the aborted connections get to close their sockets
+
+
+class ThreadedApp:
+    """`runner_args`: web.AppRunner's keyword arguments (access_log=None is the default)."""
+
+    def __init__(self, host: str = "127.0.0.1", **runner_args: Any) -> None:
+        self.host = host
+        self._runner_args = {"access_log": None, **runner_args}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+        # Every connection a request came on: a response still being written (a stream the
+        # client stopped reading) keeps its transport open through the runner's cleanup.
+        self._transports: set[asyncio.Transport] = set()
+
+    def serve(self, app: web.Application) -> str:
+        """Start serving `app`; its base URL (`http://host:port`)."""
+
+        @web.middleware
+        async def track(
+            request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+        ) -> web.StreamResponse:
+            if request.transport is not None:
+                self._transports.add(request.transport)
+            return await handler(request)
+
+        app.middlewares.append(track)
+
+        async def start() -> str:
+            self._runner = web.AppRunner(app, **self._runner_args)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, self.host, 0).start()
+            return f"http://{self.host}:{self._runner.addresses[0][1]}"
+
+        self._thread.start()
+        return asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
+
+    def stop(self) -> None:
+        async def close() -> None:
+            if self._runner is not None:
+                await self._runner.cleanup()
+            for transport in self._transports:
+                transport.abort()  # its socket closes on a later turn of the loop
+            for _ in range(CLOSE_TURNS):
+                if all(_closed(t) for t in self._transports):
+                    break
+                await asyncio.sleep(0)
+
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(close(), self._loop).result(30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        self._loop.close()
+
+
+def _closed(transport: asyncio.Transport) -> bool:
+    sock = transport.get_extra_info("socket")
+    return sock is None or sock.fileno() == -1
