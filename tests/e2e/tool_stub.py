@@ -19,6 +19,17 @@ from aiohttp import web
 
 REPLY_TEXT = "Hello from the tool-call stub."
 COMMAND = web.AppKey("command", str)
+# The usage every Gemini turn reports (its prompt count includes the cached tokens), and how many
+# turns it answered (GET /stub/answered): the tests' known numbers.
+GEMINI_USAGE = {
+    "promptTokenCount": 1234,
+    "cachedContentTokenCount": 56,
+    "candidatesTokenCount": 200,
+    "thoughtsTokenCount": 30,
+    "toolUsePromptTokenCount": 7,
+    "totalTokenCount": 1471,
+}
+ANSWERED = web.AppKey("answered", dict[str, int])
 ASKED = "Run the stub's command"
 
 
@@ -131,7 +142,13 @@ async def gemini(request: web.Request) -> web.StreamResponse:
         part = {"functionCall": {"name": call[0], "args": json.loads(call[1])}}
     content = {"role": "model", "parts": [part]}
     answer = {"candidates": [{"content": content, "finishReason": "STOP"}]}
+    answer["usageMetadata"] = GEMINI_USAGE
+    request.app[ANSWERED]["gemini"] += 1
     return await _send(request, [(None, answer)])
+
+
+async def answered(request: web.Request) -> web.Response:
+    return web.json_response(request.app[ANSWERED])
 
 
 async def other(request: web.Request) -> web.Response:
@@ -142,9 +159,11 @@ async def other(request: web.Request) -> web.Response:
 def make_app(command: str) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[COMMAND] = command
+    app[ANSWERED] = {"gemini": 0}
     app.router.add_post("/v1/responses", responses)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1beta/models/{model}:{method}", gemini)
+    app.router.add_get("/stub/answered", answered)
     app.router.add_route("*", "/{tail:.*}", other)
     return app
 
