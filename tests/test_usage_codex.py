@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from sidecar.usage import prices
+from sidecar.usage.reports import UsageReport
 from sidecar.usage.telemetry import SECRET_HEADER
 from tests.agenttools import EventLog, wait_agent
 from tests.clitools import RAN, codex_sidecar, tool_stub  # tool_stub: a fixture
@@ -60,12 +61,9 @@ def test_a_turn_is_counted_exactly_from_codex_s_own_telemetry(
     assert usage["output_tokens"] == turns * u["output_tokens"]
     assert usage["cache_read_tokens"] == turns * cached
     assert usage["cache_creation_tokens"] == 0
-    price = prices.PRICES[MODEL]
-    expected = (
-        usage["input_tokens"] * price.input
-        + usage["output_tokens"] * price.output
-        + usage["cache_read_tokens"] * price.cache_read
-    ) / 1_000_000
+    totals = (usage["input_tokens"], usage["output_tokens"], usage["cache_read_tokens"], 0)
+    expected = prices.cost(UsageReport(MODEL, *totals, cost_usd=None))
+    assert expected is not None
     assert usage["cost_usd"] > 0
     assert abs(usage["cost_usd"] - expected) < 1e-9, (usage, expected)
     counted = wait_for(
