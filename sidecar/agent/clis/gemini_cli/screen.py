@@ -22,8 +22,8 @@ _CONTINUED = re.compile(r"^ {3}|^$")
 _INPUT_ROWS = 12  # the input grows with typed text; beyond this it scrolls
 _ABOVE_INPUT = 4  # rows between the rule and the input: the mode line and blank lines
 _SPINNER = re.compile(r"\(esc to cancel, \d")
-# Where the spinner stands, while hooks run ("Executing Hooks: sidecar (1/2), mine (2/2)"); the
-# line stays once they are done, so it says working only when the cursor is not in the input.
+# Where the spinner stands, while hooks run ("Executing Hooks: sidecar (1/2), mine (2/2)"), gone
+# once they are done. With the cursor in the input the prompt is read first, as before.
 _HOOKS = re.compile(r"^\s*Executing Hooks?: ")
 _RECENT = 10  # the spinner line is among the last lines drawn
 _ALLOW = re.compile(r"^(●\s*)?1\. Allow once$")
