@@ -1,7 +1,9 @@
 """The usage accounting's parts on their own: the pinned price table, the ledger kept in its file
 (and refused when it is another run's), the budget's levels, where the user's own environment sends
-a CLI's logs, the variables that point Claude Code's logs at the sidecar, and opencode's model
-requests read from its events (as measured on 1.18.33; the real one is in test_agent_opencode)."""
+a CLI's logs, the variables and arguments that point Claude Code's, Gemini CLI's and Codex's
+telemetry at the sidecar, their usage records (the real CLIs are in test_usage_*), and opencode's
+model requests read from its events (as measured on 1.18.33; the real one is in
+test_agent_opencode)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.agent.clis.claude_code import telemetry as claude
+from sidecar.agent.clis.codex import telemetry as codex
+from sidecar.agent.clis.gemini_cli import telemetry as gemini
 from sidecar.agent.clis.opencode.usage import Bill
 from sidecar.usage import budget, prices
 from sidecar.usage.ledger import Ledger
@@ -129,6 +133,116 @@ def test_claude_codes_logs_go_to_the_sidecar_and_its_users_settings_are_kept() -
     )
     assert claude.destination(user) is None  # its telemetry was off: nothing to relay
     assert claude.read({"event.name": "user_prompt"}) is None
+
+
+def test_gemini_exports_everything_to_the_sidecar_with_the_secret() -> None:
+    user = {"OTEL_EXPORTER_OTLP_HEADERS": "authorization=users-own"}
+    endpoint = "http://127.0.0.1:1/telemetry/gemini-cli/v1/logs"
+    added = gemini.launch(TelemetryLaunch(endpoint, "s3cret", user))
+    assert added["GEMINI_TELEMETRY_OTLP_ENDPOINT"] == "http://127.0.0.1:1/telemetry/gemini-cli"
+    assert added["GEMINI_TELEMETRY_OTLP_PROTOCOL"] == "http"
+    for signal in ("LOGS", "TRACES", "METRICS"):
+        assert added[f"OTEL_EXPORTER_OTLP_{signal}_HEADERS"] == "X-Sidecar-Telemetry=s3cret"
+    assert added["GEMINI_TELEMETRY_OUTFILE"] == ""  # beats a settings file's outfile
+
+
+def test_gemini_s_usage_records_are_read_as_the_api_bills_them() -> None:
+    record = {
+        "event.name": "gemini_cli.api_response",
+        "model": "gemini-3.1-pro-preview",
+        "input_token_count": 1234,
+        "cached_content_token_count": "56",  # int64 in OTLP JSON may come as a string
+        "tool_token_count": 7,
+        "output_token_count": 200,
+        "thoughts_token_count": 30,
+    }
+    got = gemini.read(record)
+    assert got == UsageReport("gemini-3.1-pro-preview", 1185, 230, 56, 0, None)
+    assert got.tokens == 1234 + 7 + 200 + 30  # Gemini's total_token_count
+    assert gemini.read({**record, "event.name": "gemini_cli.api_request"}) is None
+    with pytest.raises(BadReport, match="more than input_token_count"):
+        gemini.read({**record, "cached_content_token_count": 2000})
+    with pytest.raises(BadReport, match="thoughts_token_count -1"):
+        gemini.read({**record, "thoughts_token_count": -1})
+    with pytest.raises(BadReport, match="output tokens"):
+        gemini.read({**record, "output_token_count": 10_000_000})
+
+
+def test_gemini_s_own_destination_is_read_from_its_variables() -> None:
+    on = {
+        "GEMINI_TELEMETRY_ENABLED": "true",
+        "GEMINI_TELEMETRY_OTLP_PROTOCOL": "http",
+        "GEMINI_TELEMETRY_OTLP_ENDPOINT": "https://collector.example/otlp/",
+        "OTEL_EXPORTER_OTLP_HEADERS": "a=1,b=2",
+        "OTEL_EXPORTER_OTLP_LOGS_HEADERS": "b=3",
+    }
+    found = gemini.destination(on)
+    assert found is not None and found.url == "https://collector.example/otlp/v1/logs"
+    assert found.headers == {"a": "1", "b": "3"}
+    general = {k: v for k, v in on.items() if k != "GEMINI_TELEMETRY_OTLP_ENDPOINT"}
+    general["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://c"
+    assert gemini.destination(general).url == "http://c/v1/logs"  # type: ignore[union-attr]
+    # Set but empty, Gemini's own variable still wins: no endpoint, nothing exported.
+    assert gemini.destination({**general, "GEMINI_TELEMETRY_OTLP_ENDPOINT": ""}) is None
+    for off in (
+        {"GEMINI_TELEMETRY_ENABLED": "yes"},  # Gemini's own parser: only "true" and "1"
+        {"GEMINI_TELEMETRY_OTLP_PROTOCOL": "grpc"},
+        {"GEMINI_TELEMETRY_TARGET": "gcp"},
+        {"GEMINI_TELEMETRY_OUTFILE": "/tmp/t.json"},
+        {"GEMINI_TELEMETRY_OTLP_ENDPOINT": "file:///x"},
+    ):
+        assert gemini.destination({**on, **off}) is None, off
+
+
+def test_codex_gets_the_url_on_its_argv_and_the_secret_in_its_environment() -> None:
+    start = TelemetryLaunch("http://127.0.0.1:1/telemetry/codex/v1/logs", "s3cret", {})
+    assert codex.args(start) == (
+        "-c",
+        'otel.exporter={otlp-http={endpoint="http://127.0.0.1:1/telemetry/codex/v1/logs",'
+        'protocol="json"}}',
+    )
+    assert codex.launch(start) == {"OTEL_EXPORTER_OTLP_LOGS_HEADERS": "X-Sidecar-Telemetry=s3cret"}
+
+
+def test_codex_s_completed_responses_are_read_as_the_api_bills_them() -> None:
+    record = {
+        "event.name": "codex.sse_event",
+        "event.kind": "response.completed",
+        "model": "gpt-4.1",
+        "input_token_count": "1234",  # as Codex 0.169 sends it: a string
+        "output_token_count": "200",
+        "cached_token_count": "56",
+        "cache_write_token_count": "0",
+        "reasoning_token_count": "30",  # inside the output count
+    }
+    assert codex.read(record) == UsageReport("gpt-4.1", 1178, 200, 56, 0, None)
+    counted_twice = {k: v for k, v in record.items() if "token" not in k}
+    assert codex.read(counted_twice) is None  # its copy of the event without counts
+    assert codex.read({**record, "event.kind": "response.created"}) is None
+    with pytest.raises(BadReport, match="more than input_token_count"):
+        codex.read({**record, "cached_token_count": 2000})
+    with pytest.raises(BadReport, match="output_token_count"):
+        codex.read({**record, "output_token_count": "-5"})
+
+
+def test_codex_s_own_destination_is_read_from_its_config(tmp_path: Path) -> None:
+    env = {"CODEX_HOME": str(tmp_path)}
+    assert codex.destination(env) is None  # no config at all
+    config = tmp_path / "config.toml"
+    config.write_text(
+        '[otel]\nexporter = { otlp-http = { endpoint = "https://c.example/v1/logs", '
+        'protocol = "binary", headers = { "x-key" = "k1" } } }\n'
+    )
+    found = codex.destination(env)
+    assert found is not None and found.url == "https://c.example/v1/logs"
+    assert found.headers == {"x-key": "k1"}
+    for other in (
+        '[otel]\nexporter = "none"\n',
+        "not toml [",
+        '[otel]\nexporter = { otlp-grpc = { endpoint = "http://c" } }\n',
+    ):
+        config.write_text(other)
+        assert codex.destination(env) is None, other
 
 
 def _message(msg: str, model: str, role: str = "assistant") -> dict[str, object]:

@@ -165,7 +165,8 @@ class Awareness:
         argv, added = self.hooks.launch(cli, argv, env, has_history=has_history)
         if self.events.active:
             argv, added = self.events.launch(cli, argv)
-        return argv, {**added, **self.spending.launch_env(cli, env)}
+        args, reporting = self.spending.launch_env(cli, env)
+        return (*argv, *args), {**added, **reporting}
 
     def process_changed(
         self, state: ProcState, cli: CLIDef | None, *, why: str | None = None

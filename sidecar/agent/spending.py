@@ -107,20 +107,23 @@ class Spending:
         if not adopted:
             self.ledger.new_run(cli.name)
 
-    def launch_env(self, cli: CLIDef, env: Mapping[str, str]) -> Mapping[str, str]:
-        """The variables that make `cli` report its usage here (`env`: its environment, the
-        user's own OTEL_* in it), with a new secret; nothing for a CLI that reports none."""
+    def launch_env(
+        self, cli: CLIDef, env: Mapping[str, str]
+    ) -> tuple[tuple[str, ...], Mapping[str, str]]:
+        """The arguments and variables that make `cli` report its usage here (`env`: its
+        environment, the user's own OTEL_* in it), with a new secret; nothing for a CLI that
+        reports none."""
         self.use(cli, adopted=False)
         if self.telemetry is None:
             self.files.update(telemetry_secret=None)
-            return {}
+            return (), {}
         secret = secrets.token_urlsafe(32)
         self.files.update(telemetry_secret=secret)
         full = {**env, **cli.env}
         self._destination = self.telemetry.destination(full)
         base = loopback_url(self.config.host, self.config.port)
-        endpoint = telemetry_url(base, self.cli)
-        return self.telemetry.launch(TelemetryLaunch(endpoint, secret, full))
+        start = TelemetryLaunch(telemetry_url(base, self.cli), secret, full)
+        return self.telemetry.args(start), self.telemetry.launch(start)
 
     # ---- reports -----------------------------------------------------------------------------
 

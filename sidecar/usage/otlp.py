@@ -1,6 +1,7 @@
 """OTLP/HTTP logs in JSON (the OpenTelemetry protocol's `ExportLogsServiceRequest`), the part the
-sidecar reads: every log record's attributes as plain values. A body that is not that shape is
-refused whole (the caller answers 400)."""
+sidecar reads: every log record's attributes as plain values; traces and metrics only checked for
+their shape (the sidecar drops them). A body that is not that shape is refused whole (the caller
+answers 400)."""
 
 from __future__ import annotations
 
@@ -45,17 +46,28 @@ def _list(parent: Mapping[str, Any], key: str, where: str) -> list[Any]:
     return value
 
 
-def records(raw: bytes) -> list[dict[str, Any]]:
-    """Every log record of the request: its attributes, with `body` its body's string. Raises
-    BadBody."""
+# What each signal's export request holds at its top: its resources.
+RESOURCES = {"logs": "resourceLogs", "traces": "resourceSpans", "metrics": "resourceMetrics"}
+
+
+def request(raw: bytes, signal: str) -> dict[str, Any]:
+    """The JSON export request of `signal` (a key of RESOURCES). Raises BadBody."""
     try:
         data = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         msg = f"not JSON: {exc}"
         raise BadBody(msg) from None
-    if not isinstance(data, dict) or not isinstance(data.get("resourceLogs"), list):
-        msg = "not an OTLP logs request: no resourceLogs list"
+    key = RESOURCES[signal]
+    if not isinstance(data, dict) or not isinstance(data.get(key), list):
+        msg = f"not an OTLP {signal} request: no {key} list"
         raise BadBody(msg)
+    return data
+
+
+def records(raw: bytes) -> list[dict[str, Any]]:
+    """Every log record of the request: its attributes, with `body` its body's string. Raises
+    BadBody."""
+    data = request(raw, "logs")
     found = list(_walk(data))
     if len(found) > MAX_RECORDS:
         msg = f"more than {MAX_RECORDS} log records in one request"

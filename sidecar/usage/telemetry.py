@@ -33,15 +33,21 @@ class Destination:
     headers: Mapping[str, str]
 
 
+def no_args(start: TelemetryLaunch) -> tuple[str, ...]:
+    return ()
+
+
 @dataclass(frozen=True)
 class Telemetry:
     """`launch`: the variables added to the CLI's environment; `read`: the usage in one log
     record's attributes (None: the record is no model request; raises `BadReport`);
-    `destination`: where the user's own environment sends the CLI's logs (None: nowhere)."""
+    `destination`: where the user's own environment sends the CLI's logs (None: nowhere);
+    `args`: arguments added to its argv (never the secret: every process can read an argv)."""
 
     launch: Callable[[TelemetryLaunch], Mapping[str, str]]
     read: Callable[[Mapping[str, Any]], UsageReport | None]
     destination: Callable[[Mapping[str, str]], Destination | None]
+    args: Callable[[TelemetryLaunch], tuple[str, ...]] = no_args
 
 
 def telemetry_url(base: str, cli: str) -> str:

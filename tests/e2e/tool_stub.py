@@ -19,6 +19,26 @@ from aiohttp import web
 
 REPLY_TEXT = "Hello from the tool-call stub."
 COMMAND = web.AppKey("command", str)
+# The usage every Gemini turn reports (its prompt count includes the cached tokens); how many
+# turns of each API the stub answered is GET /stub/answered: the tests' known numbers.
+GEMINI_USAGE = {
+    "promptTokenCount": 1234,
+    "cachedContentTokenCount": 56,
+    "candidatesTokenCount": 200,
+    "thoughtsTokenCount": 30,
+    "toolUsePromptTokenCount": 7,
+    "totalTokenCount": 1471,
+}
+# The usage every Responses turn reports (Codex): its input includes the cached tokens, its
+# output the reasoning ones.
+RESPONSES_USAGE: dict[str, Any] = {
+    "input_tokens": 1234,
+    "input_tokens_details": {"cached_tokens": 56},
+    "output_tokens": 200,
+    "output_tokens_details": {"reasoning_tokens": 30},
+    "total_tokens": 1434,
+}
+ANSWERED = web.AppKey("answered", dict[str, int])
 ASKED = "Run the stub's command"
 
 
@@ -71,8 +91,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
     else:
         text = {"type": "output_text", "text": REPLY_TEXT, "annotations": []}
         item |= {"type": "message", "role": "assistant", "content": [text]}
-    usage = {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}
-    done = {"id": "resp_stub", "status": "completed", "usage": usage}
+    done = {"id": "resp_stub", "status": "completed", "usage": RESPONSES_USAGE}
+    request.app[ANSWERED]["responses"] += 1
     return await _send(
         request,
         [
@@ -130,8 +150,16 @@ async def gemini(request: web.Request) -> web.StreamResponse:
     if call:
         part = {"functionCall": {"name": call[0], "args": json.loads(call[1])}}
     content = {"role": "model", "parts": [part]}
-    answer = {"candidates": [{"content": content, "finishReason": "STOP"}]}
+    answer = {
+        "candidates": [{"content": content, "finishReason": "STOP"}],
+        "usageMetadata": GEMINI_USAGE,
+    }
+    request.app[ANSWERED]["gemini"] += 1
     return await _send(request, [(None, answer)])
+
+
+async def answered(request: web.Request) -> web.Response:
+    return web.json_response(request.app[ANSWERED])
 
 
 async def other(request: web.Request) -> web.Response:
@@ -142,9 +170,11 @@ async def other(request: web.Request) -> web.Response:
 def make_app(command: str) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[COMMAND] = command
+    app[ANSWERED] = {"gemini": 0, "responses": 0}
     app.router.add_post("/v1/responses", responses)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1beta/models/{model}:{method}", gemini)
+    app.router.add_get("/stub/answered", answered)
     app.router.add_route("*", "/{tail:.*}", other)
     return app
 

@@ -1,9 +1,10 @@
 """Codex CLI (0.169), all the sidecar and the launcher know of it: its hooks, reported through
-the relay (`hooks`), and its screen (`screen`), read beside them.
+the relay (`hooks`), its screen (`screen`), read beside them, and its usage (`telemetry`).
 """
 
 from sidecar.agent.clis.codex.hooks import HOOKS
 from sidecar.agent.clis.codex.screen import read_screen
+from sidecar.agent.clis.codex.telemetry import TELEMETRY
 from sidecar.agent.knowledge import ApprovalKeys, Homes, Knowledge, ScreenKnowledge
 from sidecar.agent.screens import Seen
 
@@ -25,5 +26,6 @@ CLI = Knowledge(
         keys_after=0.0,  # its dialogs take keys as they are drawn (measured on 0.169)
     ),
     homes=Homes(dirs=(".codex",)),  # config, sign-in, conversations
+    telemetry=TELEMETRY,
     interrupt=("Escape",),  # "esc to interrupt" while a turn runs
 )

@@ -1,9 +1,11 @@
 """Gemini CLI (0.61), all the sidecar and the launcher know of it: its hooks, reported through
-the relay (`hooks`), and its screen (`screen`), whose tool confirmation is answered by keys.
+the relay (`hooks`), its screen (`screen`), whose tool confirmation is answered by keys, and its
+usage (`telemetry`).
 """
 
 from sidecar.agent.clis.gemini_cli.hooks import HOOKS
 from sidecar.agent.clis.gemini_cli.screen import read_screen
+from sidecar.agent.clis.gemini_cli.telemetry import TELEMETRY
 from sidecar.agent.knowledge import ApprovalKeys, Homes, Knowledge, ScreenKnowledge
 from sidecar.agent.screens import Seen
 
@@ -24,5 +26,6 @@ CLI = Knowledge(
         keys_after=0.0,  # its dialogs take keys as they are drawn (measured on 0.61)
     ),
     homes=Homes(dirs=(".gemini",)),  # config, sign-in, conversations
+    telemetry=TELEMETRY,
     interrupt=("Escape",),  # "esc to cancel" while a turn runs
 )
