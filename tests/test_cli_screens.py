@@ -121,17 +121,19 @@ def test_gemini_transcript_prompt_line_is_not_its_input() -> None:
     assert gemini_cli.read_screen(moved).seen is Seen.DIALOG
 
 
-def test_gemini_running_its_hooks_with_the_cursor_away_is_working() -> None:
-    """While its hooks run Gemini CLI shows "Executing Hooks: ..." where the spinner stands and
-    can park the cursor outside its input (seen in a test run on 0.61): that is work, not the
-    start's numbered tips read as a dialog. The line stays after them: at the input, the
-    prompt."""
+def test_gemini_running_its_hooks_is_working_wherever_the_cursor_is() -> None:
+    """While its hooks run Gemini CLI shows "Executing Hooks: ..." where the spinner stands:
+    work, whether the cursor is in its input (at the start its SessionStart hooks run after the
+    prompt is drawn, and an Enter typed then is a newline, not a submission) or parked outside it
+    (seen in a test run on 0.61; not the start's numbered tips read as a dialog). Without the
+    line, the same screens are the prompt and a dialog."""
     screen, _ = load_screen(SCREENS / "gemini-cli" / "prompt-empty.txt")
     lines = list(screen.lines)
     rule = next(i for i, line in enumerate(lines) if line.startswith("─────"))
     lines[rule - 1] = "  Executing Hooks: sidecar (1/2), mine (2/2)"
     hooks = replace(screen, lines=tuple(lines))
-    assert gemini_cli.read_screen(hooks).seen is Seen.PROMPT
+    assert gemini_cli.read_screen(hooks).seen is Seen.WORKING
     away = replace(hooks, cursor_row=0, cursor_col=0)
     assert gemini_cli.read_screen(away).seen is Seen.WORKING
+    assert gemini_cli.read_screen(screen).seen is Seen.PROMPT
     assert gemini_cli.read_screen(replace(screen, cursor_row=0, cursor_col=0)).seen is Seen.DIALOG

@@ -22,8 +22,8 @@ _CONTINUED = re.compile(r"^ {3}|^$")
 _INPUT_ROWS = 12  # the input grows with typed text; beyond this it scrolls
 _ABOVE_INPUT = 4  # rows between the rule and the input: the mode line and blank lines
 _SPINNER = re.compile(r"\(esc to cancel, \d")
-# Where the spinner stands, while hooks run ("Executing Hooks: sidecar (1/2), mine (2/2)"), gone
-# once they are done. With the cursor in the input the prompt is read first, as before.
+# Where the spinner stands while hooks run ("Executing Hooks: sidecar (1/2), mine (2/2)"), gone
+# once they are done.
 _HOOKS = re.compile(r"^\s*Executing Hooks?: ")
 _RECENT = 10  # the spinner line is among the last lines drawn
 _ALLOW = re.compile(r"^(●\s*)?1\. Allow once$")
@@ -42,12 +42,13 @@ def read_screen(screen: Screen) -> Reading:
             # A digit picks its choice at once there (measured on 0.61).
             choices = decided(menu(lines, screen.cols, digits=True))
             return Reading(Seen.PERMISSION, _tool_reason(lines, at), choices=choices)
-    if any(_SPINNER.search(line) for line in nonblank(lines)[-_RECENT:]):
+    recent = nonblank(lines)[-_RECENT:]
+    if any(_SPINNER.search(line) or _HOOKS.match(line) for line in recent):
+        # Hooks running: at the start, after the prompt is drawn (with the cursor in it), and
+        # an Enter typed then is a newline, not a submission. Not idle until they are done.
         return Reading(Seen.WORKING)
     if _in_input(screen):
         return Reading(Seen.PROMPT)
-    if any(_HOOKS.match(line) for line in nonblank(lines)[-_RECENT:]):
-        return Reading(Seen.WORKING)  # not the last lines as a dialog: the start's tips
     box = _last_box(lines)
     return dialog(box, title=_title(box), choices=menu(box, screen.cols))
 
