@@ -204,8 +204,8 @@ class PaneActivity:
                 for reply in replies:
                     if reply.ours and waiting:
                         self._answer(waiting.popleft(), reply)
-                if wrote and sink is not None and not self._flooding:
-                    await self._gather(proc)
+                if wrote and sink is not None and not self._flooding and not self.closely():
+                    await self._gather(proc)  # not while a prompt is up: its answer is awaited
         finally:
             self._proc = None
             while waiting:
