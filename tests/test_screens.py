@@ -5,7 +5,9 @@ combines the screen with what the CLI's source says."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from sidecar.agent.clis import claude_code
 from sidecar.agent.machine import AgentMachine
 from sidecar.agent.registry import CLIDef
-from sidecar.agent.screen_source import ScreenSource
+from sidecar.agent.screen_source import SETTLE, ScreenSource
 from sidecar.agent.screens import Reading, Seen, generic, text_of
 from sidecar.core.events import EventBus
 from sidecar.core.states import ProcState
@@ -231,7 +233,7 @@ async def test_an_early_look_counts_only_a_whole_frame_of_a_known_shape() -> Non
 
         source = ScreenSource(machine, look)
         source.use(CLIDef("claude-code", ("claude",), knowledge=claude_code.CLI))
-        source.output()
+        source.output(time.monotonic())
         assert source._task is not None
         await source._task
         source.stop()
@@ -242,3 +244,21 @@ def test_a_frame_is_stripped_but_a_commands_pipes_are_kept() -> None:
     assert text_of("│  $ echo a | tee b.txt   │") == "$ echo a | tee b.txt"
     assert text_of("┃ ls ┃ wc") == "ls wc"  # a box-drawing bar inside is frame
     assert text_of("| a | b |") == "a | b"
+
+
+async def test_the_pane_settles_from_its_last_output_not_from_the_notice() -> None:
+    """The activity client may tell of output at the end of its SAMPLE window, naming when the
+    pane last wrote: the look once the pane has settled is due SETTLE after that output, not
+    after the notice (which made a dialog's `waiting` come ~0.25 s late)."""
+    typed, _ = load_screen(SCREENS / "claude-code" / "prompt-typed.txt")
+
+    async def look() -> Screen:
+        return typed
+
+    source = ScreenSource(running("hooks"), look)
+    loop = asyncio.get_running_loop()
+    source.output(time.monotonic() - SETTLE)  # told SETTLE after the pane wrote: due now
+    assert source._timer is not None and source._timer.when() <= loop.time()
+    source.output(time.monotonic())  # told at once: due SETTLE from now
+    assert source._timer is not None and source._timer.when() >= loop.time() + SETTLE * 0.9
+    source.stop()

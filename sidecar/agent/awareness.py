@@ -247,7 +247,7 @@ class Awareness:
 
     def _output(self, now: float) -> None:
         self.quiet.output()
-        self.seen.output()
+        self.seen.output(now)
 
     def _attached(self) -> None:
         self.seen.attached()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from sidecar.agent.machine import AgentMachine
@@ -57,12 +58,13 @@ class ScreenSource:
         pattern = cli.prompt_pattern
         self.recognizer = known.read if known else (lambda screen: generic(screen, pattern))
 
-    def output(self) -> None:
-        """The pane wrote: look once it settles; and now if a person's prompt was on screen
-        (has it gone?), or the CLI has not said anything yet (a first-start dialog). What such
-        an early look reads counts only if it is a whole frame of a shape the CLI's knowledge
-        recognizes (`Reading.complete`); the rest waits for the pane to settle."""
-        self._settle_later()
+    def output(self, at: float) -> None:
+        """The pane wrote (last at `at`, time.monotonic(): a notice may come a while after, at the
+        end of the activity client's SAMPLE window): look once it settles; and now if a person's
+        prompt was on screen (has it gone?), or the CLI has not said anything yet (a first-start
+        dialog). What such an early look reads counts only if it is a whole frame of a shape the
+        CLI's knowledge recognizes (`Reading.complete`); the rest waits for the pane to settle."""
+        self._settle_later(SETTLE - (time.monotonic() - at))
         if self.machine.prompt_up:
             # A prompt for a person: has it gone, or (announced by the source) appeared? When
             # it appeared is when its keys can be sent (`sidecar.agent.input_delivery`).
@@ -99,10 +101,10 @@ class ScreenSource:
             EAGER_AGAIN, lambda: self.look_now(eager=True)
         )
 
-    def _settle_later(self) -> None:
+    def _settle_later(self, delay: float = SETTLE) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(SETTLE, self._settled)
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, delay), self._settled)
 
     def _settled(self) -> None:
         self._timer = None
