@@ -72,9 +72,7 @@ class Awareness:
         self.files = AgentFiles(config.paths.agent_state)
         self.machine.session_id = self.files.load().session_id
         self.tmux = tmux
-        self.activity = PaneActivity(
-            tmux, self._output, self._attached, closely=lambda: self.machine.prompt_up
-        )
+        self.activity = PaneActivity(tmux, self._output, self._attached)
         self.screen = ScreenLook(self.activity.ask, self._sized)
         # The screen confirms or corrects what the CLI's source says (sidecar.agent.screen_source).
         self.seen = ScreenSource(self.machine, self.screen.look)

@@ -93,22 +93,18 @@ def _lines(commands: Iterable[str]) -> bytes:
 
 
 class PaneActivity:
-    """Calls `on_output(monotonic time)` whenever the pane writes (at most once per SAMPLE, but
-    for every output while `closely` says so), and answers `ask` while attached."""
+    """Calls `on_output(monotonic time)` whenever the pane writes (at most once per SAMPLE), and
+    answers `ask` while attached."""
 
     def __init__(
         self,
         tmux: Tmux,
         on_output: Callable[[float], None],
         on_attach: Callable[[], None] | None = None,
-        closely: Callable[[], bool] = lambda: False,
     ) -> None:
         self.tmux = tmux
         self.on_output = on_output
         self.on_attach = on_attach  # the client attached: the screen may be looked at
-        # Whether every output counts now (a prompt for a person is up: its answer shows as a
-        # redraw, which a pause or a SAMPLE window would let pass unnoticed until the next).
-        self.closely = closely
         self.last_output: float | None = None  # time.monotonic()
         self._proc: asyncio.subprocess.Process | None = None
         self._paused: set[bytes] = set()
@@ -204,8 +200,8 @@ class PaneActivity:
                 for reply in replies:
                     if reply.ours and waiting:
                         self._answer(waiting.popleft(), reply)
-                if wrote and sink is not None and not self._flooding and not self.closely():
-                    await self._gather(proc)  # not while a prompt is up: its answer is awaited
+                if wrote and sink is not None and not self._flooding:
+                    await self._gather(proc)
         finally:
             self._proc = None
             while waiting:
@@ -257,9 +253,6 @@ class PaneActivity:
     def _seen(self, panes: set[bytes]) -> None:
         now = time.monotonic()
         self.last_output = now
-        if self.closely():
-            self.on_output(now)
-            return
         if self.sink is not None:
             self._seen_unpaused(now)
             return
