@@ -32,6 +32,11 @@ Allowed = Callable[[str], None]  # the pattern's text
 Closed = Callable[[EgressConnectionRecord], None]  # a request's connection ended (or was refused)
 # (client address, proxy address, with its command line): the process behind a connection.
 FindPeer = Callable[[tuple[str, int], tuple[str, int], bool], Awaitable[Peer | None]]
+# A request head (request line and header lines, through the blank line) in, the same head with
+# each secret's placeholder replaced by its real value out.
+Rewrite = Callable[[bytes], bytes]
+# The normalised host a request asks for -> its rewrite, or None: no secret goes to that host.
+Secrets = Callable[[str], Rewrite | None]
 ALSO = "also"  # the rule of a connection to an address allowed besides the list (the API)
 NEXT = (
     "This sleeve reaches only the hosts on its egress allowlist. If the task needs this host, "
@@ -67,7 +72,8 @@ class EgressProxy:
     through the proxy when a client ignores NO_PROXY). `on_denied(host, port, "proxy")` and
     `on_allowed(pattern)` are told of every request decided; `ask`, when set, decides a request
     for a host off the list while it is held; `on_closed` gets each request's record when its
-    connection ends, with the process that made it (`find_peer`)."""
+    connection ends, with the process that made it (`find_peer`); `secrets`, when set, names
+    the hosts whose requests carry a secret's real value in place of its placeholder."""
 
     def __init__(
         self,
@@ -80,6 +86,7 @@ class EgressProxy:
         ask: Ask | None = None,
         on_closed: Closed | None = None,
         find_peer: FindPeer | None = None,
+        secrets: Secrets | None = None,
     ) -> None:
         self.allow = allow
         self.also = {(normalise_host(h), p) for h, p in also}
@@ -88,6 +95,7 @@ class EgressProxy:
         self.ask = ask
         self.on_closed = on_closed
         self.find_peer = find_peer
+        self.secrets = secrets
         self.limits = limits or Limits()
         self.tunnels = 0
         self.clients: set[Client] = set()
