@@ -24,6 +24,7 @@ from pathlib import Path
 from sidecar.launcher import engine, instances, launch, runopts, runtimes
 from sidecar.launcher.fsutil import LauncherError, locked, private_home
 from sidecar.launcher.plan import RunPlan, audit, home_mounts, passthrough_env
+from sidecar.launcher.secretopts import SecretArg
 from sidecar.launcher.slots import Project, Slot, SlotState, prepare_home_files
 from sidecar.launcher.state import Run, StateStore, running_slots
 from sidecar.security.tokens import TOKEN_VAR
@@ -152,10 +153,33 @@ def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
 # -- run -------------------------------------------------------------------------------
 
 
-def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: Slot) -> RunPlan:
-    from sidecar.launcher import egress_lists
+def _egress(args: argparse.Namespace, settings: Settings) -> tuple[str, ...] | None:
+    """`--egress`'s patterns; the default list takes every `--secret`'s hosts too."""
+    from sidecar.launcher import egress_lists, secretopts
 
     cli = "shell" if args.shell else args.cli
+    egress = egress_lists.choose(args.egress, cli, passthrough_env(settings.env))
+    if args.egress == egress_lists.DEFAULT and egress is not None:
+        egress = secretopts.with_hosts(egress, args.secret)
+    return egress
+
+
+def _secrets(args: argparse.Namespace, settings: Settings, *, read: bool) -> tuple[SecretArg, ...]:
+    """Every `--secret`, checked (and `read`: its value read) before anything starts."""
+    from sidecar.launcher import secretopts
+
+    return secretopts.parse_all(args.secret, _egress(args, settings), read=read)
+
+
+def _plan(
+    args: argparse.Namespace,
+    settings: Settings,
+    project: Project,
+    slot: Slot,
+    secrets: tuple[SecretArg, ...] = (),
+) -> RunPlan:
+    cli = "shell" if args.shell else args.cli
+    passthrough = passthrough_env(settings.env, secrets)
     return RunPlan(
         name=project.container_name(slot.id),
         project_key=project.key,
@@ -170,8 +194,9 @@ def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: 
         port=launch.check_port(args.port) if args.port else launch.free_port(),
         image=args.image,
         network_host=args.network == "host",
-        passthrough=passthrough_env(settings.env),
-        egress=egress_lists.choose(args.egress, cli, passthrough_env(settings.env)),
+        passthrough=passthrough,
+        egress=_egress(args, settings),
+        secrets=secrets,
     )
 
 
@@ -188,6 +213,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     limits = runopts.limits(args.cpus, args.memory, args.pids_limit)
     runtime.check_limits(limits)
     sleeve_tokens = runopts.sleeve_tokens(settings.env)
+    secrets = _secrets(args, settings, read=True)
     home = settings.home
     if not args.dry_run:
         private_home(home)
@@ -204,7 +230,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             prepare_home_files(slot)
         run_id = launch.new_run_id()
         plan = dataclasses.replace(
-            _plan(args, settings, project, slot),
+            _plan(args, settings, project, slot, secrets),
             user=runtime.user(),
             limits=limits,
             tokens=sleeve_tokens,
@@ -244,7 +270,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_manifest(args: argparse.Namespace, settings: Settings) -> int:
     """The cluster form of `sleeve run`: one slot's sleeve as Kubernetes YAML on stdout."""
-    from sidecar.launcher import egress_lists, kube, manifest
+    from sidecar.launcher import egress_lists, kube, manifest, secretopts
 
     try:
         project = project_of(args, settings, read_only=True)
@@ -253,9 +279,10 @@ def cmd_manifest(args: argparse.Namespace, settings: Settings) -> int:
         manifest.check_image(args.image)
         name = manifest.check_name(args.name) if args.name else None
         namespace = manifest.check_namespace(args.namespace)
-        plan = _plan(args, settings, project, slot)
+        # Each file is read as `sleeve run` would (its problems said now), never rendered.
+        plan = _plan(args, settings, project, slot, _secrets(args, settings, read=True))
         kube.stop_grace(plan.passthrough)
-    except (kube.ManifestError, egress_lists.EgressChoiceError) as exc:
+    except (kube.ManifestError, egress_lists.EgressChoiceError, secretopts.SecretError) as exc:
         print(f"sleeve: {exc}", file=sys.stderr)
         return 2
     name = name or manifest.default_name(project.root.name, slot.id)
