@@ -102,8 +102,8 @@ def _add_sleeve(p: argparse.ArgumentParser, *, slot: str, image: str) -> None:
         default=[],
         metavar="NAME=FILE[,env=VAR][,hosts=HOST;HOST]",
         help="a credential the agent sees only as a placeholder; the sidecar's proxy sends the "
-        "real value (FILE) to HOSTs only. Known names: anthropic, openai, gemini, github "
-        "(docs/launcher.md). Repeatable",
+        "real value (FILE) to HOSTs only. Known names: anthropic, claude, openai, gemini, "
+        "github (docs/launcher.md). Repeatable",
     )
 
 

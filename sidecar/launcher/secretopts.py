@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 #: Well-known names: the variable the CLI reads and the hosts the value is for.
 KNOWN: dict[str, tuple[str, tuple[str, ...]]] = {
     "anthropic": ("ANTHROPIC_API_KEY", ("api.anthropic.com",)),
+    # Claude Code's long-lived sign-in (`claude setup-token`): no refresh token, so the CLI never
+    # refreshes it, and it travels as `Authorization: Bearer` (docs/launcher.md, "OAuth").
+    "claude": ("CLAUDE_CODE_OAUTH_TOKEN", ("api.anthropic.com",)),
     "openai": ("OPENAI_API_KEY", ("api.openai.com",)),
     "gemini": ("GEMINI_API_KEY", ("generativelanguage.googleapis.com",)),
     "github": ("GH_TOKEN", ("github.com", "api.github.com")),

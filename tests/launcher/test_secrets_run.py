@@ -45,6 +45,7 @@ def test_well_known_names_and_the_option_syntax(key: Path, tmp_path: Path) -> No
         "anthropic", "ANTHROPIC_API_KEY", ("api.anthropic.com",), str(key)
     )
     assert secretopts.parse("openai=f").env == "OPENAI_API_KEY"
+    assert secretopts.parse("claude=f").env == "CLAUDE_CODE_OAUTH_TOKEN"
     assert secretopts.parse("gemini=f").hosts == ("generativelanguage.googleapis.com",)
     assert secretopts.parse("github=f").hosts == ("github.com", "api.github.com")
     own = secretopts.parse("corp=/k,env=CORP_KEY,hosts=api.corp.example; *.corp.example")
@@ -79,7 +80,7 @@ BAD: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     ),
     "unknown name without env and hosts": (
         lambda t: ["--secret", "corp=/k"],
-        "not a known name (anthropic, openai, gemini, github); give env=VAR and hosts=",
+        "not a known name (anthropic, claude, openai, gemini, github); give env=VAR and hosts=",
     ),
     "no file": (lambda t: ["--secret", "anthropic"], "write NAME=FILE"),
     "bad option": (lambda t: ["--secret", "anthropic=/k,env=A,port=1"], "'port=1' is not"),
