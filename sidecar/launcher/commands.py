@@ -153,33 +153,29 @@ def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
 # -- run -------------------------------------------------------------------------------
 
 
-def _egress(args: argparse.Namespace, settings: Settings) -> tuple[str, ...] | None:
-    """`--egress`'s patterns; the default list takes every `--secret`'s hosts too."""
-    from sidecar.launcher import egress_lists, secretopts
+@dataclass(frozen=True)
+class _Network:
+    """`--egress`'s patterns (None: open) and the `--secret`s, values read: checked once, before
+    anything starts."""
 
-    cli = "shell" if args.shell else args.cli
-    egress = egress_lists.choose(args.egress, cli, passthrough_env(settings.env))
-    if args.egress == egress_lists.DEFAULT and egress is not None:
-        egress = secretopts.with_hosts(egress, args.secret)
-    return egress
+    egress: tuple[str, ...] | None
+    secrets: tuple[SecretArg, ...] = ()
 
+    @classmethod
+    def of(cls, args: argparse.Namespace, settings: Settings) -> _Network:
+        from sidecar.launcher import egress_lists, secretopts
 
-def _secrets(args: argparse.Namespace, settings: Settings, *, read: bool) -> tuple[SecretArg, ...]:
-    """Every `--secret`, checked (and `read`: its value read) before anything starts."""
-    from sidecar.launcher import secretopts
-
-    return secretopts.parse_all(args.secret, _egress(args, settings), read=read)
+        cli = "shell" if args.shell else args.cli
+        egress = egress_lists.choose(args.egress, cli, passthrough_env(settings.env))
+        if args.egress == egress_lists.DEFAULT and egress is not None:
+            egress = secretopts.with_hosts(egress, args.secret)  # a secret's API is meant
+        return cls(egress, secretopts.parse_all(args.secret, egress))
 
 
 def _plan(
-    args: argparse.Namespace,
-    settings: Settings,
-    project: Project,
-    slot: Slot,
-    secrets: tuple[SecretArg, ...] = (),
+    args: argparse.Namespace, settings: Settings, project: Project, slot: Slot, net: _Network
 ) -> RunPlan:
     cli = "shell" if args.shell else args.cli
-    passthrough = passthrough_env(settings.env, secrets)
     return RunPlan(
         name=project.container_name(slot.id),
         project_key=project.key,
@@ -194,9 +190,9 @@ def _plan(
         port=launch.check_port(args.port) if args.port else launch.free_port(),
         image=args.image,
         network_host=args.network == "host",
-        passthrough=passthrough,
-        egress=_egress(args, settings),
-        secrets=secrets,
+        passthrough=passthrough_env(settings.env, net.secrets),
+        egress=net.egress,
+        secrets=net.secrets,
     )
 
 
@@ -213,7 +209,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     limits = runopts.limits(args.cpus, args.memory, args.pids_limit)
     runtime.check_limits(limits)
     sleeve_tokens = runopts.sleeve_tokens(settings.env)
-    secrets = _secrets(args, settings, read=True)
+    net = _Network.of(args, settings)
     home = settings.home
     if not args.dry_run:
         private_home(home)
@@ -230,7 +226,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             prepare_home_files(slot)
         run_id = launch.new_run_id()
         plan = dataclasses.replace(
-            _plan(args, settings, project, slot, secrets),
+            _plan(args, settings, project, slot, net),
             user=runtime.user(),
             limits=limits,
             tokens=sleeve_tokens,
@@ -279,8 +275,9 @@ def cmd_manifest(args: argparse.Namespace, settings: Settings) -> int:
         manifest.check_image(args.image)
         name = manifest.check_name(args.name) if args.name else None
         namespace = manifest.check_namespace(args.namespace)
-        # Each file is read as `sleeve run` would (its problems said now), never rendered.
-        plan = _plan(args, settings, project, slot, _secrets(args, settings, read=True))
+        # Each --secret file is read as `sleeve run` reads it (its problems said now); no value
+        # is ever rendered.
+        plan = _plan(args, settings, project, slot, _Network.of(args, settings))
         kube.stop_grace(plan.passthrough)
     except (kube.ManifestError, egress_lists.EgressChoiceError, secretopts.SecretError) as exc:
         print(f"sleeve: {exc}", file=sys.stderr)

@@ -137,11 +137,9 @@ def _covers(allowed: Pattern, host: Pattern) -> bool:
     return any(allowed.matches(host.host, port) for port in allowed.ports)
 
 
-def parse_all(
-    specs: Sequence[str], egress: tuple[str, ...] | None, *, read: bool = True
-) -> tuple[SecretArg, ...]:
-    """Every `--secret`, checked together: no name or variable twice, each host on the
-    `egress` allowlist (None: the network is open, which a secret cannot go with)."""
+def parse_all(specs: Sequence[str], egress: tuple[str, ...] | None) -> tuple[SecretArg, ...]:
+    """Every `--secret`, checked together (no name or variable twice, each host on the `egress`
+    allowlist; None: the network is open, which a secret cannot go with), then each file read."""
     found: list[SecretArg] = []
     for spec in specs:
         secret = parse(spec)
@@ -162,7 +160,7 @@ def parse_all(
             msg = f"--secret {secret.name}: host {missing} is not on the --egress allowlist"
             raise SecretError(msg)
         found.append(secret)
-    return tuple(read_value(s) for s in found) if read else tuple(found)
+    return tuple(read_value(s) for s in found)
 
 
 def with_hosts(egress: tuple[str, ...], specs: Sequence[str]) -> tuple[str, ...]:
