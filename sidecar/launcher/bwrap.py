@@ -35,7 +35,6 @@ from sidecar.launcher.plan import (
     token_files,
 )
 from sidecar.launcher.runtime import POLL_INTERVAL, Reality, Runtime
-from sidecar.launcher.secretopts import secrets_yaml
 from sidecar.launcher.state import RUNNING, STOPPED, VANISHED, Run, StateStore, process_alive
 from sidecar.launcher.waiter import WATCHED, waiter_argv
 
@@ -179,6 +178,8 @@ def bwrap_env(plan: RunPlan, python: HostPython) -> dict[str, str]:
 
 def bwrap_files(plan: RunPlan) -> dict[str, bytes]:
     """The files bwrap makes in TOKEN_DIR from pipes: the token files and the secrets file."""
+    from sidecar.launcher.secretopts import secrets_yaml  # only a run with --secret needs it
+
     files = token_files(plan)
     if plan.secrets:
         files[SECRETS_FILE.rsplit("/", 1)[1]] = secrets_yaml(plan.secrets, None).encode()

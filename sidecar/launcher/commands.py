@@ -20,14 +20,17 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sidecar.launcher import engine, instances, launch, runopts, runtimes
 from sidecar.launcher.fsutil import LauncherError, locked, private_home
 from sidecar.launcher.plan import RunPlan, audit, home_mounts, passthrough_env
-from sidecar.launcher.secretopts import SecretArg
 from sidecar.launcher.slots import Project, Slot, SlotState, prepare_home_files
 from sidecar.launcher.state import Run, StateStore, running_slots
 from sidecar.security.tokens import TOKEN_VAR
+
+if TYPE_CHECKING:
+    from sidecar.launcher.secretopts import SecretArg
 
 # A module only some subcommands need (the allowlists, Kubernetes and YAML) is imported where
 # it is used: every `sleeve` command pays for what it imports at start, and `sleeve slots` is

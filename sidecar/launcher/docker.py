@@ -36,7 +36,6 @@ from sidecar.launcher.plan import (
     token_files,
 )
 from sidecar.launcher.runtime import Reality, Runtime
-from sidecar.launcher.secretopts import secrets_yaml
 from sidecar.launcher.state import RUNNING, STARTING, VANISHED, Run, final_status
 
 #: The capabilities a root sidecar with SIDECAR_USER needs (everything else is dropped): switch
@@ -142,6 +141,8 @@ def docker_argv(plan: RunPlan) -> list[str]:
 def sleeve_files(plan: RunPlan) -> dict[str, bytes]:
     """What goes into TOKEN_DIR before the start, by path in it: the token files, and with
     `--secret` the secrets file and each value's file (read by the root sidecar only)."""
+    from sidecar.launcher.secretopts import secrets_yaml  # only a run with --secret needs it
+
     files = token_files(plan)
     if plan.secrets:
         files[SECRETS_FILE.rsplit("/", 1)[1]] = secrets_yaml(plan.secrets, SECRETS_DIR).encode()

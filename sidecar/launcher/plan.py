@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sidecar.core.contract import (
     DEFAULT_PORT,
@@ -20,8 +21,10 @@ from sidecar.core.contract import (
 )
 from sidecar.launcher import homes
 from sidecar.launcher.fsutil import LauncherError
-from sidecar.launcher.secretopts import FROM_ENV_PREFIX, SecretArg, git_env
 from sidecar.security.tokens import TOKEN_VAR, TOKEN_VARS, VIEW_TOKEN_VAR
+
+if TYPE_CHECKING:  # `--secret` is parsed by the commands that take it (`sleeve slots` does not)
+    from sidecar.launcher.secretopts import SecretArg
 
 SANDBOX_HOME = "/home/sleeve"
 # Inside a sleeve the sidecar keeps the contract's defaults; docker publishes the port on
@@ -36,6 +39,8 @@ TOKEN_FILES = {TOKEN_VAR: "token", VIEW_TOKEN_VAR: "view-token"}
 #: the folder of the values' files.
 SECRETS_FILE = f"{TOKEN_DIR}/secrets.yaml"
 SECRETS_DIR = f"{TOKEN_DIR}/secrets"
+#: The variable of the sidecar's own environment a secret's value travels in (from_env).
+FROM_ENV_PREFIX = "SLEEVE_SECRET_"
 # Copied from the host when set. Values stay out of argv; `sleeve run --dry-run` names them.
 PASSTHROUGH = (
     "TERM",
@@ -185,6 +190,8 @@ def fixed_env(plan: RunPlan, *, port: int, host: str) -> dict[str, str]:
     if plan.egress is not None:
         env["SIDECAR_EGRESS_ALLOW"] = ",".join(plan.egress) or "none"
     if plan.secrets:
+        from sidecar.launcher.secretopts import git_env
+
         env["SIDECAR_SECRETS_FILE"] = SECRETS_FILE
         env.update(git_env(plan.secrets))
     return env

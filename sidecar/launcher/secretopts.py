@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sidecar.launcher.fsutil import LauncherError
+from sidecar.launcher.plan import FROM_ENV_PREFIX
 
 if TYPE_CHECKING:
     from sidecar.egress.allowlist import Pattern
 
-# The allowlist's parser and the token reader are imported where they are used: `plan` imports
-# this module, and `sleeve slots` is meant to answer within 100 ms (scripts/bench).
+# The allowlist's parser and the token reader are imported where they are used: the commands
+# that take `--secret` import this module, `sleeve slots` does not (within 100 ms: scripts/bench).
 
 #: Well-known names: the variable the CLI reads and the hosts the value is for.
 KNOWN: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -32,8 +33,6 @@ KNOWN: dict[str, tuple[str, tuple[str, ...]]] = {
 #: The name whose secret git also sends (as the password of HTTPS Basic auth to github.com).
 GIT_SECRET = "github"  # noqa: S105 - a name, not a password
 GIT_URL = "https://github.com"
-#: The variable of the sidecar's own environment a secret's value travels in (from_env).
-FROM_ENV_PREFIX = "SLEEVE_SECRET_"
 # The sidecar's rules (sidecar/config's secrets reader), checked here first.
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
