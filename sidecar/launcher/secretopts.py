@@ -36,6 +36,7 @@ GIT_URL = "https://github.com"
 # The sidecar's rules (sidecar/config's secrets reader), checked here first.
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 _VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+MIN_VALUE = 8  # a shorter value could not be told from ordinary text (the sidecar redacts it)
 OPTIONS = ("env", "hosts")
 SYNTAX = "NAME=FILE[,env=VAR][,hosts=HOST;HOST...]"
 
@@ -113,6 +114,13 @@ def read_value(secret: SecretArg) -> SecretArg:
         value = tokens.read_token_file(f"--secret {secret.name}", secret.path)
     except tokens.TokenError as exc:
         raise SecretError(str(exc)) from None
+    why = None
+    if not value.isascii():
+        why = "is not ASCII (a header carries it)"
+    elif len(value) < MIN_VALUE:
+        why = f"is too short; at least {MIN_VALUE} characters"
+    if why is not None:
+        raise SecretError(f"--secret {secret.name}: the value in {secret.path} {why}")
     return SecretArg(secret.name, secret.env, secret.hosts, secret.path, value)
 
 

@@ -78,6 +78,14 @@ BAD: dict[str, tuple[Callable[[Path], list[str]], str]] = {
         lambda t: ["--secret", "anthropic=" + _file(t, "big", b"k" * 70_000)],
         "is larger than",
     ),
+    "too short to redact": (
+        lambda t: ["--secret", "anthropic=" + _file(t, "short", b"abc\n")],
+        "is too short; at least 8 characters",
+    ),
+    "not ASCII": (
+        lambda t: ["--secret", "anthropic=" + _file(t, "utf8", "sk-clé-0123456789".encode())],
+        "is not ASCII",
+    ),
     "unknown name without env and hosts": (
         lambda t: ["--secret", "corp=/k"],
         "not a known name (anthropic, claude, openai, gemini, github); give env=VAR and hosts=",
