@@ -6,6 +6,7 @@ read once, its value kept in memory), then written as the sidecar's SIDECAR_SECR
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,7 +73,7 @@ def parse(spec: str) -> SecretArg:
     parts = rest.split(",")
     # A comma belongs to the file name until the first `env=` or `hosts=`.
     first = next((i for i, p in enumerate(parts) if p.partition("=")[0] in OPTIONS), len(parts))
-    path = ",".join(parts[:first])
+    path = os.path.expanduser(",".join(parts[:first]))  # the shell leaves `NAME=~/key` alone
     options: dict[str, str] = {}
     for part in parts[first:]:
         key, sep, value = part.partition("=")

@@ -54,6 +54,7 @@ def test_well_known_names_and_the_option_syntax(key: Path, tmp_path: Path) -> No
     # A known name's defaults can be changed one by one; a comma may be part of the file name.
     assert secretopts.parse("anthropic=/a,b,env=MY_KEY").env == "MY_KEY"
     assert secretopts.parse("anthropic=/a,b,env=MY_KEY").path == "/a,b"
+    assert secretopts.parse("anthropic=~/k").path == os.path.expanduser("~/k")
     (read,) = secretopts.parse_all([f"anthropic={key}"], ("api.anthropic.com",))
     assert read.value == VALUE  # one trailing newline stripped
     assert VALUE not in repr(read)
