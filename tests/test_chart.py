@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -73,6 +74,20 @@ EVERYTHING: dict[str, Any] = {
     "terminationGracePeriodSeconds": 45,
     "tokens": {"existingSecret": "agent-a-own-tokens"},
     "apiKeys": {"secretName": "team-keys", "optional": False},
+    "secrets": [
+        {
+            "name": "corp-api",
+            "env": "CORP_API_KEY",
+            "hosts": ["api.example.com", "*.corp.example"],
+            "secretKeyRef": {"name": "team-keys", "key": "corp.key"},
+        },
+        {
+            "name": "github",
+            "env": "GH_TOKEN",
+            "hosts": ["api.example.com"],
+            "secretKeyRef": {"name": "gh", "key": "token"},
+        },
+    ],
     "credentials": {"seed": False},
     "persistence": {
         "storageClassName": "fast",
@@ -128,6 +143,7 @@ def test_rendered_chart_is_valid_for_the_oldest_and_newest_kubernetes(
         ["NetworkPolicy", "Secret", "Service", "StatefulSet"]
         if not values
         else [
+            "ConfigMap",
             "NetworkPolicy",
             "Service",
             "StatefulSet",
@@ -187,6 +203,40 @@ def test_secrets_reach_the_pod_only_by_reference() -> None:
     assert again["token"] != data["token"]
 
 
+def test_secret_values_come_by_reference_into_the_sidecars_own_variables() -> None:
+    """The restricted pod runs one uid: a value in a file it mounts could be read by the CLI,
+    so each value comes by secretKeyRef into SLEEVE_SECRET_<NAME> (the sidecar's from_env), and
+    the secrets file (a ConfigMap) holds names, variables and hosts only."""
+    objs = by_kind(helm_template(EVERYTHING))
+    container = pod_spec(list(objs.values()))["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["SLEEVE_SECRET_CORP_API"] == {
+        "name": "SLEEVE_SECRET_CORP_API",
+        "valueFrom": {"secretKeyRef": {"name": "team-keys", "key": "corp.key"}},
+    }
+    assert "CORP_API_KEY" not in env and "GH_TOKEN" not in env  # the sidecar sets placeholders
+    assert env["SIDECAR_SECRETS_FILE"]["value"] == "/etc/sleeve/secrets/secrets.yaml"
+    assert env["GIT_CONFIG_KEY_1"]["value"] == "credential.https://github.com.helper"
+    assert '"password=$GH_TOKEN"' in env["GIT_CONFIG_VALUE_1"]["value"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "secrets-file"]
+    assert (mount["mountPath"], mount["readOnly"]) == ("/etc/sleeve/secrets", True)
+    assert objs["ConfigMap"]["metadata"]["name"] == "agent-a-secrets"
+    listed = json.loads(objs["ConfigMap"]["data"]["secrets.yaml"])["secrets"]
+    assert listed[0] == {
+        "name": "corp-api",
+        "env": "CORP_API_KEY",
+        "from_env": "SLEEVE_SECRET_CORP_API",
+        "hosts": ["api.example.com", "*.corp.example"],
+    }
+
+
+def test_secrets_with_an_open_network_fail_to_render() -> None:
+    values = {"egress": {"open": True}, "secrets": EVERYTHING["secrets"]}
+    done = helm_with(values, "template", "demo", str(CHART), ok=False)
+    assert done.returncode != 0
+    assert "secrets need the egress allowlist" in done.stderr
+
+
 def test_writable_paths_with_a_read_only_root() -> None:
     spec = pod_spec(helm_template())
     container = spec["containers"][0]
@@ -229,6 +279,24 @@ WRONG_TYPES: dict[str, tuple[dict[str, Any], str]] = {
     "misspelt key": ({"sleve": {"cli": "shell"}}, "'sleve'"),
     "cli with a space": ({"sleeve": {"cli": "claude code"}}, "/sleeve/cli"),
     "name too long": ({"fullnameOverride": "a" * 53}, "/fullnameOverride"),
+    "secret without a reference": (
+        {"secrets": [{"name": "a", "env": "A", "hosts": ["a.example"]}]},
+        "/secrets/0",
+    ),
+    "secret host with a scheme": (
+        {
+            "secrets": [
+                {
+                    "name": "a",
+                    "env": "A",
+                    "hosts": ["https://a.example"],
+                    "secretKeyRef": {"name": "s", "key": "k"},
+                }
+            ]
+        },
+        "/secrets/0/hosts/0",
+    ),
+    "a secret's carrier in extraEnv": ({"extraEnv": {"SLEEVE_SECRET_A": "x"}}, "SLEEVE_SECRET_A"),
 }
 
 

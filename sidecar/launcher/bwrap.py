@@ -1,8 +1,9 @@
 """The bwrap runtime: the sidecar as PID 1 in bubblewrap, under a waiter, on the host's Python.
 
-bwrap gets a clean environment (the API keys stay out of its argv) and the token files from
-pipes (`--ro-bind-data`); the system is bound read-only and the network namespace is shared,
-so the API listens on a host loopback port. Resource limits need a systemd scope.
+bwrap gets a clean environment (the API keys and `--secret` values stay out of its argv) and
+the token files and the secrets file from pipes (`--ro-bind-data`); the system is bound
+read-only and the network namespace is shared, so the API listens on a host loopback port.
+Resource limits need a systemd scope.
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ from sidecar.core.proc import send_signal, start_time
 from sidecar.launcher.fsutil import FILE_MODE, LauncherError, private_dir
 from sidecar.launcher.plan import (
     SANDBOX_HOME,
+    SECRETS_FILE,
     STATE_DIR,
     TOKEN_DIR,
-    TOKEN_FILES,
     WORKSPACE,
     Command,
     Limits,
     RunPlan,
     fixed_env,
     home_mounts,
+    token_files,
 )
 from sidecar.launcher.runtime import POLL_INTERVAL, Reality, Runtime
 from sidecar.launcher.state import RUNNING, STOPPED, VANISHED, Run, StateStore, process_alive
@@ -38,6 +40,7 @@ from sidecar.launcher.waiter import WATCHED, waiter_argv
 
 logger = logging.getLogger(__name__)
 
+FIRST_FD = 3  # the descriptor the first of `bwrap_files` arrives on (then 4, ...)
 SANDBOX_PATH_TAIL = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 
 
@@ -114,10 +117,11 @@ def bwrap_argv(plan: RunPlan, python: HostPython) -> list[str]:
             bound.append(path)
     for mount in home_mounts(plan):
         argv += ["--bind" if mount.writable else "--ro-bind", str(mount.source), mount.target]
-    if plan.tokens:
+    files = bwrap_files(plan)
+    if files:
         argv += ["--perms", "0700", "--dir", TOKEN_DIR]
-    for var, fd in bwrap_token_fds(plan).items():
-        argv += ["--perms", "0400", "--ro-bind-data", str(fd), f"{TOKEN_DIR}/{TOKEN_FILES[var]}"]
+    for fd, name in enumerate(sorted(files), FIRST_FD):
+        argv += ["--perms", "0400", "--ro-bind-data", str(fd), f"{TOKEN_DIR}/{name}"]
     argv += ["--chdir", WORKSPACE, "--", python.executable, "-m", "sidecar", "run"]
     return [*systemd_scope(plan.limits), *argv]
 
@@ -164,18 +168,29 @@ def bwrap_env(plan: RunPlan, python: HostPython) -> dict[str, str]:
     env.setdefault("LANG", "C.UTF-8")
     if python.package_root is not None:
         env["PYTHONPATH"] = str(python.package_root)
+    # One uid runs the whole sandbox, so a file the sidecar can read the CLI could read too:
+    # each `--secret` travels in the sidecar's own environment (from_env), which it removes
+    # from every process it starts.
+    for secret in plan.secrets:
+        env[secret.from_env] = secret.value
     return env
+
+
+def bwrap_files(plan: RunPlan) -> dict[str, bytes]:
+    """The files bwrap makes in TOKEN_DIR from pipes: the token files and the secrets file."""
+    from sidecar.launcher.secretopts import secrets_yaml  # only a run with --secret needs it
+
+    files = token_files(plan)
+    if plan.secrets:
+        files[SECRETS_FILE.rsplit("/", 1)[1]] = secrets_yaml(plan.secrets, None).encode()
+    return files
 
 
 def bwrap_command(plan: RunPlan, python: HostPython) -> Command:
     env = bwrap_env(plan, python)
-    fds = {fd: (plan.tokens[var] + "\n").encode() for var, fd in bwrap_token_fds(plan).items()}
+    files = bwrap_files(plan)
+    fds = {fd: files[name] for fd, name in enumerate(sorted(files), FIRST_FD)}
     return Command(bwrap_argv(plan, python), env, sorted(env), fds=fds)
-
-
-def bwrap_token_fds(plan: RunPlan) -> dict[str, int]:
-    """The descriptor each token file's data arrives on in bwrap (3, 4, ...)."""
-    return {var: 3 + i for i, var in enumerate(sorted(plan.tokens))}
 
 
 def spawn_detached(

@@ -96,6 +96,15 @@ def _add_sleeve(p: argparse.ArgumentParser, *, slot: str, image: str) -> None:
         help="the hosts the agent may reach: the CLI's default list (default), open (no "
         "limit), or a file of patterns",
     )
+    p.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        metavar="NAME=FILE[,env=VAR][,hosts=HOST;HOST]",
+        help="a credential the agent sees only as a placeholder; the sidecar's proxy sends the "
+        "real value (FILE) to HOSTs only. Known names: anthropic, claude, openai, gemini, "
+        "github (docs/launcher.md). Repeatable",
+    )
 
 
 def _add_run(subs: _Subcommands) -> None:

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sidecar.launcher import engine, instances, launch, runopts, runtimes
 from sidecar.launcher.fsutil import LauncherError, locked, private_home
@@ -27,6 +28,9 @@ from sidecar.launcher.plan import RunPlan, audit, home_mounts, passthrough_env
 from sidecar.launcher.slots import Project, Slot, SlotState, prepare_home_files
 from sidecar.launcher.state import Run, StateStore, running_slots
 from sidecar.security.tokens import TOKEN_VAR
+
+if TYPE_CHECKING:
+    from sidecar.launcher.secretopts import SecretArg
 
 # A module only some subcommands need (the allowlists, Kubernetes and YAML) is imported where
 # it is used: every `sleeve` command pays for what it imports at start, and `sleeve slots` is
@@ -152,9 +156,28 @@ def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
 # -- run -------------------------------------------------------------------------------
 
 
-def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: Slot) -> RunPlan:
-    from sidecar.launcher import egress_lists
+@dataclass(frozen=True)
+class _Network:
+    """`--egress`'s patterns (None: open) and the `--secret`s, values read: checked once, before
+    anything starts."""
 
+    egress: tuple[str, ...] | None
+    secrets: tuple[SecretArg, ...] = ()
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, settings: Settings) -> _Network:
+        from sidecar.launcher import egress_lists, secretopts
+
+        cli = "shell" if args.shell else args.cli
+        egress = egress_lists.choose(args.egress, cli, passthrough_env(settings.env))
+        if args.egress == egress_lists.DEFAULT and egress is not None:
+            egress = secretopts.with_hosts(egress, args.secret)  # a secret's API is meant
+        return cls(egress, secretopts.parse_all(args.secret, egress))
+
+
+def _plan(
+    args: argparse.Namespace, settings: Settings, project: Project, slot: Slot, net: _Network
+) -> RunPlan:
     cli = "shell" if args.shell else args.cli
     return RunPlan(
         name=project.container_name(slot.id),
@@ -170,8 +193,9 @@ def _plan(args: argparse.Namespace, settings: Settings, project: Project, slot: 
         port=launch.check_port(args.port) if args.port else launch.free_port(),
         image=args.image,
         network_host=args.network == "host",
-        passthrough=passthrough_env(settings.env),
-        egress=egress_lists.choose(args.egress, cli, passthrough_env(settings.env)),
+        passthrough=passthrough_env(settings.env, net.secrets),
+        egress=net.egress,
+        secrets=net.secrets,
     )
 
 
@@ -188,6 +212,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     limits = runopts.limits(args.cpus, args.memory, args.pids_limit)
     runtime.check_limits(limits)
     sleeve_tokens = runopts.sleeve_tokens(settings.env)
+    net = _Network.of(args, settings)
     home = settings.home
     if not args.dry_run:
         private_home(home)
@@ -204,7 +229,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             prepare_home_files(slot)
         run_id = launch.new_run_id()
         plan = dataclasses.replace(
-            _plan(args, settings, project, slot),
+            _plan(args, settings, project, slot, net),
             user=runtime.user(),
             limits=limits,
             tokens=sleeve_tokens,
@@ -244,7 +269,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_manifest(args: argparse.Namespace, settings: Settings) -> int:
     """The cluster form of `sleeve run`: one slot's sleeve as Kubernetes YAML on stdout."""
-    from sidecar.launcher import egress_lists, kube, manifest
+    from sidecar.launcher import egress_lists, kube, manifest, secretopts
 
     try:
         project = project_of(args, settings, read_only=True)
@@ -253,9 +278,11 @@ def cmd_manifest(args: argparse.Namespace, settings: Settings) -> int:
         manifest.check_image(args.image)
         name = manifest.check_name(args.name) if args.name else None
         namespace = manifest.check_namespace(args.namespace)
-        plan = _plan(args, settings, project, slot)
+        # Each --secret file is read as `sleeve run` reads it (its problems said now); no value
+        # is ever rendered.
+        plan = _plan(args, settings, project, slot, _Network.of(args, settings))
         kube.stop_grace(plan.passthrough)
-    except (kube.ManifestError, egress_lists.EgressChoiceError) as exc:
+    except (kube.ManifestError, egress_lists.EgressChoiceError, secretopts.SecretError) as exc:
         print(f"sleeve: {exc}", file=sys.stderr)
         return 2
     name = name or manifest.default_name(project.root.name, slot.id)

@@ -1,7 +1,8 @@
 """The docker runtime: the `docker create`, `docker cp` and `docker start` a sleeve is.
 
-Host variables reach the container by name (`--env NAME`); the token files are copied into the
-created container (root's, 0600) before it starts, so not even `docker inspect` shows them.
+Host variables reach the container by name (`--env NAME`); the token files, and `--secret`'s
+secrets file and values, are copied into the created container (root's, 0600) before it
+starts, so not even `docker inspect` shows them.
 The CLI runs as the invoking host user: the container starts as root with `SIDECAR_USER=uid:gid`,
 every capability dropped but the three the sidecar needs to switch to that user and to signal
 its processes, and no-new-privileges.
@@ -22,8 +23,9 @@ from sidecar.launcher.fsutil import LauncherError
 from sidecar.launcher.plan import (
     CONTAINER_PORT,
     SANDBOX_HOME,
+    SECRETS_DIR,
+    SECRETS_FILE,
     TOKEN_DIR,
-    TOKEN_FILES,
     WORKSPACE,
     Command,
     Limits,
@@ -31,6 +33,7 @@ from sidecar.launcher.plan import (
     RunPlan,
     fixed_env,
     home_mounts,
+    token_files,
 )
 from sidecar.launcher.runtime import Reality, Runtime
 from sidecar.launcher.state import RUNNING, STARTING, VANISHED, Run, final_status
@@ -135,27 +138,57 @@ def docker_argv(plan: RunPlan) -> list[str]:
     return argv
 
 
-def token_archive(tokens: Mapping[str, str]) -> bytes:
-    """The token files as a tar for `docker cp -`: run/sleeve/ 0700 and its files 0600, root's."""
+def sleeve_files(plan: RunPlan) -> dict[str, bytes]:
+    """What goes into TOKEN_DIR before the start, by path in it: the token files, and with
+    `--secret` the secrets file and each value's file (read by the root sidecar only)."""
+    from sidecar.launcher.secretopts import secrets_yaml  # only a run with --secret needs it
+
+    files = token_files(plan)
+    if plan.secrets:
+        files[SECRETS_FILE.rsplit("/", 1)[1]] = secrets_yaml(plan.secrets, SECRETS_DIR).encode()
+        for secret in plan.secrets:
+            files[f"secrets/{secret.name}"] = secret.value.encode()
+    return files
+
+
+def sleeve_archive(files: Mapping[str, bytes]) -> bytes:
+    """`files` as a tar for `docker cp -` into /run: run/sleeve/ and its folders 0700, files
+    0600, all root's (docker cp gives them the container's root), so the CLI's user reads none."""
     buf = io.BytesIO()
+    top = TOKEN_DIR.rsplit("/", 1)[1]
+    folders = sorted({top} | {f"{top}/{p.rsplit('/', 1)[0]}" for p in files if "/" in p})
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        folder = tarfile.TarInfo(TOKEN_DIR.rsplit("/", 1)[1])
-        folder.type, folder.mode = tarfile.DIRTYPE, 0o700
-        tar.addfile(folder)
-        for var in sorted(tokens):
-            data = (tokens[var] + "\n").encode()
-            info = tarfile.TarInfo(f"{folder.name}/{TOKEN_FILES[var]}")
-            info.size, info.mode = len(data), 0o600
-            tar.addfile(info, io.BytesIO(data))
+        for name in folders:
+            folder = tarfile.TarInfo(name)
+            folder.type, folder.mode = tarfile.DIRTYPE, 0o700
+            tar.addfile(folder)
+        for path in sorted(files):
+            info = tarfile.TarInfo(f"{top}/{path}")
+            info.size, info.mode = len(files[path]), 0o600
+            tar.addfile(info, io.BytesIO(files[path]))
     return buf.getvalue()
 
 
+def check_secrets(plan: RunPlan) -> None:
+    """A `--secret` needs the CLI to run as another user than the root sidecar: a CLI that is
+    root itself could read the value's file."""
+    if plan.secrets and plan.user is None:
+        msg = (
+            "--secret with the docker runtime needs the CLI to run as a user other than root, "
+            "and the launcher runs it as you (root): run sleeve as an ordinary user, or use "
+            "--runtime bwrap"
+        )
+        raise LauncherError(msg)
+
+
 def docker_command(plan: RunPlan, client_env: Mapping[str, str]) -> Command:
+    check_secrets(plan)
     then: list[list[str]] = []
     stdin: dict[int, bytes] = {}
-    if plan.tokens:
+    files = sleeve_files(plan)
+    if files:
         then.append(["docker", "cp", "-", f"{plan.name}:{TOKEN_DIR.rsplit('/', 1)[0]}"])
-        stdin[len(then)] = token_archive(plan.tokens)
+        stdin[len(then)] = sleeve_archive(files)
     then.append(["docker", "start", plan.name])
     env_names = list(docker_env(plan))
     return Command(docker_argv(plan), dict(client_env), env_names, tuple(then), stdin)

@@ -32,6 +32,7 @@ from sidecar.launcher.plan import (
     RunPlan,
     fixed_env,
 )
+from sidecar.launcher.secretopts import secrets_yaml
 from sidecar.security.tokens import TOKEN_VAR, VIEW_TOKEN_VAR
 
 Obj = dict[str, Any]
@@ -40,6 +41,9 @@ Obj = dict[str, Any]
 POD_UID = 1000
 POD_GID = 1000
 TOKEN_DIR = "/etc/sleeve/tokens"  # noqa: S105 - a path, not a password
+# `--secret`: the secrets file (a ConfigMap's key) and where it is mounted.
+SECRETS_DIR = "/etc/sleeve/secrets"
+SECRETS_KEY = "secrets.yaml"
 SEED_DIR = "/etc/sleeve/seed"
 DEFAULT_TERMINATION_GRACE = 30
 RESOURCES: Obj = {
@@ -123,9 +127,10 @@ def _meta(target: Target, name: str) -> Obj:
     return {"name": name, "namespace": target.namespace, "labels": labels(target.name)}
 
 
-def pod_env(plan: RunPlan) -> list[Obj]:
+def pod_env(plan: RunPlan, secrets_name: str = "") -> list[Obj]:
     """The container's variables, sorted by name: the plan's own (as `sleeve run` sets them),
-    the token files, and the host's SLEEVE_*/SIDECAR_* settings minus NOT_CARRIED."""
+    the token files, the host's SLEEVE_*/SIDECAR_* settings minus NOT_CARRIED, and each
+    `--secret`'s value from the Secret `secrets_name` (its key: the secret's name)."""
     host = {
         k: v
         for k, v in plan.passthrough.items()
@@ -141,7 +146,15 @@ def pod_env(plan: RunPlan) -> list[Obj]:
     env.setdefault("SIDECAR_RECORD_MAX_MB", str(RECORD_MAX_MB))
     for var, name in TOKEN_FILES.items():  # the Secret's keys (token_secret), mounted as files
         env[f"{var}_FILE"] = f"{TOKEN_DIR}/{name}"
-    return [{"name": k, "value": env[k]} for k in sorted(env)]
+    if plan.secrets:
+        env["SIDECAR_SECRETS_FILE"] = f"{SECRETS_DIR}/{SECRETS_KEY}"
+    items: dict[str, Obj] = {k: {"name": k, "value": v} for k, v in env.items()}
+    # Each value from the Secret by reference, into the sidecar's own variable (from_env): one
+    # uid runs the pod, so a file it can read could not be hidden from the CLI.
+    for secret in plan.secrets:
+        ref = {"name": secrets_name, "key": secret.name}
+        items[secret.from_env] = {"name": secret.from_env, "valueFrom": {"secretKeyRef": ref}}
+    return [items[k] for k in sorted(items)]
 
 
 def termination_grace(grace: float) -> int:
@@ -163,6 +176,9 @@ def _probe(kind: str) -> Obj:
 
 
 def _containers(plan: RunPlan, target: Target) -> tuple[list[Obj], list[Obj]]:
+    secrets_mount = []
+    if plan.secrets:
+        secrets_mount = [{"name": "secrets-file", "mountPath": SECRETS_DIR, "readOnly": True}]
     seed = {
         "name": "seed-credentials",
         "image": plan.image,
@@ -181,7 +197,7 @@ def _containers(plan: RunPlan, target: Target) -> tuple[list[Obj], list[Obj]]:
         "imagePullPolicy": "IfNotPresent",
         "workingDir": WORKSPACE,
         "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
-        "env": pod_env(plan),
+        "env": pod_env(plan, f"{target.name}-secrets"),
         "envFrom": [{"secretRef": {"name": f"{target.name}-api-keys", "optional": True}}],
         "securityContext": _security_context(),
         "resources": RESOURCES,
@@ -190,6 +206,7 @@ def _containers(plan: RunPlan, target: Target) -> tuple[list[Obj], list[Obj]]:
             {"name": "workspace", "mountPath": WORKSPACE},
             {"name": "home", "mountPath": SANDBOX_HOME},
             {"name": "tokens", "mountPath": TOKEN_DIR, "readOnly": True},
+            *secrets_mount,
             {"name": "run", "mountPath": str(Path(STATE_DIR).parent)},
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - the pod's own emptyDir
         ],
@@ -197,11 +214,16 @@ def _containers(plan: RunPlan, target: Target) -> tuple[list[Obj], list[Obj]]:
     return [seed], [sidecar]
 
 
-def _volumes(target: Target) -> list[Obj]:
+def _volumes(plan: RunPlan, target: Target) -> list[Obj]:
     token_secret = target.token_secret or f"{target.name}-tokens"
+    secrets_file = []
+    if plan.secrets:
+        config_map = {"name": f"{target.name}-secrets", "defaultMode": 288}
+        secrets_file = [{"name": "secrets-file", "configMap": config_map}]
     return [
         # 0440 (288): root-owned, group fsGroup; the sidecar reads its tokens through the group.
         {"name": "tokens", "secret": {"secretName": token_secret, "defaultMode": 288}},
+        *secrets_file,
         {
             "name": "seed",
             "secret": {
@@ -240,7 +262,7 @@ def statefulset(plan: RunPlan, target: Target) -> Obj:
         },
         "initContainers": init,
         "containers": containers,
-        "volumes": _volumes(target),
+        "volumes": _volumes(plan, target),
     }
     return {
         "apiVersion": "apps/v1",
@@ -299,6 +321,17 @@ def token_secret(target: Target, tokens: Tokens) -> Obj:
     }
 
 
+def secrets_config(plan: RunPlan, target: Target) -> Obj:
+    """`--secret`'s secrets file: names, variables and hosts, never a value (those come from
+    the Secret `<name>-secrets` by reference)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(target, f"{target.name}-secrets"),
+        "data": {SECRETS_KEY: secrets_yaml(plan.secrets, None)},
+    }
+
+
 def network_policy(target: Target) -> Obj:
     """The outer layer of the egress allowlist: the pod reaches DNS and TCP 443 and 80, nothing
     else (by port, not by name: the names are the sidecar's proxy's to check). The chart's
@@ -324,7 +357,8 @@ def objects(plan: RunPlan, target: Target) -> list[Obj]:
     to apply."""
     policy = [] if plan.egress is None else [network_policy(target)]
     made = [] if target.tokens is None else [token_secret(target, target.tokens)]
-    return [*policy, *made, service(target), statefulset(plan, target)]
+    config = [secrets_config(plan, target)] if plan.secrets else []
+    return [*policy, *made, *config, service(target), statefulset(plan, target)]
 
 
 # Plain scalars that some YAML reader takes for something else than a string: Go's YAML 1.1

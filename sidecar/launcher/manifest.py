@@ -134,6 +134,12 @@ def hints(target: Target, slot: Slot, plan: RunPlan) -> list[str]:
             f"API keys come from Secret {name}-api-keys, never from this output: "
             f"kubectl -n {ns} create secret generic {name}-api-keys {literals}"
         )
+    if plan.secrets:
+        files = " ".join(f"--from-file={s.name}={shlex.quote(s.path)}" for s in plan.secrets)
+        lines.append(
+            f"--secret values come from Secret {name}-secrets, never from this output: "
+            f"kubectl -n {ns} create secret generic {name}-secrets {files}"
+        )
     seed = seeded()
     sign_in = str(seed.sign_in)
     if slot.state is SlotState.AUTHENTICATED and (slot.path / sign_in).exists():

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sidecar.core.contract import (
     DEFAULT_PORT,
@@ -22,6 +23,9 @@ from sidecar.launcher import homes
 from sidecar.launcher.fsutil import LauncherError
 from sidecar.security.tokens import TOKEN_VAR, TOKEN_VARS, VIEW_TOKEN_VAR
 
+if TYPE_CHECKING:  # `--secret` is parsed by the commands that take it (`sleeve slots` does not)
+    from sidecar.launcher.secretopts import SecretArg
+
 SANDBOX_HOME = "/home/sleeve"
 # Inside a sleeve the sidecar keeps the contract's defaults; docker publishes the port on
 # 127.0.0.1:<port>.
@@ -31,6 +35,12 @@ CONTAINER_PORT = DEFAULT_PORT
 #: Inside a sleeve: the API token files (root's, 0700, in the container).
 TOKEN_DIR = "/run/sleeve"  # noqa: S105 - a path, not a password
 TOKEN_FILES = {TOKEN_VAR: "token", VIEW_TOKEN_VAR: "view-token"}
+#: Inside a sleeve, beside the token files: SIDECAR_SECRETS_FILE (`--secret`), and (docker)
+#: the folder of the values' files.
+SECRETS_FILE = f"{TOKEN_DIR}/secrets.yaml"
+SECRETS_DIR = f"{TOKEN_DIR}/secrets"
+#: The variable of the sidecar's own environment a secret's value travels in (from_env).
+FROM_ENV_PREFIX = "SLEEVE_SECRET_"
 # Copied from the host when set. Values stay out of argv; `sleeve run --dry-run` names them.
 PASSTHROUGH = (
     "TERM",
@@ -54,7 +64,14 @@ TOKEN_SETTINGS = frozenset(name for var in TOKEN_VARS for name in (var, f"{var}_
 # The egress allowlist is `--egress`'s to set (a host variable would come beside it: exit 2).
 EGRESS_SETTINGS = frozenset({"SIDECAR_EGRESS_ALLOW", "SIDECAR_EGRESS_ALLOW_FILE"})
 HOST_ONLY = frozenset(
-    {"SLEEVE_HOME", *TOKEN_SETTINGS, *EGRESS_SETTINGS, "SIDECAR_USER", "SIDECAR_USER_HOME"}
+    {
+        "SLEEVE_HOME",
+        *TOKEN_SETTINGS,
+        *EGRESS_SETTINGS,
+        "SIDECAR_USER",
+        "SIDECAR_USER_HOME",
+        "SIDECAR_SECRETS_FILE",  # `--secret`'s to write
+    }
 )
 
 
@@ -105,6 +122,8 @@ class RunPlan:
     egress: tuple[str, ...] | None = None
     # SLEEVE_NAME (the sleeve's name in its /status and dashboard); None: the slot's id.
     sleeve_name: str | None = None
+    # `--secret`s, their values read (never printed: SecretArg keeps them out of its repr).
+    secrets: tuple[SecretArg, ...] = ()
 
     @property
     def stop_timeout(self) -> int:
@@ -135,12 +154,20 @@ def home_mounts(plan: RunPlan) -> list[Mount]:
     ]
 
 
-def passthrough_env(host_env: Mapping[str, str]) -> dict[str, str]:
-    """The allow-listed host variables a sleeve may see."""
+def passthrough_env(
+    host_env: Mapping[str, str], secrets: Sequence[SecretArg] = ()
+) -> dict[str, str]:
+    """The allow-listed host variables a sleeve may see; never a variable a `--secret` sets
+    (the sleeve gets its placeholder, not the host's real value) nor one named like a secret's
+    carrier (SLEEVE_SECRET_*)."""
+    taken = {s.env for s in secrets}
     return {
         k: v
         for k, v in host_env.items()
-        if k not in HOST_ONLY and (k in PASSTHROUGH or k.startswith(PASSTHROUGH_PREFIXES))
+        if k not in HOST_ONLY
+        and k not in taken
+        and not k.startswith(FROM_ENV_PREFIX)
+        and (k in PASSTHROUGH or k.startswith(PASSTHROUGH_PREFIXES))
     }
 
 
@@ -162,7 +189,17 @@ def fixed_env(plan: RunPlan, *, port: int, host: str) -> dict[str, str]:
         env["SLEEVE_GOAL"] = plan.goal
     if plan.egress is not None:
         env["SIDECAR_EGRESS_ALLOW"] = ",".join(plan.egress) or "none"
+    if plan.secrets:
+        from sidecar.launcher.secretopts import git_env
+
+        env["SIDECAR_SECRETS_FILE"] = SECRETS_FILE
+        env.update(git_env(plan.secrets))
     return env
+
+
+def token_files(plan: RunPlan) -> dict[str, bytes]:
+    """The files the sleeve reads its API tokens from, by name in TOKEN_DIR."""
+    return {TOKEN_FILES[var]: (plan.tokens[var] + "\n").encode() for var in sorted(plan.tokens)}
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,66 @@ def test_manifest_equals_the_chart_rendered_with_the_same_settings(
         assert obj == theirs[key], f"{key} differs from the chart's"
 
 
+def test_manifest_with_secrets_equals_the_chart_and_renders_no_value(
+    tmp_path: Path, project: Path, slot_id: str, sleeve: Callable[..., Result]
+) -> None:
+    """`--secret NAME=FILE`: the values come from the Secret <name>-secrets by reference (the
+    hint says how to make it from the files); the output holds no value, and the chart with
+    the same `secrets` values renders the same objects."""
+    value = "sk-ant-api03-MANIFEST-VALUE-0123456789"
+    key = tmp_path / "key file"
+    key.write_text(value + "\n")
+    args = ["--project", project, "--slot", "1", "--secret", f"anthropic={key}"]
+    res = sleeve("manifest", *args, "--secret", f"github={key}")
+    assert res.code == 0, res.err
+    assert value not in res.out and value not in res.err
+    name = f"sleeve-my-project-{slot_id}"
+    quoted = shlex.quote(str(key))
+    assert (
+        f"kubectl -n default create secret generic {name}-secrets "
+        f"--from-file=anthropic={quoted} --from-file=github={quoted}"
+    ) in res.err
+    objs = documents(res.out)
+    validate_strict(objs)
+    assert restricted_violations(pod_spec(objs)) == []
+    values = chart_values(slot_id, name, objs, {}, {})
+    ref = f"{name}-secrets"
+    values["secrets"] = [
+        {
+            "name": "anthropic",
+            "env": "ANTHROPIC_API_KEY",
+            "hosts": ["api.anthropic.com"],
+            "secretKeyRef": {"name": ref, "key": "anthropic"},
+        },
+        {
+            "name": "github",
+            "env": "GH_TOKEN",
+            "hosts": ["github.com", "api.github.com"],
+            "secretKeyRef": {"name": ref, "key": "github"},
+        },
+    ]
+    ours = normalised(objs, "sleeve")
+    theirs = normalised(helm_template(values, release=name), "Helm")
+    assert sorted(ours) == sorted(theirs)
+    for obj_key, obj in ours.items():
+        assert obj == theirs[obj_key], f"{obj_key} differs from the chart's"
+
+
+def test_a_secrets_host_joins_the_default_list_and_a_bad_secret_exits_2(
+    tmp_path: Path, project: Path, sleeve: Callable[..., Result]
+) -> None:
+    """claude-code's default list has no api.openai.com: `--secret openai=...` adds it, as a
+    *_BASE_URL's host is added; a given list is not changed, and a bad --secret exits 2."""
+    key = tmp_path / "key"
+    key.write_text("sk-openai-0123456789")
+    objs = manifest(sleeve, "--project", project, "--secret", f"openai={key}")
+    env = {e["name"]: e.get("value") for e in pod_spec(objs)["containers"][0]["env"]}
+    assert env["SIDECAR_EGRESS_ALLOW"].split(",")[-1] == "api.openai.com"
+    res = sleeve("manifest", "--project", project, "--secret", f"openai={tmp_path}/missing")
+    assert res.code == 2
+    assert res.err == f"sleeve: --secret openai: {tmp_path}/missing does not exist\n"
+
+
 def test_manifest_is_valid_for_the_oldest_and_newest_kubernetes_and_restricted(
     project: Path, slot_id: str, sleeve: Callable[..., Result]
 ) -> None:

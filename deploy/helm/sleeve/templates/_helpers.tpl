@@ -81,10 +81,52 @@ sets win: extraEnv, then the settings, then what the pod's layout fixes.
 {{- $_ := set $env "SIDECAR_RECORD_DIR" "/home/sleeve/.sidecar/recordings" }}
 {{- $_ := set $env "SIDECAR_TOKEN_FILE" "/etc/sleeve/tokens/token" }}
 {{- $_ := set $env "SIDECAR_VIEW_TOKEN_FILE" "/etc/sleeve/tokens/view-token" }}
+{{- if .Values.secrets }}
+{{- $_ := set $env "SIDECAR_SECRETS_FILE" "/etc/sleeve/secrets/secrets.yaml" }}
+{{- end }}
+{{- range .Values.secrets }}
+{{- $_ := set $env (include "sleeve.secretVar" .) (dict "secretKeyRef" .secretKeyRef) }}
+{{- if eq .name "github" }}
+{{- /* git sends the placeholder as its Basic password (sidecar/launcher/secretopts.py git_env) */}}
+{{- $key := "credential.https://github.com.helper" }}
+{{- $_ := set $env "GIT_CONFIG_COUNT" "2" }}
+{{- $_ := set $env "GIT_CONFIG_KEY_0" $key }}
+{{- $_ := set $env "GIT_CONFIG_VALUE_0" "" }}
+{{- $_ := set $env "GIT_CONFIG_KEY_1" $key }}
+{{- $_ := set $env "GIT_CONFIG_VALUE_1" (printf "!f() { test \"$1\" = get || exit 0; echo username=x-access-token; echo \"password=$%s\"; }; f" .env) }}
+{{- end }}
+{{- end }}
 {{- range $name, $value := $env }}
 - name: {{ $name }}
+{{- if kindIs "map" $value }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $value.secretKeyRef.name }}
+      key: {{ $value.secretKeyRef.key | quote }}
+{{- else }}
   value: {{ $value | quote }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A secret's carrier variable in the sidecar's own environment (from_env): SLEEVE_SECRET_<NAME>,
+upper-cased, - as _ (sidecar/launcher/secretopts.py `SecretArg.from_env`).
+*/}}
+{{- define "sleeve.secretVar" -}}
+SLEEVE_SECRET_{{ .name | upper | replace "-" "_" }}
+{{- end }}
+
+{{/*
+SIDECAR_SECRETS_FILE's text: names, variables and hosts, never a value (Helm's `toJson`
+equals the launcher's compact JSON with sorted keys).
+*/}}
+{{- define "sleeve.secretsFile" -}}
+{{- $entries := list }}
+{{- range .Values.secrets }}
+{{- $entries = append $entries (dict "name" .name "env" .env "from_env" (include "sleeve.secretVar" .) "hosts" .hosts) }}
+{{- end }}
+{{- dict "secrets" $entries | toJson }}
 {{- end }}
 
 {{- define "sleeve.containerSecurityContext" -}}
@@ -115,6 +157,9 @@ tests/test_chart.py): the pod's grace period holds the CLI's grace, rounded up, 
 sidecar's own shutdown after it (SHUTDOWN_MARGIN, 5 s).
 */}}
 {{- define "sleeve.checks" -}}
+{{- if and .Values.secrets .Values.egress.open }}
+{{- fail "secrets need the egress allowlist (the sidecar's proxy is the only way a real value goes out): egress.open cannot be true with secrets" }}
+{{- end }}
 {{- $least := add (ceil (float64 .Values.sidecar.stopGrace)) 5 }}
 {{- if lt (int64 .Values.terminationGracePeriodSeconds) $least }}
 {{- fail (printf "terminationGracePeriodSeconds (%v s) must be at least %v s: sidecar.stopGrace (%v s) rounded up, + 5 s for the sidecar's shutdown after it, which the kubelet's SIGKILL would cut short" .Values.terminationGracePeriodSeconds $least .Values.sidecar.stopGrace) }}
