@@ -125,12 +125,11 @@ def _keep_secrets(config: Config, extra: tuple[str, ...]) -> bool:
     """The secrets' variables gone from os.environ; with secrets, init (and every supervisor
     it forks) non-dumpable and without core dumps: in one-uid mode the CLI could otherwise
     read the real values from its memory. False when that cannot be had (said on stderr)."""
-    from sidecar.security import sealed
-
     for name in extra:
         os.environ.pop(name, None)  # read once, into the configuration
     if not config.secrets:
         return True
+    from sidecar.security import sealed  # ctypes: init pays for it only with secrets
     try:
         sealed.seal()
     except OSError as exc:

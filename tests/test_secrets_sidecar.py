@@ -11,13 +11,12 @@ loopback)."""
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import os
 import re
 import secrets
 import signal
-import threading
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import yaml
 
 from tests.harness import Sidecar, py_cli, wait_for, write_cli_config
 from tests.proctools import restarted
+from tests.webserver import Hello, web_server
 
 UID = GID = 23456  # no passwd entry on purpose
 # The venv's interpreter lives under root's 0700 home, which another uid cannot enter: in a
@@ -42,34 +42,19 @@ ONE_UID = ("setpriv", f"--reuid={UID}", f"--regid={GID}", "--clear-groups",
            "--inh-caps=-all", "--bounding-set=-all", "--")  # fmt: skip
 
 
-class Echo(http.server.BaseHTTPRequestHandler):
-    seen: list[str]
-
-    def do_GET(self) -> None:
-        key = self.headers.get("x-api-key", "")
-        self.seen.append(key)
-        body = key.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @contextlib.contextmanager
 def echo_server() -> Iterator[tuple[int, list[str]]]:
+    """A loopback server answering each GET with the `x-api-key` it got; its port, and the
+    keys it got."""
     seen: list[str] = []
-    handler = type("Handler", (Echo,), {"seen": seen})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1], seen
-    finally:
-        server.shutdown()
-        server.server_close()
+
+    class Echo(Hello):
+        def body(self) -> bytes:
+            seen.append(self.headers.get("x-api-key", ""))
+            return seen[-1].encode()
+
+    with web_server(Echo) as port:
+        yield port, seen
 
 
 @pytest.fixture
@@ -167,17 +152,37 @@ def check_sleeve(sc: Sidecar, report: Path, value: str, seen: list[str]) -> dict
     return got
 
 
+@contextlib.contextmanager
+def probed(
+    make_sidecar: Callable[..., Sidecar], value: str, *, as_user: bool
+) -> Iterator[tuple[Sidecar, dict[str, Any], Callable[[str], bytes]]]:
+    """A running sleeve whose probe reported and passed `check_sleeve`, and how a request
+    with a key reaches the listed host through its proxy (what the far end got)."""
+    with echo_server() as (port, seen):
+        sc, report = sleeve(make_sidecar, port, value, as_user=as_user)
+        sc.start()
+        got = check_sleeve(sc, report, value, seen)
+        assert got["uid"] == UID
+        proxy = urllib.request.ProxyHandler({"http": got["env"]["HTTP_PROXY"]})
+
+        def send(key: str) -> bytes:
+            request = urllib.request.Request(
+                f"http://localhost:{port}/", headers={"x-api-key": key}
+            )
+            with urllib.request.build_opener(proxy).open(request, timeout=10) as answer:
+                return bytes(answer.read())
+
+        yield sc, got, send
+        assert sc.stop() == 0
+
+
 def test_one_uid_the_probe_finds_no_value_and_the_proxy_sends_it(
     root: None, make_sidecar: Callable[..., Sidecar]
 ) -> None:
     """The whole sleeve as one unprivileged uid (the restricted pod): the value comes from
     the sidecar's environment, the sidecar is non-dumpable."""
     value = "sk-one-uid-" + secrets.token_hex(16)
-    with echo_server() as (port, seen):
-        sc, report = sleeve(make_sidecar, port, value, as_user=False)
-        sc.start()
-        got = check_sleeve(sc, report, value, seen)
-        assert got["uid"] == UID
+    with probed(make_sidecar, value, as_user=False) as (sc, got, send):
         for pid in sidecar_pids(sc):
             assert psutil.Process(pid).uids().real == UID
             assert value.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
@@ -186,26 +191,22 @@ def test_one_uid_the_probe_finds_no_value_and_the_proxy_sends_it(
             assert os.stat(f"/proc/{pid}/mem").st_uid == 0
             limits = Path(f"/proc/{pid}/limits").read_text()
             assert re.search(r"Max core file size\s+0\s+0", limits), limits
-        placeholders = (sc.state_dir / "placeholders.json").read_bytes()
+        placeholder = got["env"]["API_KEY"]
         # A supervisor crash: the next one keeps the placeholder and still swaps it.
         _, supervisor = sidecar_pids(sc)
         os.kill(supervisor, signal.SIGKILL)
         restarted(sc, 1)
-        assert (sc.state_dir / "placeholders.json").read_bytes() == placeholders
-        assert sc.stop() == 0
+        kept = json.loads((sc.state_dir / "placeholders.json").read_text())
+        assert kept == {"api": placeholder}
+        assert send(placeholder) == value.encode()
 
 
 def test_with_sidecar_user_the_probe_finds_no_value_and_the_proxy_sends_it(
     root: None, make_sidecar: Callable[..., Sidecar]
 ) -> None:
     """Root sidecar, the CLI as another uid: the value from a file only root can read."""
-    value = "sk-user-" + secrets.token_hex(16)
-    with echo_server() as (port, seen):
-        sc, report = sleeve(make_sidecar, port, value, as_user=True)
-        sc.start()
-        got = check_sleeve(sc, report, value, seen)
-        assert got["uid"] == UID
-        assert sc.stop() == 0
+    with probed(make_sidecar, "sk-user-" + secrets.token_hex(16), as_user=True):
+        pass
 
 
 def test_a_value_file_the_cli_can_read_in_one_uid_mode_exits_2(

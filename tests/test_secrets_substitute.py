@@ -17,6 +17,7 @@ from sidecar.egress.allowlist import Pattern, parse_list, parse_pattern
 from sidecar.egress.placeholders import load, make
 from sidecar.egress.proxy import EgressProxy
 from sidecar.egress.substitute import Substitution, Swap
+from tests.test_egress_proxy import exchange
 
 PLACEHOLDER = make("api")
 VALUE = "sk-real-0123456789abcdef"
@@ -164,22 +165,13 @@ async def proxied(sub: Substitution) -> AsyncIterator[tuple[EgressProxy, Recorde
         far.server.close()
 
 
-async def through(proxy: EgressProxy, data: bytes) -> bytes:
-    reader, writer = await asyncio.open_connection(*proxy.address)
-    writer.write(data)
-    try:
-        return await asyncio.wait_for(reader.read(-1), 10)
-    finally:
-        writer.close()
-
-
 @pytest.mark.parametrize("host", ["localhost", "LocalHost."])
 async def test_the_proxy_sends_the_value_to_a_listed_host_and_never_in_the_body(host: str) -> None:
     """`localhost` (listed) and `127.0.0.1` (not listed) are the same loopback server."""
     sub = substitution("localhost")
     async with proxied(sub) as (proxy, far):
         body = f"echo {PLACEHOLDER}".encode()
-        answer = await through(
+        answer = await exchange(
             proxy,
             f"POST http://{host}:{far.port}/v1?k={PLACEHOLDER} HTTP/1.1\r\n"
             f"Host: {host}:{far.port}\r\nx-api-key: {PLACEHOLDER}\r\n"
@@ -187,7 +179,7 @@ async def test_the_proxy_sends_the_value_to_a_listed_host_and_never_in_the_body(
             + body,
         )
         assert answer.endswith(b"ok")
-        answer = await through(
+        answer = await exchange(
             proxy,
             f"GET http://127.0.0.1:{far.port}/ HTTP/1.1\r\n"
             f"x-api-key: {PLACEHOLDER}\r\n\r\n".encode(),

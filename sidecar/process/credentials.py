@@ -30,9 +30,7 @@ def credentials(config: Config) -> Credentials:
     if not config.secrets:
         return Credentials()
     kept = placeholders.load(config.paths.placeholders, [s.name for s in config.secrets])
-    swaps = [
-        Swap(s.name, kept[s.name].encode(), s.value.encode(), s.hosts) for s in config.secrets
-    ]
+    swaps = [Swap(s.name, kept[s.name].encode(), s.value.encode(), s.hosts) for s in config.secrets]
     named = {s.value: s.name for s in config.secrets}
     masks.install(named)
     return Credentials({s.env: kept[s.name] for s in config.secrets}, Substitution(swaps), named)
