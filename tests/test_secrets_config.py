@@ -178,6 +178,8 @@ def test_in_one_uid_mode_a_value_file_is_refused_naming_it(tmp_path: Path) -> No
         (b"x" * (64 * 1024 + 3), 0o400, "is larger than 65536 bytes"),
         (VALUE.encode(), 0o444, "is readable by the CLI's user"),
         (b"sk-one\nsk-two-of-them", 0o400, "must not contain control characters"),
+        (b"\xff\xfe-not-utf-8", 0o400, "is not UTF-8 text"),
+        (b"dir", 0o500, "is a directory"),
     ],
 )
 def test_with_sidecar_user_a_bad_value_file_is_refused(
@@ -185,7 +187,11 @@ def test_with_sidecar_user_a_bad_value_file_is_refused(
 ) -> None:
     if os.geteuid() != 0:
         pytest.skip("SIDECAR_USER needs the test to run as root")  # skip-ok: as the guard's
-    path = value_file(tmp_path, data, mode) if data is not None else str(tmp_path / "none")
+    if data == b"dir":
+        path = str(tmp_path / "a-dir")
+        os.mkdir(path, mode)
+    else:
+        path = value_file(tmp_path, data, mode) if data is not None else str(tmp_path / "none")
     env = env_for(tmp_path, one(from_env=None, file=path, hosts=["api.example.com"]))
     assert says in _error({**env, "SIDECAR_USER": f"{UID}:{GID}"})
 
