@@ -130,6 +130,7 @@ def _keep_secrets(config: Config, extra: tuple[str, ...]) -> bool:
     if not config.secrets:
         return True
     from sidecar.security import sealed  # ctypes: init pays for it only with secrets
+
     try:
         sealed.seal()
     except OSError as exc:

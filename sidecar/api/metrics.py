@@ -278,8 +278,8 @@ class Metrics:
         out.family(
             "sidecar_secret_placeholder_unlisted_total",
             "counter",
-            "Plain HTTP requests that carried a secret's placeholder to a host it is not listed "
-            "for (sent unchanged), by secret",
+            "Requests that carried a secret's placeholder to a host it is not listed for (sent "
+            "unchanged), by secret",
             sorted(((("secret", name),), n) for name, n in swaps.unlisted.items()) if swaps else [],
         )
         audit = self.sup.audit

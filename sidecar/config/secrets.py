@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,12 +161,11 @@ def _secret(
     return Secret(name, variable, hosts, source, from_env, value)
 
 
-def _value(read: Any) -> str:
+def _value(read: Callable[[], str]) -> str:
     try:
-        value: str = read()
+        return read()
     except tokens.TokenError as exc:
         raise _error(str(exc)) from None
-    return value
 
 
 def _hosts(raw: object, what: str, allow: Allowlist) -> tuple[Pattern, ...]:

@@ -25,10 +25,6 @@ class Masks:
         ordered = sorted(forms, key=len, reverse=True)
         self._pattern = re.compile(b"|".join(map(re.escape, ordered))) if ordered else None
 
-    @property
-    def active(self) -> bool:
-        return self._pattern is not None
-
     def scrub(self, data: bytes) -> bytes:
         if self._pattern is None:
             return data

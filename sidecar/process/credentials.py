@@ -17,11 +17,10 @@ from sidecar.egress.substitute import Substitution, Swap
 @dataclass(frozen=True)
 class Credentials:
     """`env`: each secret's variable set to its placeholder; `substitution`: the proxy's
-    Secrets (None without secrets); `named`: real value -> secret name."""
+    Secrets (None without secrets)."""
 
     env: Mapping[str, str] = field(default_factory=dict)
     substitution: Substitution | None = None
-    named: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 def credentials(config: Config) -> Credentials:
@@ -31,6 +30,5 @@ def credentials(config: Config) -> Credentials:
         return Credentials()
     kept = placeholders.load(config.paths.placeholders, [s.name for s in config.secrets])
     swaps = [Swap(s.name, kept[s.name].encode(), s.value.encode(), s.hosts) for s in config.secrets]
-    named = {s.value: s.name for s in config.secrets}
-    masks.install(named)
-    return Credentials({s.env: kept[s.name] for s in config.secrets}, Substitution(swaps), named)
+    masks.install({s.value: s.name for s in config.secrets})
+    return Credentials({s.env: kept[s.name] for s in config.secrets}, Substitution(swaps))
