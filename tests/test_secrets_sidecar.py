@@ -19,7 +19,7 @@ import signal
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psutil
 import pytest
@@ -63,8 +63,13 @@ def root() -> None:
         pytest.skip("another uid needs the tests to run as root")  # skip-ok: as test_privs
 
 
+# How the sleeve runs: "uid", all as one unprivileged uid (the restricted pod); "root", all as
+# root (the CLI under the guard keeps only root's file access); "user", SIDECAR_USER.
+Mode = Literal["uid", "root", "user"]
+
+
 def sleeve(
-    make_sidecar: Callable[..., Sidecar], port: int, value: str, *, as_user: bool
+    make_sidecar: Callable[..., Sidecar], port: int, value: str, mode: Mode
 ) -> tuple[Sidecar, Path]:
     """A sidecar whose CLI is the probe, with one secret `api` (env API_KEY) listed for
     `localhost`; its value from the environment (one uid) or a root-only file (SIDECAR_USER)."""
@@ -83,7 +88,7 @@ def sleeve(
         "SIDECAR_SECRETS_FILE": str(tmp / "secrets.yaml"),
     }
     sc.wrapper = list(OPEN_PYTHON)
-    if as_user:
+    if mode == "user":
         (tmp / "value").write_text(value + "\n")
         (tmp / "value").chmod(0o400)
         entry["file"] = str(tmp / "value")
@@ -91,14 +96,14 @@ def sleeve(
     else:
         entry["from_env"] = "SLEEVE_SECRET_API"
         env["SLEEVE_SECRET_API"] = value
-        sc.wrapper += ONE_UID
+        sc.wrapper += ONE_UID if mode == "uid" else ()
     (tmp / "secrets.yaml").write_text(yaml.safe_dump({"secrets": [entry]}))
     sc.env_extra.update(env)
     for path in (tmp.parent, tmp):
         path.chmod(0o755)  # the guard lists them as the CLI to fence the state dir
     sc.workspace.mkdir()
     os.chown(sc.workspace, UID, GID)
-    if not as_user:
+    if mode == "uid":
         for path in (tmp, tmp / "clis.yaml", tmp / "secrets.yaml"):
             os.chown(path, UID, GID)
     return sc, report
@@ -154,15 +159,15 @@ def check_sleeve(sc: Sidecar, report: Path, value: str, seen: list[str]) -> dict
 
 @contextlib.contextmanager
 def probed(
-    make_sidecar: Callable[..., Sidecar], value: str, *, as_user: bool
+    make_sidecar: Callable[..., Sidecar], value: str, mode: Mode
 ) -> Iterator[tuple[Sidecar, dict[str, Any], Callable[[str], bytes]]]:
     """A running sleeve whose probe reported and passed `check_sleeve`, and how a request
     with a key reaches the listed host through its proxy (what the far end got)."""
     with echo_server() as (port, seen):
-        sc, report = sleeve(make_sidecar, port, value, as_user=as_user)
+        sc, report = sleeve(make_sidecar, port, value, mode)
         sc.start()
         got = check_sleeve(sc, report, value, seen)
-        assert got["uid"] == UID
+        assert got["uid"] == (0 if mode == "root" else UID)
         proxy = urllib.request.ProxyHandler({"http": got["env"]["HTTP_PROXY"]})
 
         def send(key: str) -> bytes:
@@ -182,7 +187,7 @@ def test_one_uid_the_probe_finds_no_value_and_the_proxy_sends_it(
     """The whole sleeve as one unprivileged uid (the restricted pod): the value comes from
     the sidecar's environment, the sidecar is non-dumpable."""
     value = "sk-one-uid-" + secrets.token_hex(16)
-    with probed(make_sidecar, value, as_user=False) as (sc, got, send):
+    with probed(make_sidecar, value, "uid") as (sc, got, send):
         for pid in sidecar_pids(sc):
             assert psutil.Process(pid).uids().real == UID
             assert value.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
@@ -205,7 +210,16 @@ def test_with_sidecar_user_the_probe_finds_no_value_and_the_proxy_sends_it(
     root: None, make_sidecar: Callable[..., Sidecar]
 ) -> None:
     """Root sidecar, the CLI as another uid: the value from a file only root can read."""
-    with probed(make_sidecar, "sk-user-" + secrets.token_hex(16), as_user=True):
+    with probed(make_sidecar, "sk-user-" + secrets.token_hex(16), "user"):
+        pass
+
+
+def test_all_as_root_the_probe_finds_no_value_and_the_proxy_sends_it(
+    root: None, make_sidecar: Callable[..., Sidecar]
+) -> None:
+    """One uid, root: the guarded CLI keeps root's access to files, no capability to reach
+    another process's memory."""
+    with probed(make_sidecar, "sk-root-" + secrets.token_hex(16), "root"):
         pass
 
 
