@@ -102,10 +102,10 @@ def _hide_environment(env: dict[str, str]) -> tuple[str, ...] | None:
     extra: tuple[str, ...] = ()
     if env.get(SECRETS, "").strip():
         from sidecar.config import ConfigError
-        from sidecar.config.secrets import from_env_names
+        from sidecar.config.secrets import hidden_variables
 
         try:
-            extra = from_env_names(env)
+            extra = hidden_variables(env)
         except ConfigError as exc:
             print(f"sidecar: {exc}", file=sys.stderr)
             return None

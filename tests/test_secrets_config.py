@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from sidecar.config import Config, ConfigError
-from sidecar.config.secrets import from_env_names
+from sidecar.config.secrets import hidden_variables
 from tests.commands import run_sidecar
 
 VALUE = "sk-real-0123456789abcdef"
@@ -56,7 +56,14 @@ def test_a_from_env_secret_is_read_and_its_variable_kept_from_the_cli(tmp_path: 
     assert "SLEEVE_SECRET" not in cfg.child_env
     assert "SIDECAR_SECRETS_FILE" not in cfg.child_env
     assert VALUE not in repr(cfg)  # a logged configuration shows no value
-    assert from_env_names(env) == ("SLEEVE_SECRET",)
+    assert hidden_variables(env) == ("SLEEVE_SECRET", "API_KEY")
+
+
+def test_a_value_under_the_clis_variable_in_the_sidecars_environment_is_kept_from_it(
+    tmp_path: Path,
+) -> None:
+    env = env_for(tmp_path, one(hosts=["api.example.com"]), API_KEY=VALUE)
+    assert "API_KEY" not in Config.from_env(env).child_env
 
 
 def test_a_file_secret_loses_one_trailing_newline_and_must_be_root_only(tmp_path: Path) -> None:

@@ -96,6 +96,7 @@ def sleeve(
     else:
         entry["from_env"] = "SLEEVE_SECRET_API"
         env["SLEEVE_SECRET_API"] = value
+        env["API_KEY"] = value  # also under the CLI's name: it must reach no process either
         sc.wrapper += ONE_UID if mode == "uid" else ()
     (tmp / "secrets.yaml").write_text(yaml.safe_dump({"secrets": [entry]}))
     sc.env_extra.update(env)

@@ -363,9 +363,12 @@ class Config:
         budget_usd, budget_tokens = _budget(env)
         notify = NotifyConfig.from_env(env)
         secrets = read_secrets(env, allowlist, user)
-        # The CLI never gets a secret's real value: its from_env variable is dropped here.
+        # The CLI never gets a secret's real value: its from_env variable is dropped here, and
+        # a value under the name the CLI gets the placeholder in (the placeholder is the CLI's
+        # own variable, never tmux's or ttyd's).
         hidden = {*tokens.HIDDEN_VARS, tokens.HANDOVER_VAR, SECRETS_VAR}
         hidden |= {s.from_env for s in secrets if s.from_env is not None}
+        hidden |= {s.env for s in secrets}
         return cls(
             sleeve_name=name,
             cli=cli.strip(),

@@ -52,13 +52,14 @@ class Secret:
     value: str = field(default="", repr=False)
 
 
-def from_env_names(env: Mapping[str, str]) -> tuple[str, ...]:
-    """The `from_env` variables the secrets file names (for init to hand over across its
-    re-exec, out of its environment block); () without a secrets file."""
+def hidden_variables(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The variables the secrets file names, each `from_env` and each `env` (a real value may
+    sit in the sidecar's environment under the name the CLI gets a placeholder in): for init
+    to hand over across its re-exec, out of its environment block. () without a secrets file."""
     path = text(env, SECRETS_VAR)
     if path is None:
         return ()
-    names = (e.get("from_env") for e in _entries(path))
+    names = (e.get(key) for e in _entries(path) for key in ("from_env", "env"))
     return tuple(dict.fromkeys(n for n in names if isinstance(n, str) and _VARIABLE.match(n)))
 
 
