@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 SHUTDOWN_TIMEOUT = 2.0  # seconds the API waits for requests still running at shutdown
 log = logging.getLogger("sidecar")
+SECRETS = "SIDECAR_SECRETS_FILE"
 
 
 def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef], int]:
@@ -88,6 +89,56 @@ def _prepare_audit_dir(path: Path) -> None:
     if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         msg = f"SIDECAR_AUDIT_DIR: {path} is not private to the sidecar (owner or mode)"
         raise ConfigError(msg)
+
+
+def _hide_environment(env: dict[str, str]) -> tuple[str, ...] | None:
+    """Before anything else: this process's environment block (what /proc/<pid>/environ shows
+    to the CLI when it runs as the same user) must not keep the tokens, nor the variables the
+    secrets file takes real values from (returned): when it holds one, this program starts
+    again without them. None when that fails (said on stderr)."""
+    # Only what the re-exec needs is imported before it: it is paid twice when it happens.
+    from sidecar.security import tokens
+
+    extra: tuple[str, ...] = ()
+    if env.get(SECRETS, "").strip():
+        from sidecar.config import ConfigError
+        from sidecar.config.secrets import hidden_variables
+
+        try:
+            extra = hidden_variables(env)
+        except ConfigError as exc:
+            print(f"sidecar: {exc}", file=sys.stderr)
+            return None
+    if tokens.in_environment(env, extra):
+        try:
+            tokens.reexec_without_tokens(env, extra)
+        except OSError as exc:
+            print(
+                f"sidecar: cannot start again without the tokens in its environment: {exc}",
+                file=sys.stderr,
+            )
+            return None
+    return extra
+
+
+def _keep_secrets(config: Config, extra: tuple[str, ...]) -> bool:
+    """The secrets' variables gone from os.environ; with secrets, init (and every supervisor
+    it forks) non-dumpable and without core dumps: in one-uid mode the CLI could otherwise
+    read the real values from its memory. False when that cannot be had (said on stderr)."""
+    for name in extra:
+        os.environ.pop(name, None)  # read once, into the configuration
+    if not config.secrets:
+        return True
+    from sidecar.security import sealed  # ctypes: init pays for it only with secrets
+
+    try:
+        sealed.seal()
+    except OSError as exc:
+        print(
+            f"sidecar: {SECRETS}: cannot keep the real values from the CLI: {exc}", file=sys.stderr
+        )
+        return False
+    return True
 
 
 def _api_sockets(host: str, port: int) -> list[socket.socket]:
@@ -213,23 +264,14 @@ async def serve(
 
 
 def run(env: dict[str, str]) -> int:
-    # Only what the re-exec needs is imported before it: it is paid twice when it happens.
     from sidecar.security import tokens
 
-    if tokens.in_environment(env):
-        # Before anything else: this process's environment block (what /proc/<pid>/environ
-        # shows to the CLI when it runs as the same user) must not keep the tokens.
-        try:
-            tokens.reexec_without_tokens(env)
-        except OSError as exc:
-            print(
-                f"sidecar: cannot start again without the tokens in its environment: {exc}",
-                file=sys.stderr,
-            )
-            return 2
+    extra = _hide_environment(env)
+    if extra is None:
+        return 2
     from sidecar.config import ConfigError
 
-    handed = tokens.take_over(env)  # also takes the descriptor's variable out of env
+    handed = tokens.take_over(env, extra)  # also takes the descriptor's variable out of env
     env = {**env, **handed}
     try:
         # The lock's descriptor is never closed: init holds it, and every supervisor it forks.
@@ -239,6 +281,8 @@ def run(env: dict[str, str]) -> int:
         return 2
     except OSError as exc:  # the kernel refused setgroups
         print(f"sidecar: SIDECAR_USER: cannot drop privileges: {exc}", file=sys.stderr)
+        return 2
+    if not _keep_secrets(config, extra):
         return 2
     try:
         listening = _api_sockets(config.host, config.port)

@@ -13,20 +13,24 @@ from typing import Any
 
 class Hello(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        body = b"hello"
+        body = self.body()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def body(self) -> bytes:
+        return b"hello"
 
     def log_message(self, *args: Any) -> None:
         pass
 
 
 @contextlib.contextmanager
-def web_server() -> Iterator[int]:
-    """The server running (in a thread) while the block runs; its port."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+def web_server(handler: type[Hello] = Hello) -> Iterator[int]:
+    """The server running (in a thread) while the block runs; its port. `handler`: what
+    answers (a Hello that says something else)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

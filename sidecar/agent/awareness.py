@@ -252,11 +252,12 @@ class Awareness:
         self.recorder.attached()
 
     def _secrets(self) -> list[str]:
-        """What no recording may hold: the API's tokens, this launch's secrets, and the values
-        of the CLI's variables that name a credential."""
+        """What no recording may hold: the API's tokens, this launch's secrets, the real values
+        of SIDECAR_SECRETS_FILE, and the values of the CLI's variables that name a credential."""
         record, config = self.files.record, self._config
         ours = (config.token, config.view_token, record.hook_secret, record.telemetry_secret)
-        known = [s for s in (*ours, record.events_password) if s]
+        real = [secret.value for secret in config.secrets]
+        known = [s for s in (*ours, record.events_password, *real) if s]
         return [*known, *env_secrets(config.child_env)]
 
     async def _press(self, keys: tuple[InputKey, ...]) -> None:

@@ -12,6 +12,7 @@ import msgspec
 import msgspec.inspect
 from aiohttp import web
 
+from sidecar.core.masks import scrub
 from sidecar.core.shapes import Answer, Error, Request
 
 R = TypeVar("R", bound=Request)
@@ -97,16 +98,16 @@ def _allowed(shape: type[Request], problem: str) -> str:
 
 
 def encode(value: Any) -> bytes:
-    return _encode(value)
+    return scrub(_encode(value))
 
 
 def answer(value: Answer, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=_encode(value), status=status, content_type=JSON, headers=headers)
+    return web.Response(body=encode(value), status=status, content_type=JSON, headers=headers)
 
 
 def raw_answer(body: bytes, status: int = 200) -> web.Response:
     """An answer encoded earlier (and shared between requests)."""
-    return web.Response(body=body, status=status, content_type=JSON)
+    return web.Response(body=scrub(body), status=status, content_type=JSON)
 
 
 def error(status: int, message: str, **headers: str) -> web.Response:

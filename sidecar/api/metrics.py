@@ -274,6 +274,14 @@ class Metrics:
             "Attempts of the CLI to reach a host off the egress allowlist, by how (no host label)",
             [((("how", how),), n) for how, n in v.egress_denied] if v.egress.mode != "open" else [],
         )
+        swaps = self.sup.egress.secrets
+        out.family(
+            "sidecar_secret_placeholder_unlisted_total",
+            "counter",
+            "Requests that carried a secret's placeholder to a host it is not listed for (sent "
+            "unchanged), by secret",
+            sorted(((("secret", name),), n) for name, n in swaps.unlisted.items()) if swaps else [],
+        )
         audit = self.sup.audit
         out.one("sidecar_audit_records_total", "counter", "Audit records on disk", audit.written)
         out.one(

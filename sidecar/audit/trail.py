@@ -22,6 +22,7 @@ from pathlib import Path
 import msgspec
 
 from sidecar.audit.records import AuditDroppedRecord, Record
+from sidecar.core.masks import scrub
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class AuditTrail:
         self._seq += 1
         record.seq = self._seq
         record.sleeve = self.sleeve
-        line = _encode(record) + b"\n"
+        line = scrub(_encode(record)) + b"\n"
         self._queue.append((self._seq, line))
         self._held += len(line)
         if self.problem is not None and not self._writing:  # never under a batch in flight

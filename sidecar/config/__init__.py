@@ -28,6 +28,7 @@ from sidecar.config.read import (
     stop_grace,
     text,
 )
+from sidecar.config.secrets import SECRETS_VAR, Secret, read_secrets
 from sidecar.core.contract import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -43,7 +44,15 @@ from sidecar.policy.rules import Policy
 from sidecar.security import tokens
 from sidecar.security.users import User, UserError, parse_user
 
-__all__ = ["Config", "ConfigError", "InboxNotify", "NotifyConfig", "RestartPolicy", "stop_grace"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "InboxNotify",
+    "NotifyConfig",
+    "RestartPolicy",
+    "Secret",
+    "stop_grace",
+]
 
 ACTIVITY_QUIET = 3.0
 
@@ -294,6 +303,8 @@ class Config:
     budget_tokens: int | None = None
     # SIDECAR_PUBLIC_URL, SIDECAR_NOTIFY_*: notifications (none without a channel).
     notify: NotifyConfig = field(default_factory=NotifyConfig)
+    # SIDECAR_SECRETS_FILE: the credentials the CLI sees as placeholders, with their values.
+    secrets: tuple[Secret, ...] = field(default=(), repr=False)
     # The environment the CLI inherits (PATH, HOME, API keys, ...), captured once here.
     child_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -351,7 +362,13 @@ class Config:
         recording = Recording.from_env(env)
         budget_usd, budget_tokens = _budget(env)
         notify = NotifyConfig.from_env(env)
-        hidden = {*tokens.HIDDEN_VARS, tokens.HANDOVER_VAR}
+        secrets = read_secrets(env, allowlist, user)
+        # The CLI never gets a secret's real value: its from_env variable is dropped here, and
+        # a value under the name the CLI gets the placeholder in (the placeholder is the CLI's
+        # own variable, never tmux's or ttyd's).
+        hidden = {*tokens.HIDDEN_VARS, tokens.HANDOVER_VAR, SECRETS_VAR}
+        hidden |= {s.from_env for s in secrets if s.from_env is not None}
+        hidden |= {s.env for s in secrets}
         return cls(
             sleeve_name=name,
             cli=cli.strip(),
@@ -384,6 +401,7 @@ class Config:
             budget_usd=budget_usd,
             budget_tokens=budget_tokens,
             notify=notify,
+            secrets=secrets,
             # The CLI never inherits the API's tokens, nor where notifications go: a topic or
             # a webhook's URL is often its only key, and the agent must not forge a
             # notification with links of its own.

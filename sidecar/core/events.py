@@ -13,6 +13,7 @@ from collections.abc import Callable
 import msgspec
 
 from sidecar.core.event_shapes import Event
+from sidecar.core.masks import scrub
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +22,7 @@ _encode = msgspec.json.Encoder().encode
 
 def encode_line(event: Event) -> bytes:
     """An event as one NDJSON line."""
-    return _encode(event) + b"\n"
+    return scrub(_encode(event)) + b"\n"
 
 
 class Subscription:

@@ -65,6 +65,12 @@ class Layout:
         return self.state_dir / "webpush.json"
 
     @property
+    def placeholders(self) -> Path:
+        """The secrets' placeholders (0600), the same across resleeves and restarts; no
+        secret (the CLI has them), but the CLI must not change them (the state dir's fence)."""
+        return self.state_dir / "placeholders.json"
+
+    @property
     def private_files(self) -> tuple[Path, ...]:
         """What the CLI may neither read nor change, ever: the one list of the sidecar's
         secrets (the agent's hook secret is in `agent_state`; Web Push's key and the browsers'

@@ -6,6 +6,8 @@ import json
 import logging
 import sys
 
+from sidecar.core.masks import scrub_text
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -17,7 +19,8 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
+        # A secret's real value never reaches the log, however it came into a message.
+        return scrub_text(json.dumps(entry, ensure_ascii=False))
 
 
 def setup_logging(level: int = logging.INFO) -> None:

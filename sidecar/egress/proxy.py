@@ -37,6 +37,9 @@ FindPeer = Callable[[tuple[str, int], tuple[str, int], bool], Awaitable[Peer | N
 Rewrite = Callable[[bytes], bytes]
 # The normalised host a request asks for -> its rewrite, or None: no secret goes to that host.
 Secrets = Callable[[str], Rewrite | None]
+# (normalised host, request head): a plain HTTP head going out unchanged (no secret goes to the
+# host), to count the placeholders it carries.
+Unlisted = Callable[[str, bytes], None]
 ALSO = "also"  # the rule of a connection to an address allowed besides the list (the API)
 NEXT = (
     "This sleeve reaches only the hosts on its egress allowlist. If the task needs this host, "
@@ -73,7 +76,8 @@ class EgressProxy:
     `on_allowed(pattern)` are told of every request decided; `ask`, when set, decides a request
     for a host off the list while it is held; `on_closed` gets each request's record when its
     connection ends, with the process that made it (`find_peer`); `secrets`, when set, names
-    the hosts whose requests carry a secret's real value in place of its placeholder."""
+    the hosts whose requests carry a secret's real value in place of its placeholder (and
+    `unlisted` sees the plain HTTP heads to every other host)."""
 
     def __init__(
         self,
@@ -87,6 +91,7 @@ class EgressProxy:
         on_closed: Closed | None = None,
         find_peer: FindPeer | None = None,
         secrets: Secrets | None = None,
+        unlisted: Unlisted | None = None,
     ) -> None:
         self.allow = allow
         self.also = {(normalise_host(h), p) for h, p in also}
@@ -96,6 +101,7 @@ class EgressProxy:
         self.on_closed = on_closed
         self.find_peer = find_peer
         self.secrets = secrets
+        self.unlisted = unlisted
         self.limits = limits or Limits()
         self.tunnels = 0
         self.clients: set[Client] = set()
@@ -291,7 +297,7 @@ class EgressProxy:
             client.transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
             upstream.one_shot = True
-            head = upstream_head(req)
+            head = self._with_secrets(req.host, upstream_head(req))
             upstream.transport.write(head)
             client.moved += len(head)  # the request as the far end gets it
             client.budget = req.body
@@ -300,6 +306,19 @@ class EgressProxy:
         early, upstream.early = upstream.early, b""
         upstream.pass_on(early)
         client.transport.resume_reading()
+
+    def _with_secrets(self, host: str, head: bytes) -> bytes:
+        """A plain HTTP request's head as it goes out: the real values of the secrets listed
+        for `host` in place of their placeholders."""
+        if self.secrets is None:
+            return head
+        name = normalise_host(host) or host
+        rewrite = self.secrets(name)
+        if rewrite is not None:
+            return rewrite(head)
+        if self.unlisted is not None:
+            self.unlisted(name, head)
+        return head
 
     # ---- idle connections ----------------------------------------------------------------
 

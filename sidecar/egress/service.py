@@ -33,6 +33,7 @@ from sidecar.egress.peer import Peer, PeerFinder
 from sidecar.egress.proxy import Ask, AskAnswer, Asked, EgressProxy
 from sidecar.egress.reports import ReportListener
 from sidecar.egress.sides import Limits
+from sidecar.egress.substitute import Substitution
 from sidecar.security.acting import Owner, acting
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class Egress:
         audit: AuditTrail | None = None,
         owner: Owner | None = None,
         ask_seconds: float | None = None,
+        secrets: Substitution | None = None,
     ) -> None:
         self.allow = allow  # the list as the proxy applies it now
         self.added: list[str] = []  # patterns added while the sleeve runs
@@ -114,6 +116,8 @@ class Egress:
         self.audit = audit
         self.owner = owner
         self.ask_seconds = ask_seconds
+        # The secrets' placeholders swapped for their values (`sidecar.egress.substitute`).
+        self.secrets = secrets
         self.asked = 0
         self._peers = PeerFinder()
         self._finder = ThreadPoolExecutor(1, thread_name_prefix="egress-peer")
@@ -135,6 +139,8 @@ class Egress:
                 limits=limits,
                 on_closed=self.closed if audit is not None else None,
                 find_peer=self.find_peer,
+                secrets=secrets,
+                unlisted=secrets.scan if secrets is not None else None,
             )
 
     @property

@@ -10,6 +10,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from sidecar.core.contract import AgentStateName, rfc3339
+from sidecar.core.masks import scrub, scrub_text
 from sidecar.core.shapes import (
     ChannelName,
     NotificationAgent,
@@ -67,21 +68,23 @@ class Notice:
     @property
     def body(self) -> str:
         if self.approval is not None:
-            return one_line(self.approval.summary, BODY_CHARS)
+            return one_line(scrub_text(self.approval.summary), BODY_CHARS)
         if self.event == "test":
             return "Notifications from this sleeve reach you here."
-        return one_line(self.reason or self.state, BODY_CHARS)
+        return one_line(scrub_text(self.reason or self.state), BODY_CHARS)
 
     def webhook_body(self) -> bytes:
-        return _encode(
-            WebhookNotification(
-                id=self.id,
-                event=self.event,
-                sleeve_id=self.sleeve_id,
-                agent=NotificationAgent(state=self.state, reason=self.reason),
-                approval=self.approval if self.approval is not None else UNSET,
-                url=self.url,
-                time=self.time,
+        return scrub(
+            _encode(
+                WebhookNotification(
+                    id=self.id,
+                    event=self.event,
+                    sleeve_id=self.sleeve_id,
+                    agent=NotificationAgent(state=self.state, reason=self.reason),
+                    approval=self.approval if self.approval is not None else UNSET,
+                    url=self.url,
+                    time=self.time,
+                )
             )
         )
 

@@ -39,7 +39,7 @@ class _Refused(Exception):
         self.line = mark.line + 1 if mark is not None else 0
 
 
-class _Loader(yaml.SafeLoader):
+class NoAliasLoader(yaml.SafeLoader):
     """SafeLoader that refuses anchors and aliases: a few lines of aliases can stand for
     billions of nodes (the "billion laughs"), and a policy has no use for them."""
 
@@ -70,7 +70,7 @@ def read_policy(path: str | Path) -> Policy:
 
 def parse_policy(text: str, source: str) -> Policy:
     """The policy written in `text` (`source`: the file's name, for the messages)."""
-    loader = _Loader(text)
+    loader = NoAliasLoader(text)
     try:
         node = loader.get_single_node()
         return _policy(loader, node, source)
@@ -107,7 +107,7 @@ def _mapping(node: Any, what: str, keys: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _string(loader: _Loader, node: Any, what: str, limit: int) -> str:
+def _string(loader: NoAliasLoader, node: Any, what: str, limit: int) -> str:
     value = loader.construct_object(node) if isinstance(node, yaml.ScalarNode) else None
     if not isinstance(value, str) or not value.strip():
         raise _Refused(node, f"{what} must be a non-empty string")
@@ -116,14 +116,14 @@ def _string(loader: _Loader, node: Any, what: str, limit: int) -> str:
     return value
 
 
-def _choice(loader: _Loader, node: Any, what: str, allowed: tuple[str, ...]) -> str:
+def _choice(loader: NoAliasLoader, node: Any, what: str, allowed: tuple[str, ...]) -> str:
     value = loader.construct_object(node) if isinstance(node, yaml.ScalarNode) else None
     if value not in allowed:
         raise _Refused(node, f"{what} must be one of {', '.join(allowed)}; got {value!r}")
     return str(value)
 
 
-def _names(loader: _Loader, node: Any, what: str) -> frozenset[str]:
+def _names(loader: NoAliasLoader, node: Any, what: str) -> frozenset[str]:
     """A name, or a list of names."""
     items = node.value if isinstance(node, yaml.SequenceNode) else [node]
     if not items or len(items) > MAX_NAMES:
@@ -131,7 +131,7 @@ def _names(loader: _Loader, node: Any, what: str) -> frozenset[str]:
     return frozenset(_string(loader, item, what, MAX_NAME) for item in items)
 
 
-def _policy(loader: _Loader, node: Any, source: str) -> Policy:
+def _policy(loader: NoAliasLoader, node: Any, source: str) -> Policy:
     if node is None:
         raise _Refused(None, "the file is empty; write `rules:` (and `default:`)")
     top = _mapping(node, "the policy", TOP_KEYS)
@@ -153,7 +153,7 @@ def _policy(loader: _Loader, node: Any, source: str) -> Policy:
     return Policy(tuple(rules), action, source)  # type: ignore[arg-type]  # one of ACTIONS
 
 
-def _rule(loader: _Loader, node: Any, number: int) -> Rule:
+def _rule(loader: NoAliasLoader, node: Any, number: int) -> Rule:
     fields = _mapping(node, f"rule {number}", RULE_KEYS)
     if "name" not in fields:
         raise _Refused(node, f"rule {number} has no name")
@@ -175,7 +175,7 @@ def _rule(loader: _Loader, node: Any, number: int) -> Rule:
     return Rule(name, match, action, message, node.start_mark.line + 1)
 
 
-def _match(loader: _Loader, node: Any, what: str) -> Match:
+def _match(loader: NoAliasLoader, node: Any, what: str) -> Match:
     if isinstance(node, yaml.MappingNode) and not node.value:
         return Match()
     fields = _mapping(node, f"{what}: match", MATCH_KEYS)
@@ -199,7 +199,7 @@ def _match(loader: _Loader, node: Any, what: str) -> Match:
     )
 
 
-def _regex(loader: _Loader, node: Any, what: str) -> re.Pattern[str]:
+def _regex(loader: NoAliasLoader, node: Any, what: str) -> re.Pattern[str]:
     text = _string(loader, node, f"{what}: command", MAX_REGEX)
     try:
         return re.compile(text)
@@ -208,14 +208,14 @@ def _regex(loader: _Loader, node: Any, what: str) -> re.Pattern[str]:
         raise _Refused(node, f"{what}: command is not a valid regex: {exc.msg}{at}") from None
 
 
-def _glob(loader: _Loader, node: Any, what: str) -> re.Pattern[str]:
+def _glob(loader: NoAliasLoader, node: Any, what: str) -> re.Pattern[str]:
     try:
         return compile_glob(_string(loader, node, f"{what}: path", 1024))
     except GlobError as exc:
         raise _Refused(node, f"{what}: path {exc}") from None
 
 
-def _host(loader: _Loader, node: Any, what: str) -> Pattern:
+def _host(loader: NoAliasLoader, node: Any, what: str) -> Pattern:
     try:
         return parse_pattern(f"{what}: host", _string(loader, node, f"{what}: host", 300))
     except AllowlistError as exc:

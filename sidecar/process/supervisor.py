@@ -35,6 +35,7 @@ from sidecar.pane import tmux_version
 from sidecar.pane.tmux import PaneInfo, Tmux
 from sidecar.process import adopt, cli_status, persist, takeover
 from sidecar.process.cli_runner import CliRunner
+from sidecar.process.credentials import credentials
 from sidecar.process.governance import Governance, open_trail
 from sidecar.process.persist import ProcRef, SupervisorState
 from sidecar.process.pidfd import wait_exited
@@ -66,6 +67,8 @@ class Supervisor:
         self.config = config
         self.registry = dict(registry)
         self.bus = bus
+        # The secrets' placeholders (the CLI's variables) and the proxy's swap for the values.
+        self.credentials = credentials(config)
         # With SIDECAR_USER: the CLI's environment (its HOME), and how the sidecar acts in the
         # workspace (as that user; see sidecar.security.acting). Without it: the sidecar's own.
         cli_env = users.user_env(config.child_env, config.user, config.cli_home)
@@ -108,6 +111,7 @@ class Supervisor:
             audit=self.audit,
             owner=self.owner,
             ask_seconds=config.egress_ask,
+            secrets=self.credentials.substitution,
         )
         # The policy and the allow file read again on SIGHUP; held egress requests asked.
         self.rules = Governance(config, bus, self.awareness.approvals, self.egress, self.audit)
@@ -233,7 +237,8 @@ class Supervisor:
         await self.egress.start(ours.egress_port if ours is not None else None)
         if self.egress.started:
             self._guard_cli()
-        self.runner.plans.egress_env = self.egress.env()
+        # The CLI's alone (never tmux's or ttyd's): the proxy, and the secrets' placeholders.
+        self.runner.plans.egress_env = {**self.egress.env(), **self.credentials.env}
         await self._prepare_workspace(ours)
         old_tmux = tmux_version.warning(await asyncio.to_thread(self.tmux.version))
         if old_tmux is not None and old_tmux not in self.warnings:

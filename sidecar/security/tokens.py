@@ -14,7 +14,7 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import NoReturn
 
 #: The admin token's variable and the read-only (view) token's; each may name a file instead
@@ -34,20 +34,22 @@ class TokenError(ValueError):
     """A token or token file is unusable; the message names the variable."""
 
 
-def check_token(var: str, value: str) -> str:
+def check_token(var: str, value: str, limit: int = MAX_TOKEN_BYTES) -> str:
+    """`value` when it has no control character (a CR, LF or NUL would split a header line)
+    and is at most `limit` bytes."""
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
         msg = f"{var} must not contain control characters or line breaks"
         raise TokenError(msg)
-    if len(value.encode("utf-8", "surrogateescape")) > MAX_TOKEN_BYTES:
-        msg = f"{var} is longer than {MAX_TOKEN_BYTES} bytes"
+    if len(value.encode("utf-8", "surrogateescape")) > limit:
+        msg = f"{var} is longer than {limit} bytes"
         raise TokenError(msg)
     return value
 
 
-def read_token_file(var: str, path: str) -> str:
-    """The token in `path`, one trailing newline stripped. Never blocks: a FIFO or a device is
-    refused after an O_NONBLOCK open, not read. Symlinks are followed (Kubernetes mounts each
-    secret key as a symlink into a timestamped directory)."""
+def read_token_file(var: str, path: str, limit: int = MAX_TOKEN_BYTES) -> str:
+    """The token in `path` (at most `limit` bytes), one trailing newline stripped. Never blocks:
+    a FIFO or a device is refused after an O_NONBLOCK open, not read. Symlinks are followed
+    (Kubernetes mounts each secret key as a symlink into a timestamped directory)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -64,14 +66,14 @@ def read_token_file(var: str, path: str) -> str:
         if not stat.S_ISREG(mode):
             msg = f"{var}: {path} is not a regular file (a FIFO, a socket or a device)"
             raise TokenError(msg)
-        data = os.read(fd, MAX_TOKEN_BYTES + 3)
+        data = os.read(fd, limit + 3)
     except OSError as exc:
         msg = f"{var}: cannot read {path}: {exc.strerror}"
         raise TokenError(msg) from None
     finally:
         os.close(fd)
-    if len(data) > MAX_TOKEN_BYTES + 2:  # room for a CRLF
-        msg = f"{var}: {path} is larger than {MAX_TOKEN_BYTES} bytes; it must hold one token"
+    if len(data) > limit + 2:  # room for a CRLF
+        msg = f"{var}: {path} is larger than {limit} bytes; it must hold one value"
         raise TokenError(msg)
     data = data.removesuffix(b"\n").removesuffix(b"\r")
     if not data.strip():
@@ -82,7 +84,7 @@ def read_token_file(var: str, path: str) -> str:
     except UnicodeDecodeError:
         msg = f"{var}: {path} is not UTF-8 text"
         raise TokenError(msg) from None
-    return check_token(var, text)
+    return check_token(var, text, limit)
 
 
 def resolve(env: Mapping[str, str], var: str) -> str | None:
@@ -102,26 +104,29 @@ def resolve(env: Mapping[str, str], var: str) -> str | None:
 # ---- the handover across exec -----------------------------------------------------------------
 
 
-def in_environment(env: Mapping[str, str]) -> bool:
-    return any(var in env for var in HIDDEN_VARS)
+def in_environment(env: Mapping[str, str], extra: Collection[str] = ()) -> bool:
+    """Whether `env` holds a hidden variable, or one of `extra` (the secrets' `from_env`)."""
+    return any(var in env for var in (*HIDDEN_VARS, *extra))
 
 
-def reexec_without_tokens(env: Mapping[str, str]) -> NoReturn:
-    """Start this program again in this process, the hidden variables moved into a memfd."""
-    payload = json.dumps({var: env[var] for var in HIDDEN_VARS if var in env}).encode()
+def reexec_without_tokens(env: Mapping[str, str], extra: Collection[str] = ()) -> NoReturn:
+    """Start this program again in this process, the hidden variables (and `extra`) moved
+    into a memfd."""
+    hidden = (*HIDDEN_VARS, *extra)
+    payload = json.dumps({var: env[var] for var in hidden if var in env}).encode()
     fd = os.memfd_create(MEMFD_NAME, 0)  # no MFD_CLOEXEC: the new image must inherit it
     os.write(fd, payload)
     os.lseek(fd, 0, os.SEEK_SET)
     os.set_inheritable(fd, True)
-    clean = {k: v for k, v in env.items() if k not in HIDDEN_VARS}
+    clean = {k: v for k, v in env.items() if k not in hidden}
     clean[HANDOVER_VAR] = str(fd)
     # sys.orig_argv is exactly how this interpreter was started (`sidecar`, `python -m ...`).
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], clean)  # noqa: S606
 
 
-def take_over(env: dict[str, str]) -> dict[str, str]:
-    """The tokens a previous image of this process handed over (removing the descriptor's
-    variable from `env` and os.environ); {} when there are none."""
+def take_over(env: dict[str, str], extra: Collection[str] = ()) -> dict[str, str]:
+    """The tokens (and the variables of `extra`) a previous image of this process handed over
+    (removing the descriptor's variable from `env` and os.environ); {} when there are none."""
     raw = env.pop(HANDOVER_VAR, None)
     os.environ.pop(HANDOVER_VAR, None)
     if raw is None or not raw.isdigit():
@@ -141,4 +146,5 @@ def take_over(env: dict[str, str]) -> dict[str, str]:
     finally:
         os.close(fd)
     data = json.loads(b"".join(chunks) or b"{}")
-    return {k: v for k, v in data.items() if k in HIDDEN_VARS and isinstance(v, str)}
+    wanted = {*HIDDEN_VARS, *extra}
+    return {k: v for k, v in data.items() if k in wanted and isinstance(v, str)}
