@@ -32,8 +32,8 @@ MAX_FILE = 64 * 1024  # bytes the secrets file, and each value's file, may hold
 MAX_SECRETS = 64
 MIN_VALUE = 8  # a shorter value could not be told from ordinary text (redaction)
 KEYS = ("name", "env", "file", "from_env", "hosts")
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
-_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # Variables the sidecar sets for the CLI, or that change how every program runs: a secret's
 # placeholder must not take their place.
 _RESERVED = re.compile(r"^(SIDECAR_.*|.*_PROXY|PATH|HOME|USER|SHELL|LD_.*|PYTHON.*)$", re.I)
@@ -60,7 +60,7 @@ def hidden_variables(env: Mapping[str, str]) -> tuple[str, ...]:
     if path is None:
         return ()
     names = (e.get(key) for e in _entries(path) for key in ("from_env", "env"))
-    return tuple(dict.fromkeys(n for n in names if isinstance(n, str) and _VARIABLE.match(n)))
+    return tuple(dict.fromkeys(n for n in names if isinstance(n, str) and VARIABLE.match(n)))
 
 
 def read_secrets(
@@ -134,9 +134,9 @@ def _word(entry: dict[str, Any], key: str, what: str, pattern: re.Pattern[str]) 
 def _secret(
     entry: dict[str, Any], env: Mapping[str, str], allow: Allowlist, user: User | None
 ) -> Secret:
-    name = _word(entry, "name", "a secret", _NAME)
+    name = _word(entry, "name", "a secret", NAME)
     what = f"secret {name!r}"
-    variable = _word(entry, "env", what, _VARIABLE)
+    variable = _word(entry, "env", what, VARIABLE)
     if _RESERVED.match(variable):
         raise _error(f"{what}: env {variable} is the sidecar's or the system's; pick another")
     hosts = _hosts(entry.get("hosts"), what, allow)
@@ -150,15 +150,15 @@ def _secret(
         value = _value(lambda: tokens.read_token_file(f"{what}: file", path, MAX_FILE))
         source, from_env = f"file {path}", None
     else:
-        from_env = _word(entry, "from_env", what, _VARIABLE)
+        from_env = _word(entry, "from_env", what, VARIABLE)
         raw = env.get(from_env)
         if raw is None or raw == "":
             raise _error(f"{what}: from_env {from_env} is not set in the sidecar's environment")
         value = _value(lambda: tokens.check_token(f"{what}: from_env {from_env}", raw, MAX_FILE))
         source = f"from_env {from_env}"
-    if not value.isascii() or len(value) < MIN_VALUE:
-        why = "is not ASCII (a header carries it)" if not value.isascii() else "is too short"
-        raise _error(f"{what}: the value from {source} {why}; at least {MIN_VALUE} characters")
+    why = value_problem(value)
+    if why is not None:
+        raise _error(f"{what}: the value from {source} {why}")
     return Secret(name, variable, hosts, source, from_env, value)
 
 
@@ -180,24 +180,30 @@ def _hosts(raw: object, what: str, allow: Allowlist) -> tuple[Pattern, ...]:
             raise ConfigError(str(exc)) from None
         if pattern.ports != DEFAULT_PORTS:
             raise _error(f"{what}: host {host!r}: no port (the value goes to the host itself)")
-        if not _allowed(pattern, allow):
+        if not any(covers(p, pattern) for p in allow.patterns):
             msg = f"{what}: host {pattern.text} is not on the egress allowlist"
             raise _error(msg)
         patterns.append(pattern)
     return tuple(patterns)
 
 
-def _allowed(secret: Pattern, allow: Allowlist) -> bool:
-    """Whether the allowlist lets the CLI reach `secret`'s hosts on at least one port."""
-    for pattern in allow.patterns:
-        if secret.wildcard:
-            if pattern.wildcard and (
-                secret.host == pattern.host or secret.host.endswith("." + pattern.host)
-            ):
-                return True
-        elif any(pattern.matches(secret.host, port) for port in pattern.ports):
-            return True
-    return False
+def value_problem(value: str) -> str | None:
+    """Why `value` cannot be a secret's real value, or None when it can."""
+    if not value.isascii():
+        return "is not ASCII (a header carries it)"
+    if len(value) < MIN_VALUE:
+        return f"is too short; at least {MIN_VALUE} characters"
+    return None
+
+
+def covers(allowed: Pattern, secret: Pattern) -> bool:
+    """Whether the allowlist's pattern `allowed` lets the CLI reach `secret`'s hosts (on at
+    least one port)."""
+    if secret.wildcard:
+        return allowed.wildcard and (
+            secret.host == allowed.host or secret.host.endswith("." + allowed.host)
+        )
+    return any(allowed.matches(secret.host, port) for port in allowed.ports)
 
 
 def _out_of_reach(path: str, what: str, user: User | None) -> None:

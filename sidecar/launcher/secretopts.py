@@ -7,7 +7,6 @@ read once, its value kept in memory), then written as the sidecar's SIDECAR_SECR
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -34,10 +33,6 @@ KNOWN: dict[str, tuple[str, tuple[str, ...]]] = {
 #: The name whose secret git also sends (as the password of HTTPS Basic auth to github.com).
 GIT_SECRET = "github"  # noqa: S105 - a name, not a password
 GIT_URL = "https://github.com"
-# The sidecar's rules (sidecar/config's secrets reader), checked here first.
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
-_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-MIN_VALUE = 8  # a shorter value could not be told from ordinary text (the sidecar redacts it)
 OPTIONS = ("env", "hosts")
 SYNTAX = "NAME=FILE[,env=VAR][,hosts=HOST;HOST...]"
 
@@ -63,11 +58,14 @@ class SecretArg:
 
 
 def parse(spec: str) -> SecretArg:
-    """One `--secret` as written (the file is read: see `read_value`)."""
+    """One `--secret` as written (the file is read: see `read_value`), by the sidecar's rules
+    (sidecar.config.secrets), checked here first."""
+    from sidecar.config.secrets import NAME, VARIABLE
+
     name, sep, rest = spec.partition("=")
     if not sep or not rest:
         raise SecretError(f"--secret {spec!r}: write {SYNTAX}")
-    if not _NAME.match(name):
+    if not NAME.match(name):
         msg = f"--secret {name!r}: a name is a letter, then letters, digits, - and _"
         raise SecretError(msg)
     parts = rest.split(",")
@@ -89,7 +87,7 @@ def parse(spec: str) -> SecretArg:
         known = ", ".join(KNOWN)
         msg = f"--secret {name}: not a known name ({known}); give env=VAR and hosts=HOST;HOST"
         raise SecretError(msg)
-    if not _VARIABLE.match(env):
+    if not VARIABLE.match(env):
         raise SecretError(f"--secret {name}: env={env!r} is not a variable name")
     return SecretArg(name, env, tuple(_host(name, h).text for h in hosts), path)
 
@@ -109,17 +107,14 @@ def _host(name: str, text: str) -> Pattern:
 def read_value(secret: SecretArg) -> SecretArg:
     """`secret` with its file's value (one trailing newline stripped); a SecretError when the
     file is missing, unreadable, empty, too large or holds a line break (a header carries it)."""
+    from sidecar.config.secrets import MAX_FILE, value_problem
     from sidecar.security import tokens
 
     try:
-        value = tokens.read_token_file(f"--secret {secret.name}", secret.path)
+        value = tokens.read_token_file(f"--secret {secret.name}", secret.path, MAX_FILE)
     except tokens.TokenError as exc:
         raise SecretError(str(exc)) from None
-    why = None
-    if not value.isascii():
-        why = "is not ASCII (a header carries it)"
-    elif len(value) < MIN_VALUE:
-        why = f"is too short; at least {MIN_VALUE} characters"
+    why = value_problem(value)
     if why is not None:
         raise SecretError(f"--secret {secret.name}: the value in {secret.path} {why}")
     return SecretArg(secret.name, secret.env, secret.hosts, secret.path, value)
@@ -127,22 +122,15 @@ def read_value(secret: SecretArg) -> SecretArg:
 
 def on_allowlist(secret: SecretArg, allow: Sequence[str]) -> str | None:
     """The first of the secret's hosts the allowlist `allow` does not let the CLI reach."""
+    from sidecar.config.secrets import covers
     from sidecar.egress.allowlist import parse_pattern
 
     patterns = [parse_pattern("--egress", text) for text in allow]
     for text in secret.hosts:
         host = parse_pattern("--secret", text)
-        if not any(_covers(p, host) for p in patterns):
+        if not any(covers(p, host) for p in patterns):
             return text
     return None
-
-
-def _covers(allowed: Pattern, host: Pattern) -> bool:
-    if host.wildcard:
-        return allowed.wildcard and (
-            host.host == allowed.host or host.host.endswith("." + allowed.host)
-        )
-    return any(allowed.matches(host.host, port) for port in allowed.ports)
 
 
 def parse_all(specs: Sequence[str], egress: tuple[str, ...] | None) -> tuple[SecretArg, ...]:

@@ -257,8 +257,11 @@ def test_a_real_bwrap_sleeve_gets_the_file_and_its_sidecar_the_value_and_nothing
         waiter = psutil.Process(run["pid"])
         (bwrap,) = waiter.children()
         (init,) = wait_for(bwrap.children, what="the sandbox's PID 1")
-        assert init.environ()["SLEEVE_SECRET_ANTHROPIC"] == VALUE
         assert init.environ()["SIDECAR_SECRETS_FILE"] == "/run/sleeve/secrets.yaml"
+        # The sidecar started (a from_env variable it lacks is an exit 2) and took the value
+        # out of its own environment: no process in the sandbox holds it in its environ.
+        for proc in (init, *init.children(recursive=True)):
+            assert VALUE not in "\0".join(proc.environ().values()), proc
         inside = Path(f"/proc/{init.pid}/root/run/sleeve/secrets.yaml")
         assert oct(inside.stat().st_mode & 0o777) == "0o400"
         assert json.loads(inside.read_text())["secrets"][0]["from_env"] == "SLEEVE_SECRET_ANTHROPIC"
