@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.audit.records import EgressConnectionRecord
+from sidecar.core.layout import Layout
 from sidecar.egress.allowlist import parse_list
-from sidecar.egress.authority import Authority, trust_env
 from sidecar.egress.proxy import EgressProxy
-from sidecar.egress.terminate import Termination, upstream_context
+from sidecar.egress.terminate import prepare
 from tests.tls_pki import Pki, Stub, https_stub, make_pki
 from tests.tools import require_executable
 
@@ -58,23 +58,21 @@ class Rig:
 @contextlib.asynccontextmanager
 async def rig(pki: Pki, tmp: Path, ports: list[int]) -> AsyncIterator[Rig]:
     """The proxy allowing localhost and 127.0.0.1 on `ports`, with a secret for localhost."""
-    authority = Authority(tmp / "state" / "egress-ca", ["localhost"])
-    await authority.load()
-    public, bundle = tmp / "state" / "egress-ca.pem", tmp / "state" / "egress-ca-bundle.pem"
-    # The test CA goes in as a corporate CA would: the blind tunnel's client must trust it too.
-    authority.write_trust(public, bundle, extra=pki.ca)
+    # The test CA goes in as a corporate CA would (SIDECAR_EGRESS_CA_FILE): the proxy trusts
+    # it upstream, and the blind tunnel's client trusts it through the bundle.
+    termination, trust = await prepare(Layout(tmp / "state"), ["localhost"], pki.ca)
     allow = [f"{h}:{p}" for p in ports for h in ("localhost", "127.0.0.1")]
     records: list[EgressConnectionRecord] = []
     proxy = EgressProxy(
         parse_list("SIDECAR_EGRESS_ALLOW", allow),
         secrets=lambda host: rewrite if host == "localhost" else None,
-        termination=Termination(authority, upstream_context(pki.ca)),
+        termination=termination,
         on_closed=records.append,
     )
     await proxy.start()
     url = f"http://127.0.0.1:{proxy.address[1]}"
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp), "HTTPS_PROXY": url, "https_proxy": url}
-    env |= trust_env(public, bundle)
+    env |= trust
     try:
         yield Rig(proxy, env, records)
     finally:

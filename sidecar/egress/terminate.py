@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sidecar.core.layout import Layout
 from sidecar.egress.allowlist import normalise_host
-from sidecar.egress.authority import Authority, AuthorityError
+from sidecar.egress.authority import Authority, AuthorityError, trust_env
 from sidecar.egress.heads import Refusal
 from sidecar.egress.stream import Requests
 
@@ -45,6 +47,20 @@ class Termination:
 
     authority: Authority
     upstream: ssl.SSLContext
+
+
+async def prepare(
+    layout: Layout, hosts: Iterable[str], ca_file: Path | None
+) -> tuple[Termination, dict[str, str]]:
+    """For a sleeve whose `hosts` have a secret (made before the CLI starts, whose fence
+    grants only what exists then): the proxy's termination, with the CA kept in the state dir
+    (made the first time), and the CLI's variables that make it trust that CA. AuthorityError,
+    OSError or SSLError when the CA or `ca_file` (SIDECAR_EGRESS_CA_FILE) cannot be used."""
+    authority = Authority(layout.egress_ca, hosts)
+    await authority.load()
+    authority.write_trust(layout.egress_ca_public, layout.egress_ca_bundle, ca_file)
+    termination = Termination(authority, upstream_context(ca_file))
+    return termination, trust_env(layout.egress_ca_public, layout.egress_ca_bundle)
 
 
 class Editor:
