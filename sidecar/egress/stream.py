@@ -140,7 +140,9 @@ class Requests:
             said.append(rest.split("/", 1)[0].split("?", 1)[0])
         for authority in said:
             host, port = authority_of(authority, 443)
-            if (normalise_host(host.strip("[]")), port) != (self.host, self.port):
+            # As the client wrote it nearly always: normalising (IDNA, addresses) costs more.
+            same = host == self.host or normalise_host(host.strip("[]")) == self.host
+            if not same or port != self.port:
                 raise Refusal(400, f"{authority!r} is not the host this connection was opened to")
 
     def _frame(self, method: str, by_name: dict[str, list[str]]) -> None:
