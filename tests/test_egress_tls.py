@@ -157,6 +157,22 @@ async def test_a_host_without_a_secret_is_a_blind_tunnel_and_the_placeholder_goe
     assert header(good.requests()[0], "X-Api-Key") == [PLACEHOLDER.decode()]
 
 
+async def test_a_client_that_does_not_trust_the_sleeve_ca_sends_nothing_and_is_recorded(
+    pki: Pki, good: Stub, tmp_path: Path
+) -> None:
+    """A tool with roots of its own (here curl given the test CA alone, not the bundle) refuses
+    the proxy's certificate: its request never leaves, and the record says why."""
+    curl = require_executable("curl")
+    async with rig(pki, tmp_path, [good.port]) as r:
+        args = [curl, "-sS", "--cacert", str(pki.ca), "-H", f"X-Api-Key: {PLACEHOLDER.decode()}",
+                f"https://localhost:{good.port}/x"]  # fmt: skip
+        status, out = await run(args, r.env)
+    assert status != 0 and "certificate" in out, out
+    assert good.requests() == []
+    (record,) = r.records
+    assert record.reason is not None and "does it trust the sleeve's CA?" in record.reason
+
+
 async def test_three_requests_on_one_connection_are_each_rewritten(
     pki: Pki, good: Stub, tmp_path: Path
 ) -> None:

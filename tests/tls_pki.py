@@ -5,6 +5,7 @@ ends' certificates, good and bad; and the HTTPS stub (`tests.tls_stub`) as a pro
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -57,8 +58,6 @@ class Stub:
     seen: Path  # one JSON line per request it read
 
     def requests(self) -> list[dict[str, object]]:
-        import json
-
         if not self.seen.exists():
             return []
         return [json.loads(line) for line in self.seen.read_text().splitlines()]

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from sidecar.core.files import fill, read_limited, replacing
+from sidecar.egress.allowlist import is_ip
 
 log = logging.getLogger(__name__)
 
@@ -38,21 +39,13 @@ class AuthorityError(Exception):
     """The authority cannot be made or cannot issue (the `openssl` command failed)."""
 
 
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 def name_constraints(hosts: Iterable[str]) -> str:
     """The CA's nameConstraints: the hosts with a secret and nothing else. A kind of name with no
     host is shut outright (OpenSSL and the others leave a kind without a subtree unconstrained),
     so a leaked key impersonates nothing else. Pure."""
     names, addresses = [], []
     for host in sorted(set(hosts)):
-        if _is_ip(host):
+        if is_ip(host):
             ip = ipaddress.ip_address(host)
             addresses.append(f"permitted;IP:{ip}/{ipaddress.ip_network(ip).netmask}")
         else:
@@ -176,7 +169,7 @@ class Authority:
         return context
 
     async def _issue(self, host: str, leaf: Path) -> None:
-        san = f"IP:{host}" if _is_ip(host) else f"DNS:{host}"
+        san = f"IP:{host}" if is_ip(host) else f"DNS:{host}"
         config = _config(
             host,
             {
