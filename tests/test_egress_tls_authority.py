@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.egress import authority as authority_module
 from sidecar.egress.authority import Authority, AuthorityError, name_constraints, trust_env
 from tests.tls_pki import openssl
 from tests.tools import require_executable
@@ -140,3 +141,18 @@ async def test_a_host_name_never_becomes_a_path(tmp_path: Path) -> None:
     await authority.load()
     with pytest.raises(AuthorityError, match="not a host name"):
         await authority.context("../../x")
+
+
+async def test_the_hosts_certificates_kept_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A secret for a whole domain lets the agent ask for any name in it: the oldest
+    certificates go, on disk and in memory."""
+    monkeypatch.setattr(authority_module, "MAX_LEAVES", 3)
+    authority = Authority(tmp_path / "egress-ca", ["api.example"])
+    await authority.load()
+    for n in range(5):
+        await authority.context(f"h{n}.api.example")
+    kept = sorted(p.name for p in (tmp_path / "egress-ca").glob("leaf-*.pem"))
+    assert kept == ["leaf-h2.api.example.pem", "leaf-h3.api.example.pem", "leaf-h4.api.example.pem"]
+    assert list(authority._contexts) == ["h2.api.example", "h3.api.example", "h4.api.example"]

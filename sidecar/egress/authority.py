@@ -28,6 +28,9 @@ CA_DAYS = 3650
 LEAF_DAYS = 397  # what the browsers' rules allow a server certificate; the CLIs never mind
 LEAF_RENEW = 300 * 86400.0  # a cached certificate older than this is made again
 MAX_BUNDLE = 4 * 1024 * 1024  # a system bundle is ~200 KiB
+# Hosts' certificates kept (in memory and on disk): a secret for `*.example.com` would otherwise
+# let the agent have one made for every name it can think of; the oldest goes first.
+MAX_LEAVES = 128
 _HOST = re.compile(r"[a-z0-9*][a-z0-9.:*-]*")  # a normalised host: never a path
 # Every variable a TLS library among the CLIs' reads for its trusted roots: OpenSSL (curl,
 # Python, Rust's native-tls and rustls-native-certs), Node's extra roots, requests, git.
@@ -165,6 +168,8 @@ class Authority:
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(leaf)
         context.set_alpn_protocols(["http/1.1"])  # the proxy reads HTTP/1.1 heads, not h2
+        if len(self._contexts) >= MAX_LEAVES:
+            del self._contexts[next(iter(self._contexts))]
         self._contexts[host] = context
         return context
 
@@ -180,6 +185,9 @@ class Authority:
                 "authorityKeyIdentifier": "keyid",
             },
         )
+        kept = sorted(self.directory.glob("leaf-*.pem"), key=lambda p: p.stat().st_mtime)
+        for old in kept[: max(0, len(kept) - MAX_LEAVES + 1)]:
+            old.unlink(missing_ok=True)
         part = leaf.with_name(f".{leaf.name}.part")
         args = ["-keyout", str(part), "-out", str(part.with_suffix(".cert"))]
         args += ["-days", str(LEAF_DAYS), "-CA", str(self.cert), "-CAkey", str(self.key)]
