@@ -46,6 +46,7 @@ from bench.figures import (
     soak,
     start,
     terminal,
+    tls,
 )
 
 log = logging.getLogger("bench")
@@ -58,6 +59,7 @@ GROUPS: dict[str, ModuleType] = {
     "crash": crash,
     "http": http,
     "egress": egress,
+    "tls": tls,
     "outbox": outbox,
     "terminal": terminal,
     "agent": agent,
@@ -79,6 +81,7 @@ ORDER = [
     "http",
     "idle",
     "egress",
+    "tls",
     "outbox",
     "terminal",
     "agent",

@@ -7,6 +7,7 @@ test happens to run when it is collected.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,10 +18,14 @@ CLOSE_TURNS = 100  # loop turns the aborted connections get to close their socke
 
 
 class ThreadedApp:
-    """`runner_args`: web.AppRunner's keyword arguments (access_log=None is the default)."""
+    """`runner_args`: web.AppRunner's keyword arguments (access_log=None is the default);
+    `ssl_context`: served over TLS with it."""
 
-    def __init__(self, host: str = "127.0.0.1", **runner_args: Any) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", ssl_context: ssl.SSLContext | None = None, **runner_args: Any
+    ) -> None:
         self.host = host
+        self.ssl_context = ssl_context
         self._runner_args = {"access_log": None, **runner_args}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -45,8 +50,9 @@ class ThreadedApp:
         async def start() -> str:
             self._runner = web.AppRunner(app, **self._runner_args)
             await self._runner.setup()
-            await web.TCPSite(self._runner, self.host, 0).start()
-            return f"http://{self.host}:{self._runner.addresses[0][1]}"
+            await web.TCPSite(self._runner, self.host, 0, ssl_context=self.ssl_context).start()
+            scheme = "https" if self.ssl_context is not None else "http"
+            return f"{scheme}://{self.host}:{self._runner.addresses[0][1]}"
 
         self._thread.start()
         return asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
@@ -70,5 +76,8 @@ class ThreadedApp:
 
 
 def _closed(transport: asyncio.Transport) -> bool:
-    sock = transport.get_extra_info("socket")
+    try:
+        sock = transport.get_extra_info("socket")
+    except AttributeError:  # a TLS transport, closed: it has no protocol left to ask
+        return True
     return sock is None or sock.fileno() == -1

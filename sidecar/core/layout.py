@@ -76,7 +76,26 @@ class Layout:
         secrets (the agent's hook secret is in `agent_state`; Web Push's key and the browsers'
         subscriptions in theirs). A new private file goes here; the egress guard
         (`sidecar.egress.fence`) keeps the CLI from it."""
-        return (self.supervisor_state, self.agent_state, self.vapid_key, self.push_devices)
+        return (
+            self.supervisor_state, self.agent_state, self.vapid_key, self.push_devices,
+            self.egress_ca,
+        )  # fmt: skip
+
+    @property
+    def egress_ca(self) -> Path:
+        """The sleeve's CA for the egress proxy's TLS termination (`sidecar.egress.authority`):
+        its key and its hosts' certificates, 0700/0600."""
+        return self.state_dir / "egress-ca"
+
+    @property
+    def egress_ca_public(self) -> Path:
+        """The CA's certificate the CLI trusts (NODE_EXTRA_CA_CERTS), 0644."""
+        return self.state_dir / "egress-ca.pem"
+
+    @property
+    def egress_ca_bundle(self) -> Path:
+        """The system's roots and the CA's certificate (SSL_CERT_FILE and the others), 0644."""
+        return self.state_dir / "egress-ca-bundle.pem"
 
     @property
     def tmux_conf(self) -> Path:

@@ -142,7 +142,7 @@ def parse_pattern(var: str, text: str) -> Pattern:
     name = normalise_host(rest)
     if name is None:
         raise bad("not a host name or an IP address (ranges are not allowed)")
-    if wildcard and _is_ip(name):
+    if wildcard and is_ip(name):
         raise bad("'*.' takes a domain name, not an IP address")
     shown = f"[{name}]" if ":" in name else name
     shown = f"*.{shown}" if wildcard else shown
@@ -151,7 +151,7 @@ def parse_pattern(var: str, text: str) -> Pattern:
     return Pattern(text=shown, host=name, wildcard=wildcard, ports=ports)
 
 
-def _is_ip(name: str) -> bool:
+def is_ip(name: str) -> bool:
     try:
         ipaddress.ip_address(name)
     except ValueError:

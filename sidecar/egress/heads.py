@@ -32,7 +32,7 @@ PHRASES = {
     503: "Service Unavailable",
     504: "Gateway Timeout",
 }
-_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f]")  # C0 but HTAB, and DEL
+CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f]")  # C0 but HTAB, and DEL
 # Hop-by-hop headers (RFC 9110 7.6.1) and the proxy's own: never sent on to the far end.
 HOP_HEADERS = frozenset(
     {
@@ -58,7 +58,7 @@ class Request:
     body: int  # Content-Length of a plain HTTP request (0 for CONNECT)
 
 
-def _authority(text: str, default_port: int | None) -> tuple[str, int]:
+def authority_of(text: str, default_port: int | None) -> tuple[str, int]:
     """`host[:port]` (IPv6 in brackets) into host and port; Refusal(400) when malformed."""
     if text.startswith("["):
         host, _, rest = text[1:].partition("]")
@@ -90,7 +90,7 @@ def _plain_target(target: str, by_name: dict[str, list[str]]) -> tuple[str, int,
     authority, path = rest[:cut], rest[cut:].partition("#")[0]
     if "@" in authority:
         raise Refusal(400, "credentials in the URI are not carried")
-    host, port = _authority(authority, 80)
+    host, port = authority_of(authority, 80)
     if by_name.get("transfer-encoding"):
         raise Refusal(411, "a request body must have a Content-Length")
     lengths = set(by_name.get("content-length", []))
@@ -100,7 +100,7 @@ def _plain_target(target: str, by_name: dict[str, list[str]]) -> tuple[str, int,
     return host, port, path if path.startswith("/") else "/" + path, body
 
 
-def _headers(lines: list[str]) -> list[tuple[str, str]]:
+def header_fields(lines: list[str]) -> list[tuple[str, str]]:
     headers: list[tuple[str, str]] = []
     for line in lines:
         name, colon, value = line.partition(":")
@@ -120,18 +120,18 @@ def parse_head(head: bytes) -> Request:
         raise Refusal(400, "malformed request line") from None
     # A bare LF, a CR, a NUL inside a line: a far end that splits lines another way would read
     # a header the checks below never saw (a second Host). Tabs only in a header's value.
-    if _CONTROL.search(lines[0].replace("\t", "\0")) or any(map(_CONTROL.search, lines[1:])):
+    if CONTROL.search(lines[0].replace("\t", "\0")) or any(map(CONTROL.search, lines[1:])):
         raise Refusal(400, "a control character inside a line of the request head")
     if not version.startswith("HTTP/1."):
         raise Refusal(400, f"unsupported protocol {version!r}")
-    headers = _headers(lines[1:])
+    headers = header_fields(lines[1:])
     by_name: dict[str, list[str]] = {}
     for name, value in headers:
         by_name.setdefault(name.lower(), []).append(value)
     if len(by_name.get("host", [])) > 1:
         raise Refusal(400, "more than one Host header")
     if method == "CONNECT":
-        host, port = _authority(target, None)
+        host, port = authority_of(target, None)
         path, body = "", 0
     else:
         host, port, path, body = _plain_target(target, by_name)
@@ -140,7 +140,7 @@ def parse_head(head: bytes) -> Request:
     for value in by_name.get("host", []):
         # The host that decides is the one in the request line: a Host header naming another
         # would have the far end serve that one (a shared CDN, a virtual host).
-        said_host, said_port = _authority(value, port)
+        said_host, said_port = authority_of(value, port)
         if (normalise_host(said_host), said_port) != (normalise_host(host), port):
             raise Refusal(400, f"Host header {value!r} disagrees with the request's host")
     return Request(method, host.strip("[]"), port, path, headers, body)

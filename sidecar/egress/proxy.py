@@ -1,6 +1,7 @@
 """The egress proxy: a forward proxy on loopback that lets the CLI reach the hosts on its
 allowlist and nothing else. Plain HTTP requests in absolute form and HTTPS `CONNECT` tunnels,
-decided on the host name asked for; the proxy resolves names itself; no TLS interception.
+decided on the host name asked for; the proxy resolves names itself. TLS is terminated only for
+the hosts that have a secret (`sidecar.egress.terminate`); every other CONNECT is a blind tunnel.
 
 Written on asyncio protocols rather than taken from a library: proxy.py, pproxy and mitmproxy
 each bring a plugin framework (or TLS interception) and several MiB of imports to a process
@@ -24,6 +25,7 @@ from sidecar.egress.allowlist import Allowlist, normalise_host
 from sidecar.egress.heads import Refusal, Request, upstream_head
 from sidecar.egress.peer import Peer
 from sidecar.egress.sides import Client, Limits, Upstream
+from sidecar.egress.terminate import Termination, terminate
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +78,9 @@ class EgressProxy:
     `on_allowed(pattern)` are told of every request decided; `ask`, when set, decides a request
     for a host off the list while it is held; `on_closed` gets each request's record when its
     connection ends, with the process that made it (`find_peer`); `secrets`, when set, names
-    the hosts whose requests carry a secret's real value in place of its placeholder (and
-    `unlisted` sees the plain HTTP heads to every other host)."""
+    the hosts whose requests carry a secret's real value in place of its placeholder (a CONNECT
+    to one is TLS terminated with `termination`'s CA; every other stays a blind tunnel), and
+    `unlisted` sees the plain HTTP heads to every other host."""
 
     def __init__(
         self,
@@ -92,6 +95,7 @@ class EgressProxy:
         find_peer: FindPeer | None = None,
         secrets: Secrets | None = None,
         unlisted: Unlisted | None = None,
+        termination: Termination | None = None,
     ) -> None:
         self.allow = allow
         self.also = {(normalise_host(h), p) for h, p in also}
@@ -102,6 +106,7 @@ class EgressProxy:
         self.find_peer = find_peer
         self.secrets = secrets
         self.unlisted = unlisted
+        self.termination = termination
         self.limits = limits or Limits()
         self.tunnels = 0
         self.clients: set[Client] = set()
@@ -187,6 +192,11 @@ class EgressProxy:
         except BaseException:
             upstream.release()
             raise
+        if req.method == "CONNECT" and self.secrets is not None:
+            rewrite = self.secrets(normalise_host(req.host) or req.host)
+            if rewrite is not None:
+                await terminate(self, client, upstream, req, rewrite)
+                return
         self._join(client, upstream, req)
         if self.on_closed is not None:
             # Who asked is looked up once the tunnel is up: never on the connection's setup path.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,10 @@ class Side(asyncio.Protocol):
         # between the connect and the join): passed on at the join.
         self.early = b""
         self.moved = 0  # bytes passed on to the peer
+        # What a terminated TLS connection's client sends, as the far end gets it (its request
+        # heads rewritten: `sidecar.egress.terminate`).
+        self.edit: Callable[[bytes], bytes] | None = None
+        self.tls = False  # its transport is TLS the proxy terminates
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -62,6 +67,8 @@ class Side(asyncio.Protocol):
                 return
             data = data[: self.budget]  # what follows the body is never sent on
             self.budget -= len(data)
+        if self.edit is not None and data:
+            data = self.edit(data)
         peer = self.peer
         if data and peer is not None and peer.transport is not None:
             peer.last = self.last
@@ -73,7 +80,8 @@ class Side(asyncio.Protocol):
     def eof_received(self) -> bool:
         self.eof = True
         peer = self.peer
-        if peer is None or peer.transport is None or peer.eof:
+        # TLS has no half-close (a terminated connection's sides): the first EOF ends both.
+        if peer is None or peer.transport is None or peer.eof or self.tls:
             self.close()
             return False
         if peer.transport.can_write_eof():

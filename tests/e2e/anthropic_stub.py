@@ -18,6 +18,7 @@ answer reported, as a client sums it: the start's input and cache counts, the en
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ class AnthropicStub:
         bash_command: str | None = None,
         bash_calls: int = 1,
         usage: dict[str, int] | None = None,
+        ssl_context: ssl.SSLContext | None = None,  # served over TLS with it
     ) -> None:
         self.reply = reply
         self.bash_command = bash_command
@@ -60,7 +62,7 @@ class AnthropicStub:
         self.url = ""
         self._requests: list[Recorded] = []
         self._lock = threading.Lock()
-        self._server = ThreadedApp()
+        self._server = ThreadedApp(ssl_context=ssl_context)
         self._tool_uses = 0
 
     # --- recording ---------------------------------------------------------------------------

@@ -1,0 +1,189 @@
+"""TLS termination for a CONNECT to a host that has a secret: the far end's TLS first (verified
+against the system's CAs and SIDECAR_EGRESS_CA_FILE, the host as SNI), then the client's with
+the sleeve CA's certificate for the host; each request head on the connection then goes through
+the secret's rewrite (`sidecar.egress.stream`), bodies and every response pass as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import logging
+import os
+import ssl
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sidecar.core.layout import Layout
+from sidecar.egress.allowlist import normalise_host
+from sidecar.egress.authority import Authority, AuthorityError, trust_env
+from sidecar.egress.heads import Refusal
+from sidecar.egress.stream import Requests
+
+if TYPE_CHECKING:
+    from sidecar.egress.heads import Request
+    from sidecar.egress.proxy import EgressProxy, Rewrite
+    from sidecar.egress.sides import Client, Upstream
+
+log = logging.getLogger(__name__)
+
+ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+
+
+def upstream_context(ca_file: Path | None) -> ssl.SSLContext:
+    """How the proxy checks a far end it terminates for: the system's CAs, plus `ca_file`'s
+    (SIDECAR_EGRESS_CA_FILE: a corporate CA) when set; HTTP/1.1 only. OSError or SSLError
+    when `ca_file` cannot be read."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # the certificate and the name checked
+    capath = ssl.get_default_verify_paths().capath
+    if capath and glob.glob(os.path.join(glob.escape(capath), "*.0")):
+        # The hashed directory: OpenSSL reads a root when a chain needs it, where the bundle
+        # file would be parsed whole into memory (~0.9 MiB for Debian's).
+        context.load_verify_locations(capath=capath)
+    else:
+        context.load_default_certs()
+    if ca_file is not None:
+        context.load_verify_locations(cafile=ca_file)
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+@dataclass(frozen=True)
+class Termination:
+    """What the proxy terminates TLS with: the sleeve's CA and the far ends' trust."""
+
+    authority: Authority
+    upstream: ssl.SSLContext
+
+
+async def prepare(
+    layout: Layout, hosts: Iterable[str], ca_file: Path | None
+) -> tuple[Termination, dict[str, str]]:
+    """For a sleeve whose `hosts` have a secret (made before the CLI starts, whose fence
+    grants only what exists then): the proxy's termination, with the CA kept in the state dir
+    (made the first time), and the CLI's variables that make it trust that CA. AuthorityError,
+    OSError or SSLError when the CA or `ca_file` (SIDECAR_EGRESS_CA_FILE) cannot be used."""
+    authority = Authority(layout.egress_ca, hosts)
+    await authority.load()
+    authority.write_trust(layout.egress_ca_public, layout.egress_ca_bundle, ca_file)
+    termination = Termination(authority, upstream_context(ca_file))
+    return termination, trust_env(layout.egress_ca_public, layout.egress_ca_bundle)
+
+
+class Editor:
+    """The client's bytes on their way to the far end: `Requests.feed`, and a request the
+    proxy will not carry answered (the first) or the connection closed (later ones, whose
+    answers may still be on their way). `failed`: the far end could not be reached over TLS;
+    the first request gets that as its 502."""
+
+    def __init__(self, client: Client, requests: Requests, failed: str | None) -> None:
+        self.client = client
+        self.requests = requests
+        self.failed = failed
+
+    def __call__(self, data: bytes) -> bytes:
+        try:
+            out = self.requests.feed(data)
+            if self.failed is not None and self.requests.requests:
+                raise Refusal(502, self.failed)
+        except Refusal as refusal:
+            self.client.refused = str(refusal)
+            if self.requests.requests <= (self.failed is not None):
+                self.client.refuse(refusal.status, str(refusal))
+            else:
+                log.info("egress: closing a terminated connection: %s", refusal)
+                self.client.close()
+            return b""
+        return out
+
+
+async def terminate(proxy: EgressProxy, client: Client, upstream: Upstream, req: Request,
+                    rewrite: Rewrite) -> None:  # fmt: skip
+    """Join `client` (its CONNECT read) and `upstream` (connected) through TLS on both sides;
+    Refusal while the CONNECT can still be answered."""
+    host = normalise_host(req.host) or req.host
+    shown = f"[{host}]:{req.port}" if ":" in host else f"{host}:{req.port}"
+    termination = proxy.termination
+    try:
+        if termination is None:
+            msg = f"{shown} has a secret but the proxy has no CA to terminate TLS with"
+            raise Refusal(502, msg)
+        if client.buf:
+            raise Refusal(400, "bytes after the CONNECT before its answer")
+        try:
+            context = await termination.authority.context(host)
+        except (AuthorityError, OSError, ssl.SSLError) as exc:
+            raise Refusal(502, f"no certificate for {shown}: {exc}") from None
+        failed = await _upstream_tls(proxy, termination, upstream, host, shown)
+    except BaseException:
+        upstream.close()
+        raise
+    raw = client.transport
+    assert raw is not None
+    raw.write(ESTABLISHED)
+    try:
+        tls = await proxy.loop.start_tls(
+            raw, client, context, server_side=True,
+            ssl_handshake_timeout=proxy.limits.head_timeout,
+        )  # fmt: skip
+    except (OSError, ssl.SSLError, TimeoutError) as exc:
+        # The client refused the sleeve's certificate (it does not trust the CA), or left.
+        client.refused = f"TLS with the client failed (does it trust the sleeve's CA?): {exc}"
+        log.info("egress: %s: %s", shown, client.refused)
+        client.close()
+        upstream.close()
+        return
+    except BaseException:
+        upstream.close()
+        raise
+    if tls is None:  # the loop closed it meanwhile
+        client.close()
+        upstream.close()
+        return
+    _link(client, upstream, raw, tls, Editor(client, Requests(
+        host, req.port, rewrite, proxy.limits.max_head), failed))  # fmt: skip
+
+
+def _link(client: Client, upstream: Upstream, raw: asyncio.Transport, tls: asyncio.Transport,
+          editor: Editor) -> None:  # fmt: skip
+    """Both TLS sides up: join them, the client's bytes through `editor`."""
+    proxy = client.proxy
+    if client.timer is not None:
+        client.timer.cancel()
+        client.timer = None
+    client.transport, client.tls, upstream.tls = tls, True, True
+    client.peer = upstream
+    if editor.failed is None:
+        upstream.peer = client  # (a far end that failed closes itself alone, whenever)
+    client.edit = editor
+    # What either side sent in the turn that ended its handshake, read before this ran.
+    early, client.buf = client.buf, b""
+    client.pass_on(early)
+    if not raw.is_closing() and not raw.is_reading():
+        raw.resume_reading()  # paused by the client while it held more than a head of it
+    early_in, upstream.early = upstream.early, b""
+    upstream.pass_on(early_in)
+    if proxy.on_closed is not None:
+        proxy.loop.call_soon(proxy.look_up, client)
+
+
+async def _upstream_tls(proxy: EgressProxy, termination: Termination, upstream: Upstream,
+                        host: str, shown: str) -> str | None:  # fmt: skip
+    """TLS with the far end (the upstream side's transport replaced); why it failed, to be
+    told to the client once its TLS is up, or None."""
+    assert upstream.transport is not None
+    try:
+        tls = await proxy.loop.start_tls(
+            upstream.transport, upstream, termination.upstream, server_hostname=host,
+            ssl_handshake_timeout=proxy.limits.connect_timeout,
+        )  # fmt: skip
+    except ssl.SSLCertVerificationError as exc:
+        return f"the certificate of {shown} is not valid: {exc.verify_message}; not sent on"
+    except (OSError, ssl.SSLError, TimeoutError) as exc:
+        return f"TLS with {shown} failed: {exc or type(exc).__name__}"
+    if tls is None:
+        return f"TLS with {shown} failed: the connection closed"
+    upstream.transport = tls
+    return None

@@ -1,0 +1,262 @@
+"""The egress proxy's TLS termination for hosts with a secret, with real clients (curl, Python's
+urllib, git) as processes and an HTTPS stub process on 127.0.0.1 (named `localhost` on the
+allowlist) whose certificate comes from a test CA given as SIDECAR_EGRESS_CA_FILE. The secret's
+rewrite is the test's own (the real one is `sidecar.egress.secrets`'s): it puts REAL where the
+placeholder is, and inside Basic credentials too. Nothing leaves loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from sidecar.audit.records import EgressConnectionRecord
+from sidecar.core.layout import Layout
+from sidecar.egress.allowlist import parse_list
+from sidecar.egress.proxy import EgressProxy
+from sidecar.egress.terminate import prepare
+from tests.tls_pki import Pki, Stub, https_stub, make_pki
+from tests.tools import require_executable
+
+PLACEHOLDER = b"sleeve-placeholder-4f9c2d"
+REAL = b"real-value-81d0e7"
+BASIC = re.compile(rb"(Authorization: Basic )([A-Za-z0-9+/=]+)")
+
+
+def rewrite(head: bytes) -> bytes:
+    """The placeholder replaced by the real value, in the head and in Basic credentials."""
+
+    def basic(match: re.Match[bytes]) -> bytes:
+        decoded = base64.b64decode(match.group(2)).replace(PLACEHOLDER, REAL)
+        return match.group(1) + base64.b64encode(decoded)
+
+    return BASIC.sub(basic, head.replace(PLACEHOLDER, REAL))
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    require_executable("openssl", "Debian's openssl package (ca-certificates depends on it)")
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@dataclass
+class Rig:
+    proxy: EgressProxy
+    env: dict[str, str]  # a client's: the proxy and the trust variables, nothing else
+    records: list[EgressConnectionRecord] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def rig(pki: Pki, tmp: Path, ports: list[int]) -> AsyncIterator[Rig]:
+    """The proxy allowing localhost and 127.0.0.1 on `ports`, with a secret for localhost."""
+    # The test CA goes in as a corporate CA would (SIDECAR_EGRESS_CA_FILE): the proxy trusts
+    # it upstream, and the blind tunnel's client trusts it through the bundle.
+    termination, trust = await prepare(Layout(tmp / "state"), ["localhost"], pki.ca)
+    allow = [f"{h}:{p}" for p in ports for h in ("localhost", "127.0.0.1")]
+    records: list[EgressConnectionRecord] = []
+    proxy = EgressProxy(
+        parse_list("SIDECAR_EGRESS_ALLOW", allow),
+        secrets=lambda host: rewrite if host == "localhost" else None,
+        termination=termination,
+        on_closed=records.append,
+    )
+    await proxy.start()
+    url = f"http://127.0.0.1:{proxy.address[1]}"
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp), "HTTPS_PROXY": url, "https_proxy": url}
+    env |= trust
+    try:
+        yield Rig(proxy, env, records)
+    finally:
+        await proxy.close()
+
+
+async def run(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[int, str]:
+    """A client process, while the proxy serves in this loop: its status and output."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 15)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace")
+
+
+@pytest.fixture
+def good(pki: Pki, tmp_path: Path) -> Iterator[Stub]:
+    with https_stub(pki.certs["good"], tmp_path / "seen.jsonl") as stub:
+        yield stub
+
+
+def header(request: dict[str, object], name: str) -> list[str]:
+    headers = request["headers"]
+    assert isinstance(headers, list)
+    return [v for k, v in headers if k.lower() == name.lower()]
+
+
+async def test_curl_to_a_host_with_a_secret_carries_the_real_value(
+    pki: Pki, good: Stub, tmp_path: Path
+) -> None:
+    curl = require_executable("curl")
+    async with rig(pki, tmp_path, [good.port]) as r:
+        url = f"https://localhost:{good.port}/v1/one?key={PLACEHOLDER.decode()}"
+        status, out = await run(
+            [curl, "-sS", "--fail-with-body", "-H", f"X-Api-Key: {PLACEHOLDER.decode()}", url],
+            r.env,
+        )
+        assert status == 0, out
+        assert out == f"seen GET /v1/one?key={REAL.decode()}\n"
+    (seen,) = good.requests()
+    assert header(seen, "X-Api-Key") == [REAL.decode()]
+    (record,) = r.records
+    assert (record.host, record.port, record.allowed, record.reason) == (
+        "localhost",
+        good.port,
+        True,
+        None,
+    )
+    assert record.bytes_out > 0 and record.bytes_in > 0
+
+
+async def test_urllib_trusts_the_sleeve_ca_through_ssl_cert_file(
+    pki: Pki, good: Stub, tmp_path: Path
+) -> None:
+    script = (
+        "import sys, urllib.request as u\n"
+        "r = u.Request(sys.argv[1], headers={'Authorization': 'Bearer ' + sys.argv[2]})\n"
+        "print(u.urlopen(r, timeout=20).read().decode(), end='')\n"
+    )
+    async with rig(pki, tmp_path, [good.port]) as r:
+        url = f"https://localhost:{good.port}/py"
+        status, out = await run([sys.executable, "-c", script, url, PLACEHOLDER.decode()], r.env)
+    assert (status, out) == (0, "seen GET /py\n")
+    assert header(good.requests()[0], "Authorization") == [f"Bearer {REAL.decode()}"]
+
+
+async def test_a_host_without_a_secret_is_a_blind_tunnel_and_the_placeholder_goes_unchanged(
+    pki: Pki, good: Stub, tmp_path: Path
+) -> None:
+    """127.0.0.1 is allowed but has no secret: the client sees the far end's own certificate
+    (the test CA's, which no sleeve CA issued) and the placeholder arrives as it was sent."""
+    curl = require_executable("curl")
+    async with rig(pki, tmp_path, [good.port]) as r:
+        url = f"https://127.0.0.1:{good.port}/blind"
+        status, out = await run(
+            [curl, "-sS", "-w", "%{certs}", "--cacert", str(pki.ca),
+             "-H", f"X-Api-Key: {PLACEHOLDER.decode()}", url], r.env,
+        )  # fmt: skip
+    assert status == 0, out
+    assert "Issuer:CN = test" in out.replace(" = ", " = ")  # the stub's own certificate
+    assert header(good.requests()[0], "X-Api-Key") == [PLACEHOLDER.decode()]
+
+
+async def test_a_client_that_does_not_trust_the_sleeve_ca_sends_nothing_and_is_recorded(
+    pki: Pki, good: Stub, tmp_path: Path
+) -> None:
+    """A tool with roots of its own (here curl given the test CA alone, not the bundle) refuses
+    the proxy's certificate: its request never leaves, and the record says why."""
+    curl = require_executable("curl")
+    async with rig(pki, tmp_path, [good.port]) as r:
+        args = [curl, "-sS", "--cacert", str(pki.ca), "-H", f"X-Api-Key: {PLACEHOLDER.decode()}",
+                f"https://localhost:{good.port}/x"]  # fmt: skip
+        status, out = await run(args, r.env)
+    assert status != 0 and "certificate" in out, out
+    assert good.requests() == []
+    (record,) = r.records
+    assert record.reason is not None and "does it trust the sleeve's CA?" in record.reason
+
+
+async def test_three_requests_on_one_connection_are_each_rewritten(
+    pki: Pki, good: Stub, tmp_path: Path
+) -> None:
+    curl = require_executable("curl")
+    async with rig(pki, tmp_path, [good.port]) as r:
+        urls = [f"https://localhost:{good.port}/{n}" for n in range(3)]
+        args = [curl, "-sS", "-H", f"X-Api-Key: {PLACEHOLDER.decode()}", *urls]
+        status, out = await run(args, r.env)
+        assert status == 0, out
+    assert [req["path"] for req in good.requests()] == ["/0", "/1", "/2"]
+    assert all(header(req, "X-Api-Key") == [REAL.decode()] for req in good.requests())
+    assert len(r.records) == 1  # one CONNECT carried all three
+
+
+async def test_a_chunked_body_with_the_placeholder_passes_unchanged(
+    pki: Pki, good: Stub, tmp_path: Path
+) -> None:
+    curl = require_executable("curl")
+    body = b"start " + PLACEHOLDER * 3000 + b" end"  # several chunks, split across reads
+    (tmp_path / "body").write_bytes(body)
+    async with rig(pki, tmp_path, [good.port]) as r:
+        args = [curl, "-sS", "-H", "Transfer-Encoding: chunked", "-H", "Expect: 100-continue",
+                "-H", f"X-Api-Key: {PLACEHOLDER.decode()}", "--data-binary",
+                f"@{tmp_path / 'body'}", f"https://localhost:{good.port}/post",
+                f"https://localhost:{good.port}/after"]  # fmt: skip
+        status, out = await run(args, r.env)
+        assert status == 0, out
+    assert len(good.requests()) == 2, out
+    posted, after = good.requests()
+    assert posted["method"] == "POST" and posted["body"] == body.decode()
+    assert header(posted, "X-Api-Key") == [REAL.decode()]
+    assert after["path"] == "/after" and header(after, "X-Api-Key") == [REAL.decode()]
+
+
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [
+        ("self-signed", "self-signed certificate"),
+        ("expired", "certificate has expired"),
+        ("wrong-name", "Hostname mismatch"),
+    ],
+)
+async def test_an_upstream_with_an_invalid_certificate_gets_the_client_a_502_with_the_reason(
+    pki: Pki, tmp_path: Path, kind: str, why: str
+) -> None:
+    curl = require_executable("curl")
+    with https_stub(pki.certs[kind], tmp_path / "seen.jsonl") as stub:
+        async with rig(pki, tmp_path, [stub.port]) as r:
+            args = [curl, "-sS", "-w", "%{http_code}", "-H", f"X-Api-Key: {PLACEHOLDER.decode()}",
+                    f"https://localhost:{stub.port}/x"]  # fmt: skip
+            status, out = await run(args, r.env)
+        assert stub.requests() == []  # nothing was sent to it
+    assert status == 0, out
+    assert out.endswith("502"), out
+    assert f"the certificate of localhost:{stub.port} is not valid" in out and why in out, out
+    (record,) = r.records
+    assert record.allowed is False and record.reason is not None and why in record.reason
+
+
+async def test_git_push_over_https_with_only_the_placeholder(pki: Pki, tmp_path: Path) -> None:
+    """The loopback git server asks for the token as Basic auth's password; git has only the
+    placeholder, in an http.extraHeader, and trusts the sleeve's CA through GIT_SSL_CAINFO."""
+    git = require_executable("git")
+    repos = tmp_path / "repos"
+    subprocess.run([git, "init", "-q", "--bare", str(repos / "r.git")], check=True)
+    subprocess.run([git, "-C", str(repos / "r.git"), "config", "http.receivepack", "true"],
+                   check=True)  # fmt: skip
+    work = tmp_path / "work"
+    subprocess.run([git, "init", "-q", "-b", "main", str(work)], check=True)
+    (work / "f").write_text("x\n")
+    ident = ["-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run([git, "-C", str(work), "add", "f"], check=True)
+    subprocess.run([git, "-C", str(work), *ident, "commit", "-qm", "one"], check=True)
+    basic = base64.b64encode(b"sleeve:" + PLACEHOLDER).decode()
+    with https_stub(pki.certs["good"], tmp_path / "seen.jsonl", (repos, REAL.decode())) as stub:
+        async with rig(pki, tmp_path, [stub.port]) as r:
+            env = r.env | {"GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0"}
+            args = [git, "-c", f"http.extraHeader=Authorization: Basic {basic}", "push",
+                    f"https://localhost:{stub.port}/git/r.git", "main"]  # fmt: skip
+            status, out = await run(args, env, cwd=work)
+    assert status == 0, out
+    pushed = subprocess.run([git, "-C", str(repos / "r.git"), "rev-parse", "main"],
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    head = subprocess.run([git, "-C", str(work), "rev-parse", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert pushed == head
+    assert REAL.decode() not in (work / ".git" / "config").read_text()

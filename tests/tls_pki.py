@@ -1,0 +1,85 @@
+"""Certificates for the egress proxy's TLS tests, made with the `openssl` command line: a test
+CA standing for the public ones (given to the proxy as SIDECAR_EGRESS_CA_FILE), and the far
+ends' certificates, good and bad; and the HTTPS stub (`tests.tls_stub`) as a process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = b"[req]\ndistinguished_name = dn\nprompt = no\n[dn]\nCN = test\n"
+
+
+def openssl(*args: str, config: bytes = CONFIG) -> None:
+    subprocess.run(["openssl", *args], input=config, check=True, capture_output=True)
+
+
+@dataclass(frozen=True)
+class Pki:
+    """`ca`: the test CA's certificate; `certs[kind]`: (cert, key) of a far end, where `kind`
+    is `good` (localhost and 127.0.0.1, by the test CA), `expired`, `wrong-name` (another
+    host), `self-signed`."""
+
+    ca: Path
+    certs: dict[str, tuple[Path, Path]]
+
+
+def make_pki(directory: Path) -> Pki:
+    ca, ca_key = directory / "ca.pem", directory / "ca.key"
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", str(ca_key), "-out", str(ca), "-days", "30", "-config", "/dev/stdin",
+            "-addext", "basicConstraints=critical,CA:TRUE")  # fmt: skip
+    certs = {}
+    for kind, san, days, signer in (
+        ("good", "DNS:localhost,IP:127.0.0.1", "30", "ca"),
+        ("expired", "DNS:localhost", "-1", "ca"),
+        ("wrong-name", "DNS:other.example", "30", "ca"),
+        ("self-signed", "DNS:localhost", "30", "self"),
+    ):
+        cert, key, csr = (directory / f"{kind}.{ext}" for ext in ("pem", "key", "csr"))
+        openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-keyout", str(key), "-out", str(csr), "-config", "/dev/stdin")  # fmt: skip
+        sign = ["-CA", str(ca), "-CAkey", str(ca_key)] if signer == "ca" else ["-signkey", str(key)]
+        openssl("x509", "-req", "-in", str(csr), *sign, "-days", days, "-out", str(cert),
+                "-extfile", "/dev/stdin", config=f"subjectAltName={san}\n".encode())  # fmt: skip
+        certs[kind] = (cert, key)
+    return Pki(ca, certs)
+
+
+@dataclass(frozen=True)
+class Stub:
+    port: int
+    seen: Path  # one JSON line per request it read
+
+    def requests(self) -> list[dict[str, object]]:
+        if not self.seen.exists():
+            return []
+        return [json.loads(line) for line in self.seen.read_text().splitlines()]
+
+
+@contextlib.contextmanager
+def https_stub(
+    cert: tuple[Path, Path], seen: Path, git: tuple[Path, str] | None = None
+) -> Iterator[Stub]:
+    """The HTTPS stub serving `cert` on 127.0.0.1 (with `git`: its repositories and the token
+    its git server asks for), until the block ends."""
+    argv = [sys.executable, "-m", "tests.tls_stub", str(cert[0]), str(cert[1]), str(seen)]
+    if git is not None:
+        argv += [str(git[0]), git[1]]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # its port, once it listens
+        assert line.strip().isdigit(), f"the stub did not start: {line!r}"
+        yield Stub(int(line), seen)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
