@@ -214,3 +214,15 @@ def test_a_real_sidecar_exits_2_with_one_line_naming_the_problem(tmp_path: Path)
         "allowlist"
     ]
     assert VALUE not in done.stderr + done.stdout
+
+
+def test_secrets_without_the_openssl_command_are_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sleeve's CA is made by `openssl`: a machine without it is told at start, not at the
+    first HTTPS request. (PATH pointed at an empty directory: the OS seam that makes it absent.)"""
+    env = env_for(tmp_path, one(hosts=["api.example.com"]))
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    with pytest.raises(ConfigError, match=r"the openssl command .* is not on PATH"):
+        Config.from_env(env)

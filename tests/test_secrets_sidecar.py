@@ -27,6 +27,7 @@ import yaml
 
 from tests.harness import Sidecar, py_cli, wait_for, write_cli_config
 from tests.proctools import restarted
+from tests.tls_pki import https_stub, make_pki
 from tests.webserver import Hello, web_server
 
 UID = GID = 23456  # no passwd entry on purpose
@@ -238,3 +239,68 @@ def test_a_value_file_the_cli_can_read_in_one_uid_mode_exits_2(
     assert proc.wait(30) == 2
     assert f"file {sc.tmp / 'value'} is readable by the CLI" in sc.log()
     assert "sk-readable" not in sc.log()
+
+
+def test_https_to_a_listed_host_is_terminated_with_the_sleeves_ca_and_gets_the_real_value(
+    root: None, make_sidecar: Callable[..., Sidecar], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The CLI's HTTPS request (urllib: the proxy from HTTPS_PROXY, the roots from the
+    SSL_CERT_FILE the sidecar gives it) to a listed host: the proxy terminates it with the
+    sleeve's CA and the far end — a loopback HTTPS stub signed by a test CA standing for the
+    public ones, given as SIDECAR_EGRESS_CA_FILE — got the real value where the URL's query had
+    the placeholder. The placeholder is seeded in the state dir so the CLI's argv can hold it."""
+    pki = make_pki(tmp_path_factory.mktemp("pki"))
+    value = "sk-https-" + secrets.token_hex(16)
+    placeholder = "sleeve-placeholder-api-" + secrets.token_hex(16)
+    sc = make_sidecar(cli="probe")
+    tmp = sc.tmp
+    with https_stub(pki.certs["good"], tmp / "seen.jsonl") as stub:
+        report = sc.workspace / "report.json"
+        url = f"https://localhost:{stub.port}/v1/models?key={placeholder}"
+        write_cli_config(tmp / "clis.yaml", {"probe": py_cli("egress_probe.py", str(report), url)})
+        entry = {"name": "api", "env": "API_KEY", "from_env": "SLEEVE_SECRET_API",
+                 "hosts": ["localhost"]}  # fmt: skip
+        (tmp / "secrets.yaml").write_text(yaml.safe_dump({"secrets": [entry]}))
+        sc.state_dir.mkdir(mode=0o700)
+        (sc.state_dir / "placeholders.json").write_text(json.dumps({"api": placeholder}))
+        sc.env_extra.update(
+            SIDECAR_CLI_CONFIG=str(tmp / "clis.yaml"),
+            SIDECAR_EGRESS_ALLOW=f"localhost:{stub.port}",
+            SIDECAR_SECRETS_FILE=str(tmp / "secrets.yaml"),
+            SIDECAR_EGRESS_CA_FILE=str(pki.ca),
+            SLEEVE_SECRET_API=value,
+        )
+        sc.wrapper = list(OPEN_PYTHON)
+        for path in (tmp.parent, tmp):
+            path.chmod(0o755)
+        sc.workspace.mkdir()
+        sc.start()
+        got = wait_for(
+            lambda: json.loads(report.read_text()) if report.exists() else None,
+            timeout=60,
+            what=f"the probe's report (log: {sc.log_path})",
+        )
+        (answer,) = got["results"]
+        assert answer[0] == 200, answer
+        (request,) = stub.requests()
+        assert request["path"] == f"/v1/models?key={value}"
+        assert sc.stop() == 0
+    ca = (sc.state_dir / "egress-ca.pem").read_text()
+    assert "BEGIN CERTIFICATE" in ca
+    assert oct((sc.state_dir / "egress-ca" / "ca.key").stat().st_mode & 0o777) == "0o600"
+    assert value not in sc.log()
+
+
+def test_an_egress_ca_file_that_holds_no_certificate_exits_2(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    sc = make_sidecar()
+    (sc.tmp / "ca.pem").write_text("not a certificate\n")
+    sc.env_extra.update(
+        SIDECAR_EGRESS_ALLOW="x.test", SIDECAR_EGRESS_CA_FILE=str(sc.tmp / "ca.pem")
+    )
+    proc = sc.spawn()
+    assert proc.wait(30) == 2
+    assert (
+        f"SIDECAR_EGRESS_CA_FILE: {sc.tmp / 'ca.pem'}: not a file of PEM certificates" in sc.log()
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -255,6 +256,34 @@ def egress_ask(env: Mapping[str, str], allow: Allowlist | None) -> float | None:
     return seconds(env, "SIDECAR_EGRESS_ASK", 0.0, 0.5, 600.0)
 
 
+CA_FILE_VAR = "SIDECAR_EGRESS_CA_FILE"
+
+
+def egress_ca_file(env: Mapping[str, str], secrets: tuple[Secret, ...]) -> Path | None:
+    """SIDECAR_EGRESS_CA_FILE: CA certificates the egress proxy trusts for the far ends it
+    terminates TLS for (a corporate gateway's), besides the system's. Checked here: a file
+    that cannot be read or holds no certificate is an exit 2, not a refusal at the first
+    request. With secrets, the `openssl` command that makes the sleeve's CA must be there."""
+    if secrets and shutil.which("openssl") is None:
+        msg = (
+            f"{SECRETS_VAR}: the openssl command (Debian's openssl package) is needed to make "
+            "the sleeve's CA for HTTPS hosts with a secret; it is not on PATH"
+        )
+        raise ConfigError(msg)
+    raw = text(env, CA_FILE_VAR)
+    if raw is None:
+        return None
+    path = Path(raw).absolute()
+    import ssl  # only with the variable set
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+    except (OSError, ssl.SSLError) as exc:
+        msg = f"{CA_FILE_VAR}: {path}: not a file of PEM certificates ({exc})"
+        raise ConfigError(msg) from None
+    return path
+
+
 @dataclass(frozen=True)
 class Config:
     sleeve_name: str
@@ -291,6 +320,8 @@ class Config:
     egress_file: Path | None = None
     # SIDECAR_EGRESS_ASK: seconds a request for a host off the list waits for an approval.
     egress_ask: float | None = None
+    # SIDECAR_EGRESS_CA_FILE: CAs the proxy trusts upstream besides the system's.
+    egress_ca_file: Path | None = None
     # SIDECAR_POLICY_FILE (read again on SIGHUP) and the policy it held at start.
     policy_file: Path | None = None
     policy: Policy | None = None
@@ -363,6 +394,7 @@ class Config:
         budget_usd, budget_tokens = _budget(env)
         notify = NotifyConfig.from_env(env)
         secrets = read_secrets(env, allowlist, user)
+        ca_file = egress_ca_file(env, secrets)
         # The CLI never gets a secret's real value: its from_env variable is dropped here, and
         # a value under the name the CLI gets the placeholder in (the placeholder is the CLI's
         # own variable, never tmux's or ttyd's).
@@ -394,6 +426,7 @@ class Config:
             egress=allowlist,
             egress_file=Path(allow_file).absolute() if allow_file else None,
             egress_ask=ask,
+            egress_ca_file=ca_file,
             policy_file=policy_path,
             policy=policy,
             audit_dir=Path(audit_dir).absolute() if audit_dir else None,

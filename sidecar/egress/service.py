@@ -24,6 +24,7 @@ from sidecar.audit.trail import AuditTrail
 from sidecar.core.contract import EgressHow, EgressMode
 from sidecar.core.event_shapes import EgressChanged, EgressDenied
 from sidecar.core.events import EventBus
+from sidecar.core.layout import Layout
 from sidecar.core.loopback import loopback_url
 from sidecar.core.shapes import EgressAnswer, EgressInfo
 from sidecar.egress.allowlist import MAX_PATTERNS, Allowlist, AllowlistError, parse_pattern
@@ -34,6 +35,7 @@ from sidecar.egress.proxy import Ask, AskAnswer, Asked, EgressProxy
 from sidecar.egress.reports import ReportListener
 from sidecar.egress.sides import Limits
 from sidecar.egress.substitute import Substitution
+from sidecar.egress.terminate import prepare
 from sidecar.security.acting import Owner, acting
 
 log = logging.getLogger(__name__)
@@ -142,6 +144,18 @@ class Egress:
                 secrets=secrets,
                 unlisted=secrets.scan if secrets is not None else None,
             )
+
+    async def terminate_tls(self, layout: Layout, ca_file: Path | None) -> dict[str, str]:
+        """With secrets: the sleeve's CA made (or the kept one reused), the proxy terminating
+        TLS for the hosts they go to, and the CLI's variables that make it trust that CA ({}
+        without secrets). Before the CLI's guard: its fence grants only the files there then."""
+        if self.proxy is None or self.secrets is None:
+            return {}
+        hosts = {
+            f"*.{p.host}" if p.wildcard else p.host for s in self.secrets.swaps for p in s.hosts
+        }
+        self.proxy.termination, trust = await prepare(layout, hosts, ca_file)
+        return trust
 
     @property
     def api_address(self) -> tuple[str, int]:

@@ -235,10 +235,13 @@ class Supervisor:
         self.notifier.start()
         # Before the CLI: its environment names the proxy, on the port an adopted CLI knows.
         await self.egress.start(ours.egress_port if ours is not None else None)
+        trust: dict[str, str] = {}
         if self.egress.started:
+            trust = await self.egress.terminate_tls(self.config.paths, self.config.egress_ca_file)
             self._guard_cli()
-        # The CLI's alone (never tmux's or ttyd's): the proxy, and the secrets' placeholders.
-        self.runner.plans.egress_env = {**self.egress.env(), **self.credentials.env}
+        # The CLI's alone (never tmux's or ttyd's): the proxy, the secrets' placeholders, and
+        # the sleeve's CA that the proxy terminates TLS with for their hosts.
+        self.runner.plans.egress_env = {**self.egress.env(), **self.credentials.env, **trust}
         await self._prepare_workspace(ours)
         old_tmux = tmux_version.warning(await asyncio.to_thread(self.tmux.version))
         if old_tmux is not None and old_tmux not in self.warnings:
