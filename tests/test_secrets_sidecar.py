@@ -134,6 +134,10 @@ def check_sleeve(sc: Sidecar, report: Path, value: str, seen: list[str]) -> dict
     # On the wire: the real value to the listed host, the placeholder to the other.
     assert seen == [value, placeholder]
     assert got["listed_got_value"] is True
+    # The CA's key is there (secrets: the proxy terminates their hosts' TLS) and out of reach:
+    # root's 0700 directory with SIDECAR_USER, the guard's Landlock fence in one-uid mode.
+    assert (sc.state_dir / "egress-ca" / "ca.key").is_file()
+    assert got["ca_key"] == {str(sc.tmp): "EACCES"}, got["ca_key"]
     assert got["unlisted"] == placeholder
     for pid in sidecar_pids(sc):
         assert got["process_vm_readv"][str(pid)] == "EPERM", (pid, got["process_vm_readv"])

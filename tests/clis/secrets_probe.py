@@ -93,6 +93,15 @@ def _in_file(path: str, needles: Needles, counts: dict[str, int]) -> list[str]:
     return [f"{k} {path}" for k, n in needles.items() if n in data]
 
 
+def _open_error(path: str) -> str:
+    """ "ok" when `path` opens for reading, else the errno's name."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc))
+    return "ok"
+
+
 def regions(pid: int) -> list[tuple[int, int]]:
     out = []
     for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
@@ -161,6 +170,8 @@ def main() -> None:
     child.kill()
     child.wait()
     report["value_hits"] = [h for h in hits if h.startswith("value ")]
+    # The key of the sleeve's CA (the proxy signs certificates for the secrets' hosts with it).
+    report["ca_key"] = {root: _open_error(f"{root}/state/egress-ca/ca.key") for root in roots}
     report["placeholder_hits"] = [h for h in hits if str(child.pid) in h]
     # The far end echoes the key it got: the real value from the listed host (kept out of the
     # report: it is a file), the placeholder from the other.
