@@ -245,39 +245,47 @@ def test_a_value_file_the_cli_can_read_in_one_uid_mode_exits_2(
     assert "sk-readable" not in sc.log()
 
 
+@pytest.mark.parametrize("mode", ["root", "user"])
 def test_https_to_a_listed_host_is_terminated_with_the_sleeves_ca_and_gets_the_real_value(
-    root: None, make_sidecar: Callable[..., Sidecar], tmp_path_factory: pytest.TempPathFactory
+    root: None,
+    make_sidecar: Callable[..., Sidecar],
+    tmp_path_factory: pytest.TempPathFactory,
+    mode: Mode,
 ) -> None:
     """The CLI's HTTPS request (urllib: the proxy from HTTPS_PROXY, the roots from the
-    SSL_CERT_FILE the sidecar gives it) to a listed host: the proxy terminates it with the
-    sleeve's CA and the far end — a loopback HTTPS stub signed by a test CA standing for the
-    public ones, given as SIDECAR_EGRESS_CA_FILE — got the real value where the URL's query had
-    the placeholder. The placeholder is seeded in the state dir so the CLI's argv can hold it."""
+    SSL_CERT_FILE the sidecar gives it; as root, or as SIDECAR_USER reading the CA's files
+    through the state dir) to a listed host, its placeholder in the query: the proxy
+    terminates it with the sleeve's CA and the far end — a loopback HTTPS stub signed by a test
+    CA standing for the public ones, given as SIDECAR_EGRESS_CA_FILE — got the real value."""
     pki = make_pki(tmp_path_factory.mktemp("pki"))
-    value = "sk-https-" + secrets.token_hex(16)
-    placeholder = "sleeve-placeholder-api-" + secrets.token_hex(16)
+    value = f"sk-https-{mode}-" + secrets.token_hex(16)
     sc = make_sidecar(cli="probe")
     tmp = sc.tmp
     with https_stub(pki.certs["good"], tmp / "seen.jsonl") as stub:
         report = sc.workspace / "report.json"
-        url = f"https://localhost:{stub.port}/v1/models?key={placeholder}"
+        url = f"https://localhost:{stub.port}/v1/models?key=$API_KEY"
         write_cli_config(tmp / "clis.yaml", {"probe": py_cli("egress_probe.py", str(report), url)})
-        entry = {"name": "api", "env": "API_KEY", "from_env": "SLEEVE_SECRET_API",
-                 "hosts": ["localhost"]}  # fmt: skip
-        (tmp / "secrets.yaml").write_text(yaml.safe_dump({"secrets": [entry]}))
-        sc.state_dir.mkdir(mode=0o700)
-        (sc.state_dir / "placeholders.json").write_text(json.dumps({"api": placeholder}))
+        entry: dict[str, Any] = {"name": "api", "env": "API_KEY", "hosts": ["localhost"]}
         sc.env_extra.update(
             SIDECAR_CLI_CONFIG=str(tmp / "clis.yaml"),
             SIDECAR_EGRESS_ALLOW=f"localhost:{stub.port}",
             SIDECAR_SECRETS_FILE=str(tmp / "secrets.yaml"),
             SIDECAR_EGRESS_CA_FILE=str(pki.ca),
-            SLEEVE_SECRET_API=value,
         )
+        if mode == "user":
+            (tmp / "value").write_text(value + "\n")
+            (tmp / "value").chmod(0o400)
+            entry["file"] = str(tmp / "value")
+            sc.env_extra["SIDECAR_USER"] = f"{UID}:{GID}"
+        else:
+            entry["from_env"] = "SLEEVE_SECRET_API"
+            sc.env_extra["SLEEVE_SECRET_API"] = value
+        (tmp / "secrets.yaml").write_text(yaml.safe_dump({"secrets": [entry]}))
         sc.wrapper = list(OPEN_PYTHON)
         for path in (tmp.parent, tmp):
             path.chmod(0o755)
         sc.workspace.mkdir()
+        os.chown(sc.workspace, UID, GID)
         sc.start()
         got = wait_for(
             lambda: json.loads(report.read_text()) if report.exists() else None,
@@ -288,9 +296,10 @@ def test_https_to_a_listed_host_is_terminated_with_the_sleeves_ca_and_gets_the_r
         assert answer[0] == 200, answer
         (request,) = stub.requests()
         assert request["path"] == f"/v1/models?key={value}"
+        placeholder = json.loads((sc.state_dir / "placeholders.json").read_text())["api"]
+        assert placeholder.startswith("sleeve-placeholder-api-")
         assert sc.stop() == 0
-    ca = (sc.state_dir / "egress-ca.pem").read_text()
-    assert "BEGIN CERTIFICATE" in ca
+    assert "BEGIN CERTIFICATE" in (sc.state_dir / "egress-ca.pem").read_text()
     assert oct((sc.state_dir / "egress-ca" / "ca.key").stat().st_mode & 0o777) == "0o600"
     assert value not in sc.log()
 

@@ -3,7 +3,8 @@
 `egress_probe.py REPORT URL...`: writes REPORT (JSON) with its proxy variables and, for each
 URL, what urllib (which honours HTTP_PROXY and NO_PROXY) got back, and what a program ignoring
 the variables gets: a direct TCP connection to the first URL's address, UDP (a DNS query) and
-IPv6; then waits for a signal. Standard library only.
+IPv6; then waits for a signal. `$API_KEY` in a URL is that variable's value (a secret's
+placeholder). Standard library only.
 """
 
 import errno
@@ -17,6 +18,8 @@ import urllib.parse
 import urllib.request
 
 report_path, *urls = sys.argv[1:]
+# `$API_KEY` in a URL: what the CLI's environment holds there (a secret's placeholder).
+urls = [url.replace("$API_KEY", os.environ.get("API_KEY", "")) for url in urls]
 NAMES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "NODE_USE_ENV_PROXY")
 env = {n: os.environ.get(n) for n in (*NAMES, *(n.lower() for n in NAMES[:4]))}
 results = []
