@@ -1,7 +1,7 @@
 """`GET /screen`: the CLI pane's screen as a person attached sees it, asked of tmux through the
 sidecar's control client. Real sidecars, real tmux, the CLIs of tests/clis/screen_cli.py: what a
-CLI drew, wide and combining characters, an exited CLI, tmux stopped and killed under it, and
-proof that a look starts no process.
+CLI drew, wide and combining characters, an exited CLI, tmux stopped and killed under it, the
+control client detached at the terminal, and proof that a look starts no process.
 """
 
 from __future__ import annotations
