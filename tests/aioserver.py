@@ -7,6 +7,7 @@ test happens to run when it is collected.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import ssl
 import threading
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 CLOSE_TURNS = 100  # loop turns the aborted connections get to close their sockets
+START_TURNS = 100  # loop turns the connections accepted before a stop get to be attached
 
 
 class ThreadedApp:
@@ -59,6 +61,9 @@ class ThreadedApp:
 
     def stop(self) -> None:
         async def close() -> None:
+            # The runner's cleanup closes the listening socket first, in this same step: no
+            # connection is accepted between the two.
+            await _accepts_attached()
             if self._runner is not None:
                 await self._runner.cleanup()
             for transport in self._transports:
@@ -81,3 +86,20 @@ def _closed(transport: asyncio.Transport) -> bool:
     except AttributeError:  # a TLS transport, closed: it has no protocol left to ask
         return True
     return sock is None or sock.fileno() == -1
+
+
+async def _accepts_attached() -> None:
+    """Turns of the loop until every task on it has started, so that no connection is still
+    being accepted when the listening socket closes. asyncio accepts a connection in one turn
+    and attaches it to its server in the next, in a task (CPython gh-109564, open): a server
+    closed in between fails that task before its transport is whole, nothing closes its socket,
+    and the garbage collector's ResourceWarning fails whichever test runs then."""
+    for _ in range(START_TURNS):
+        if not any(_unstarted(task) for task in asyncio.all_tasks()):
+            return
+        await asyncio.sleep(0)
+
+
+def _unstarted(task: asyncio.Task[Any]) -> bool:
+    coro = task.get_coro()
+    return inspect.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED

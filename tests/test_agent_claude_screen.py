@@ -86,7 +86,10 @@ def test_a_fresh_home_is_never_idle(
     (sc.tmp / "home" / ".claude.json").unlink()
     sc.start(wait_healthy=False)
     events = EventLog(sc)
-    wait_agent(sc, "exited")
+    # The agent is `exited` before the first launch too (the CLI is not running yet): what
+    # ends the wait is the CLI's own exit.
+    gone = sc.wait_status(lambda s: s["cli_state"] == "exited", "the CLI's exit", timeout=30)
+    assert gone["agent"]["state"] == "exited", gone["agent"]
     code, screen = sc.get("/screen")
     assert code == 200, screen
     assert any("Unable to connect to Anthropic services" in line for line in screen["lines"])

@@ -1,7 +1,7 @@
 """`GET /screen`: the CLI pane's screen as a person attached sees it, asked of tmux through the
 sidecar's control client. Real sidecars, real tmux, the CLIs of tests/clis/screen_cli.py: what a
-CLI drew, wide and combining characters, an exited CLI, tmux stopped and killed under it, and
-proof that a look starts no process.
+CLI drew, wide and combining characters, an exited CLI, tmux stopped and killed under it, the
+control client detached at the terminal, and proof that a look starts no process.
 """
 
 from __future__ import annotations
@@ -204,3 +204,40 @@ def test_the_clis_pane_is_reached_by_its_id_after_someone_swaps_panes(
     assert sc.post("/input", {"text": "typed-after-the-swap"})[0] == 202
     screen = drawn(sc, "ready> typed-after-the-swap")
     assert MARKER in screen["lines"] and not any("OTHER-PANE" in line for line in screen["lines"])
+
+
+def control_clients(sc: Sidecar) -> set[int]:
+    """The pids of the tmux control-mode clients on the sidecar's server (the sidecar's own)."""
+    argv = ["tmux", "-S", str(sc.state_dir / "tmux.sock"), "list-clients", "-F"]
+    listed = subprocess.run(
+        [*argv, "#{client_control_mode} #{client_pid}"], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    return {int(line.split()[1]) for line in listed if line.startswith("1 ")}
+
+
+def test_a_control_client_detached_at_the_terminal_is_attached_again(
+    drawer: Callable[..., Sidecar],
+) -> None:
+    """`tmux detach-client -s main`, typed at the terminal (or by the agent), detaches every
+    client of the session, the sidecar's control client too: it is attached again, /screen
+    answers within seconds (503 meanwhile, never a 500) and input reaches the CLI, which was
+    not restarted."""
+    sc = drawer().start()
+    drawn(sc, MARKER)
+    first, pid = control_clients(sc), sc.status()["cli_pid"]
+    assert len(first) == 1, first
+    tmux = ["tmux", "-S", str(sc.state_dir / "tmux.sock")]
+    subprocess.run([*tmux, "detach-client", "-s", "main"], check=True)
+    codes = set()
+
+    def back() -> bool:
+        code, body = sc.get("/screen")
+        codes.add(code)
+        return code == 200 and MARKER in body["lines"] and bool(control_clients(sc) - first)
+
+    wait_for(back, timeout=5, what="/screen through a new control client")
+    assert codes <= {200, 503}, codes
+    assert not control_clients(sc) & first  # the detached one is gone
+    assert sc.post("/input", {"text": "typed-after-the-detach"})[0] == 202
+    assert MARKER in drawn(sc, "ready> typed-after-the-detach")["lines"]
+    assert sc.status()["cli_pid"] == pid

@@ -105,6 +105,10 @@ class PaneActivity:
         self.tmux = tmux
         self.on_output = on_output
         self.on_attach = on_attach  # the client attached: the screen may be looked at
+        # The client went away without being told to (tmux let it go: its server ended, or
+        # someone ran `detach-client`), or could not be started: whoever owns the session says
+        # whether to attach again (`attach`).
+        self.on_detach: Callable[[], None] | None = None
         self.last_output: float | None = None  # time.monotonic()
         self._proc: asyncio.subprocess.Process | None = None
         self._paused: set[bytes] = set()
@@ -167,6 +171,8 @@ class PaneActivity:
                 await self._follow()
             except OSError as exc:
                 log.debug("activity client: %s", exc)
+            if not self._stop and self.on_detach is not None:
+                self.on_detach()
 
     async def _follow(self) -> None:
         # A client of the session's own kind (with SIDECAR_USER: as the CLI's user, never as

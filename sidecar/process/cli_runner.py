@@ -38,6 +38,10 @@ from sidecar.security.acting import Owner
 
 log = logging.getLogger(__name__)
 
+# Seconds before a tmux control client that went away by itself is attached again: a client
+# tmux keeps letting go of (a `detach-client` in a loop) is tried at that pace, no faster.
+REATTACH_AFTER = 0.5
+
 
 class CliRunner:
     """`save` writes the state file (the supervisor's: it holds more than the CLI); `spawn`
@@ -66,6 +70,7 @@ class CliRunner:
         self._save = save
         self.plans = LaunchPlanner(registry, awareness, env, owner, config.workspace)
         self.server = TmuxServer(tmux, awareness.activity.paused)
+        awareness.activity.on_detach = self._detached
         self.process = ProcessState(self._changed, initial=CliStatus(cli=config.cli))
         self.lock = asyncio.Lock()  # launches, heals, resleeves and shutdown, one at a time
         self.stopping = False
@@ -201,6 +206,20 @@ class CliRunner:
     def unwatch(self) -> None:
         self._watches.unwatch("cli")
         self._watches.unwatch("tmux")
+
+    def _detached(self) -> None:
+        """The control client went away by itself: attached again while our pane's server
+        runs (`detach-client` typed in the terminal must not leave /screen answering 503 and
+        the pane's activity unseen until the next launch). A server that died is healed, and
+        the heal's launch attaches it."""
+        self._spawn(self._attach_again(), "reattach")
+
+    async def _attach_again(self) -> None:
+        await asyncio.sleep(REATTACH_AFTER)  # sleep-ok: the pace of attaching again
+        async with self.lock:  # never while a launch or a heal makes a server
+            if not self.stopping and self.server.alive():
+                log.info("the tmux control client went away; attaching it again")
+                self.awareness.activity.attach()
 
     # ---- exits and the restart policy ----------------------------------------------------
 

@@ -9,6 +9,7 @@ did to it. The one test that removes its container starts a sleeve of its own.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import socket
@@ -20,7 +21,7 @@ import pytest
 
 from tests.e2e import dockerenv, pngcheck
 from tests.e2e.anthropic_stub import REPLY_TEXT, AnthropicStub
-from tests.e2e.cdp import TERMINAL_TEXT_JS, Browser
+from tests.e2e.cdp import Browser
 from tests.e2e.conftest import (
     E2E_TOKEN,
     Launcher,
@@ -32,7 +33,7 @@ from tests.e2e.conftest import (
     remove_started,
 )
 from tests.e2e.ttyclient import TerminalClient
-from tests.harness import wait_for
+from tests.harness import wait_for, wait_for_async
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -154,36 +155,94 @@ def test_docker_exec_sidecar_status_and_outbox_work_and_a_written_message_is_ack
     assert "e2e-milestone-1" not in [m["id"] for m in body["messages"]]
 
 
+# The rows the page's terminal (ttyd's xterm.js, in its frame) has in view.
+VIEWPORT_JS = """
+(() => {
+  const frame = document.getElementById('terminal');
+  const term = frame && frame.contentWindow && frame.contentWindow.term;
+  if (!term) return [];
+  const buf = term.buffer.active, rows = [];
+  for (let i = buf.viewportY; i < buf.viewportY + term.rows; i++) {
+    const line = buf.getLine(i);
+    rows.push(line ? line.translateToString(true) : '');
+  }
+  return rows;
+})()
+"""
+
+
+def _rows(lines: list[str], cols: int) -> list[str]:
+    """A screen's rows as `cols` columns show them, without trailing blanks: a terminal wider
+    than the CLI's screen has cells right of it that tmux leaves as they were."""
+    rows = [line[:cols].rstrip() for line in lines]
+    while rows and not rows[-1]:
+        rows.pop()
+    return rows
+
+
+def _logo(shot: Path) -> int:
+    """Pixels of Claude Code's orange, in which it draws its logo: tmux passes it on as
+    256-colour #d78787 (or as true colour #d77757), and only the real TUI puts a block of it
+    on screen."""
+    _, _, rows = pngcheck.read_png(shot)
+    return pngcheck.count_near(rows, (215, 135, 135), 20) + pngcheck.count_near(
+        rows, (215, 119, 87), 20
+    )
+
+
 @pytest.mark.browser
 async def test_dashboard_in_headless_chromium_shows_the_claude_code_terminal(
     chromium: str, claude: tuple[Launcher, Sleeve], artifacts: Path, tmp_path: Path
 ) -> None:
-    """The page is driven over DevTools: the embedded terminal's screen (xterm.js buffer) must
-    show Claude Code, then the PNG is taken and kept as artifacts/e2e/dashboard.png."""
+    """The page is driven over DevTools: its embedded terminal (the xterm.js buffer) must show,
+    row for row, the screen tmux has of the CLI's pane (GET /screen), and that screen must be
+    Claude Code's, with its banner and its prompt; the PNG taken of it then must show Claude
+    Code's logo, and is kept as artifacts/e2e/dashboard.png.
+
+    Nothing is read while it is being drawn: the page sizes the screen to its panel after its
+    terminal connects (PUT /screen/size) and Claude Code redraws at the new size, so a text seen
+    in the terminal before that may be half of a redraw, and a picture taken during one is
+    black. What is waited for is the terminal and the pane agreeing on a Claude Code screen,
+    and a picture of it."""
     _, sleeve = claude
     wait_for(lambda: sleeve.cli_up("claude-code"), 15, what="claude-code running")
     shot = artifacts / "dashboard.png"
     shot.unlink(missing_ok=True)
+    seen: dict[str, object] = {}
+
+    async def shows_claude_code() -> list[str] | None:
+        code, screen = await asyncio.to_thread(sleeve.get, "/screen")
+        if code != 200:
+            return None
+        pane = _rows(screen["lines"], screen["cols"])
+        view = _rows(await browser.evaluate(VIEWPORT_JS) or [], screen["cols"])
+        seen.update(view=view, pane=pane, logo=None)
+        text = "\n".join(pane)
+        if view != pane or "Claude Code v2.1.330" not in text or "❯" not in text:
+            return None
+        await browser.screenshot(shot)
+        seen["logo"] = logo = _logo(shot)
+        return pane if logo > 300 else None
+
     browser = await Browser.start(chromium, tmp_path / "profile", (1400, 900))
     try:
         await browser.open(f"{sleeve.url}/?token={E2E_TOKEN}")
-        screen = await browser.wait_for_text(TERMINAL_TEXT_JS, ["Claude Code", "❯"], 30)
+        await wait_for_async(
+            shows_claude_code,
+            30,
+            interval=0.2,
+            what=lambda: (
+                "the terminal showing the pane's Claude Code screen, and its logo: "
+                + json.dumps(seen, ensure_ascii=False, indent=1)
+            ),
+        )
         await browser.wait_for_text("document.getElementById('cli').textContent", ["claude"], 10)
-        await browser.screenshot(shot)
         dom = await browser.evaluate("document.documentElement.outerHTML")
     finally:
         await browser.close()
-    assert "v2.1.330" in screen
     assert 'id="terminal"' in dom and 'src="terminal/"' in dom
     assert ">claude-code<" in dom
     assert GOAL in dom
-    _, _, rows = pngcheck.read_png(shot)
-    # Claude Code draws its logo in its orange, which tmux passes on as 256-colour #d78787
-    # (or as true colour #d77757): only the real TUI puts a block of it on screen.
-    logo = pngcheck.count_near(rows, (215, 135, 135), 20) + pngcheck.count_near(
-        rows, (215, 119, 87), 20
-    )
-    assert logo > 300, f"no Claude Code logo in the terminal ({logo} px); see {shot}"
 
 
 def test_the_launched_sleeve_turns_healthy_in_dockers_own_check(
