@@ -137,6 +137,10 @@ def test_what_the_terminal_showed_replays_in_asciinema_cat(
     """A clear-screen loop, invalid UTF-8 (U+FFFD), wide and combining characters: Debian's
     asciinema prints them back into a terminal that shows what the pane showed."""
     sc = printer("mixed").start()
+    # /screen answers through the control client that taps the recording's bytes: once it
+    # shows READY, what the CLI writes next is recorded as written.
+    shows(sc, "READY")
+    assert sc.post("/input", {"text": "go"}).status == 202
     shows(sc, "MIXED DONE")
     [item] = listed(sc)
     assert sc.stop() == 0

@@ -1,6 +1,7 @@
 """Prints to its terminal for the recording tests, then stays up:
 `flood MIB` — MIB MiB of 100-character lines as fast as the pane takes them, then `FLOOD DONE`;
-`mixed` — a clear-screen loop, invalid UTF-8, wide and combining characters, then `MIXED DONE`;
+`mixed` — READY; once a line is typed, a clear-screen loop, invalid UTF-8, wide and combining
+characters, then `MIXED DONE`;
 `say TEXT` — TEXT on a line of its own."""
 
 import sys
@@ -15,6 +16,11 @@ if mode == "flood":
         out.write(block)
     out.write(b"FLOOD DONE\r\n")
 elif mode == "mixed":
+    # Only once told: what a CLI prints before the sidecar's control client attaches reaches
+    # the recording as a picture of the screen, not as the bytes it wrote.
+    out.write(b"READY\r\n")
+    out.flush()
+    sys.stdin.readline()
     for n in range(50):
         out.write(f"\x1b[2J\x1b[Hframe {n}\r\n".encode())
         out.flush()
