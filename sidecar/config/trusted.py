@@ -17,11 +17,14 @@ from sidecar.security.reach import changeable_by
 
 
 def _agent_places(config: Config) -> list[tuple[str, Path]]:
+    """The workspace and the CLI's HOME, as the kernel resolves them (a HOME of / is left out:
+    the fence splits / in any case, and a CLI makes nothing there)."""
     home = config.cli_home or config.child_env.get("HOME")
     places = [("the workspace", config.workspace)]
     if home:
         places.append(("the CLI's HOME", Path(home)))
-    return places
+    resolved = [(what, Path(os.path.realpath(place))) for what, place in places]
+    return [(what, place) for what, place in resolved if place != Path("/")]
 
 
 def check(config: Config) -> None:
@@ -31,8 +34,7 @@ def check(config: Config) -> None:
     for name, path in config.trusted_paths:
         real = Path(os.path.realpath(path))
         for what, place in places:
-            inside = Path(os.path.realpath(place))
-            if real.is_relative_to(inside) or inside.is_relative_to(real):
+            if real.is_relative_to(place) or place.is_relative_to(real):
                 msg = (
                     f"{name}: {path} overlaps {what} {place}; the agent can write there. "
                     "Keep the sidecar's files out of the CLI's places"
