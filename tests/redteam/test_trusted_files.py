@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,63 +37,52 @@ REFUSED = {"EACCES", "EPERM"}
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs the CLI as other uids")
 
 
-@pytest.fixture
-def base() -> Iterator[Path]:
-    """Outside pytest's root-only tmp dirs: the CLI's uid must reach it."""
-    path = Path(tempfile.mkdtemp(prefix="trusted-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def configured(base: Path, uid: int) -> Config:
+def configured(shared: Path, uid: int) -> Config:
     """A one-uid sidecar's configuration with every trusted file and dir outside its state
-    dir, all of `base` owned by `uid`."""
-    conf = base / "conf"
+    dir, all of `shared` owned by `uid`."""
+    conf = shared / "conf"
     conf.mkdir()
     (conf / "policy.yaml").write_text(POLICY)
     (conf / "allow.txt").write_text("example.com\n")
     (conf / "clis.yaml").write_text("clis: {}\n")
     (conf / "secrets.yaml").write_text(json.dumps({"secrets": [SECRET]}))
     for name in ("audit", "records", "ws", "home/.config", "state"):
-        (base / name).mkdir(parents=True)
-    (base / "audit" / "audit.jsonl").write_text("{}\n")
-    (base / "records" / "1.cast").write_text("{}\n")
-    for path in [base, *base.rglob("*")]:
+        (shared / name).mkdir(parents=True)
+    (shared / "audit" / "audit.jsonl").write_text("{}\n")
+    (shared / "records" / "1.cast").write_text("{}\n")
+    for path in [shared, *shared.rglob("*")]:
         os.chown(path, uid, uid)
     env = {
         "SLEEVE_NAME": "a",
         "SLEEVE_CLI": "shell",
         "PATH": os.environ["PATH"],
-        "HOME": str(base / "home"),
-        "SIDECAR_WORKSPACE": str(base / "ws"),
-        "SIDECAR_STATE_DIR": str(base / "state"),
+        "HOME": str(shared / "home"),
+        "SIDECAR_WORKSPACE": str(shared / "ws"),
+        "SIDECAR_STATE_DIR": str(shared / "state"),
         "SIDECAR_POLICY_FILE": str(conf / "policy.yaml"),
         "SIDECAR_EGRESS_ALLOW_FILE": str(conf / "allow.txt"),
         "SIDECAR_CLI_CONFIG": str(conf / "clis.yaml"),
         "SIDECAR_SECRETS_FILE": str(conf / "secrets.yaml"),
         "API_VALUE": "a-real-value-of-the-api",
-        "SIDECAR_AUDIT_DIR": str(base / "audit"),
-        "SIDECAR_RECORD_DIR": str(base / "records"),
+        "SIDECAR_AUDIT_DIR": str(shared / "audit"),
+        "SIDECAR_RECORD_DIR": str(shared / "records"),
     }
     return Config.from_env(env)
 
 
-def attacks(base: Path, tag: str) -> tuple[list[list[str]], list[list[str]]]:
+def attacks(shared: Path, tag: str) -> tuple[list[list[str]], list[list[str]]]:
     """The changes to the trusted files and dirs, and those in the CLI's own places."""
-    files = [str(base / "conf" / n) for n in ("policy.yaml", "allow.txt", "clis.yaml")]
-    files.append(str(base / "conf" / "secrets.yaml"))
-    dirs = [base / "audit", base / "records"]
-    against = [["create", str(base / "conf" / tag)]]
+    files = [str(shared / "conf" / n) for n in ("policy.yaml", "allow.txt", "clis.yaml")]
+    files.append(str(shared / "conf" / "secrets.yaml"))
+    dirs = [shared / "audit", shared / "records"]
+    against = [["create", str(shared / "conf" / tag)]]
     against += [[op, f] for f in files for op in ("append", "rename")]
     for folder in dirs:
         inside = str(next(p for p in folder.iterdir() if p.is_file()))
         against += [["create", str(folder / tag)], ["append", inside], ["rename", inside]]
         against += [["rename", str(folder)], ["unlink", inside]]
     against += [["unlink", f] for f in files]
-    home, ws = base / "home", base / "ws"
+    home, ws = shared / "home", shared / "ws"
     own = [["create", str(ws / tag)], ["mkdir", str(ws / f"{tag}.d")]]
     own += [["create", str(home / tag)], ["create", str(home / ".config" / tag)]]
     own += [["rename", str(home / tag)], ["mkdir", str(home / f"{tag}.d")]]
@@ -112,22 +98,22 @@ def tried(uid: int, argv: list[str], ops: list[list[str]]) -> dict[str, str]:
 
 @pytest.mark.parametrize("uid", [0, NOBODY], ids=["root-cli", "one-uid"])
 def test_a_guarded_cli_changes_no_trusted_file_but_writes_its_workspace_and_home(
-    base: Path, uid: int
+    shared: Path, uid: int
 ) -> None:
-    config = configured(base, uid)
+    config = configured(shared, uid)
     assert {name for name, _ in config.trusted_paths} == TRUSTED_VARS
     trusted.check(config)  # none lies in the CLI's places
     fence = fence_of(
         config.paths,
         one_uid=True,
         root_cli=uid == 0,
-        writable=[config.workspace, base / "home"],
+        writable=[config.workspace, shared / "home"],
         trusted=[path for _, path in config.trusted_paths],
     )
-    against, own = attacks(base, "guarded")
+    against, own = attacks(shared, "guarded")
     got = tried(uid, list(guarded([sys.executable], fence=fence)), against + own)
     assert {k: v for k, v in got.items() if v not in REFUSED} == {" ".join(op): "ok" for op in own}
-    free_against, free_own = attacks(base, "free")
+    free_against, free_own = attacks(shared, "free")
     free = tried(uid, [sys.executable], free_against + free_own)
     assert set(free.values()) == {"ok"}
 
@@ -179,16 +165,15 @@ def test_a_trusted_file_in_the_clis_places_is_refused_in_one_uid_mode(
     assert "the agent can write there" in done.stderr
 
 
-def test_with_sidecar_user_a_policy_that_user_can_replace_stops_the_start(base: Path) -> None:
+def test_with_sidecar_user_a_policy_that_user_can_replace_stops_the_start(shared: Path) -> None:
     """The real start (exit 2, one line) for a policy file in a directory the user may write."""
-    base.chmod(0o1777)
-    folder = base / "conf"
+    folder = shared / "conf"
     folder.mkdir(mode=0o777)
     folder.chmod(0o777)  # as a umask would not leave it
     policy = folder / "policy.yaml"
     policy.write_text(POLICY)
     env = {"SLEEVE_NAME": "a", "SLEEVE_CLI": "shell", "SIDECAR_USER": f"{NOBODY}:{NOBODY}"}
-    done = run_sidecar({**env, "SIDECAR_POLICY_FILE": str(policy)}, base)
+    done = run_sidecar({**env, "SIDECAR_POLICY_FILE": str(policy)}, shared)
     assert done.returncode == 2, done.stderr
     assert f"SIDECAR_POLICY_FILE: {policy} can be changed by the CLI's user" in done.stderr
     assert f"{folder} above it lets it rename entries (mode 0777" in done.stderr
@@ -207,10 +192,10 @@ CASES = {
 
 @pytest.mark.parametrize(("mode", "owner", "dir_mode", "says"), CASES.values(), ids=CASES)
 def test_with_sidecar_user_each_way_to_change_a_trusted_file_is_named(
-    base: Path, mode: int, owner: int, dir_mode: int, says: str | None
+    shared: Path, mode: int, owner: int, dir_mode: int, says: str | None
 ) -> None:
     user = parse_user(f"{NOBODY}:{NOBODY}")
-    folder = base / "conf"
+    folder = shared / "conf"
     folder.mkdir()
     folder.chmod(dir_mode)
     if says == "above it belongs to it":
@@ -219,7 +204,7 @@ def test_with_sidecar_user_each_way_to_change_a_trusted_file_is_named(
     policy.write_text(POLICY)
     policy.chmod(mode)
     os.chown(policy, owner, NOBODY)
-    config = Config("a", "shell", user=user, workspace=base / "ws", policy_file=policy)
+    config = Config("a", "shell", user=user, workspace=shared / "ws", policy_file=policy)
     if says is None:
         trusted.check(config)
         return
@@ -228,11 +213,11 @@ def test_with_sidecar_user_each_way_to_change_a_trusted_file_is_named(
     assert says in str(caught.value) and user.spec in str(caught.value)
 
 
-def test_with_sidecar_user_a_missing_record_dir_it_could_make_is_refused(base: Path) -> None:
-    base.chmod(0o1777)  # sticky: only a missing entry can be had, by making it first
+def test_with_sidecar_user_a_missing_record_dir_it_could_make_is_refused(shared: Path) -> None:
+    # `shared` is sticky: only a missing entry can be had there, by making it first.
     user = parse_user(f"{NOBODY}:{NOBODY}")
-    records = base / "records"
+    records = shared / "records"
     recording = Recording(dir=records)
-    config = Config("a", "shell", user=user, workspace=base / "ws", recording=recording)
+    config = Config("a", "shell", user=user, workspace=shared / "ws", recording=recording)
     with pytest.raises(ConfigError, match=f"SIDECAR_RECORD_DIR: {records} can be changed"):
         trusted.check(config)
