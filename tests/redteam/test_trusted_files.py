@@ -221,3 +221,16 @@ def test_with_sidecar_user_a_missing_record_dir_it_could_make_is_refused(shared:
     config = Config("a", "shell", user=user, workspace=shared / "ws", recording=recording)
     with pytest.raises(ConfigError, match=f"SIDECAR_RECORD_DIR: {records} can be changed"):
         trusted.check(config)
+
+
+def test_a_home_of_root_refuses_no_trusted_path(shared: Path) -> None:
+    """A uid without a passwd entry often gets HOME=/: every path is beneath it, yet the fence
+    splits / in any case, so that alone refuses nothing; the workspace still does."""
+    policy = shared / "policy.yaml"
+    config = Config(
+        "a", "shell", workspace=shared / "ws", policy_file=policy, child_env={"HOME": "/"}
+    )
+    trusted.check(config)
+    inside = Config("a", "shell", workspace=shared, policy_file=policy, child_env={"HOME": "/"})
+    with pytest.raises(ConfigError, match="overlaps the workspace"):
+        trusted.check(inside)
