@@ -28,7 +28,7 @@ SECRETS = "SIDECAR_SECRETS_FILE"
 def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef], int]:
     """The configuration, the registry, and the state dir's lock (a descriptor to keep open)."""
     from sidecar.agent.registry import load_registry, packages
-    from sidecar.config import Config
+    from sidecar.config import Config, trusted
     from sidecar.process import statedir, statelock
     from sidecar.security.acting import Owner
 
@@ -47,6 +47,7 @@ def _load(env: dict[str, str]) -> tuple[Config, dict[str, CLIDef], int]:
     lock = statelock.take(config.paths.lock, config.port)
     if config.audit_dir is not None:
         _prepare_audit_dir(config.audit_dir)
+    trusted.check(config)
     if config.egress is not None:
         _check_egress(config)
     return config, dict(registry), lock

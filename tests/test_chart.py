@@ -242,11 +242,14 @@ def test_writable_paths_with_a_read_only_root() -> None:
     container = spec["containers"][0]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
-    assert writable == {"/workspace", "/home/sleeve", "/run", "/tmp"}
+    assert writable == {"/workspace", "/home/sleeve", "/run", "/tmp", "/var/lib/sleeve"}
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["SIDECAR_STATE_DIR"].startswith("/run/") and env["HOME"] == "/home/sleeve"
-    # Recordings are on a volume, not in /run's memory (whose size limit is the state dir's).
-    assert env["SIDECAR_RECORD_DIR"].startswith("/home/sleeve/")
+    # Recordings are on a volume, not in /run's memory (whose size limit is the state dir's),
+    # nor in the CLI's HOME (the agent could rewrite them; the sidecar refuses to start).
+    assert env["SIDECAR_RECORD_DIR"].startswith("/var/lib/sleeve/")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["recordings"]["emptyDir"] == {"sizeLimit": "264Mi"}  # 200 MiB and room
 
 
 # -- bad values --------------------------------------------------------------------------

@@ -335,6 +335,7 @@ class Config:
     # SIDECAR_PUBLIC_URL, SIDECAR_NOTIFY_*: notifications (none without a channel).
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     # SIDECAR_SECRETS_FILE: the credentials the CLI sees as placeholders, with their values.
+    secrets_file: Path | None = None
     secrets: tuple[Secret, ...] = field(default=(), repr=False)
     # The environment the CLI inherits (PATH, HOME, API keys, ...), captured once here.
     child_env: Mapping[str, str] = field(default_factory=dict, repr=False)
@@ -360,6 +361,25 @@ class Config:
         if self.user is None:
             return None
         return self.user_home or self.user.home or self.workspace
+
+    @property
+    def trusted_paths(self) -> tuple[tuple[str, Path], ...]:
+        """What the sidecar reads or writes for people to trust, outside the state dir when
+        set, as (variable, absolute path): the configuration files (some read again on
+        SIGHUP, the CLI registry's commands run outside the guard) and the audit and record
+        dirs. The CLI must change none of them (`sidecar.config.trusted`, the egress fence)."""
+        found: list[tuple[str, Path | None]] = [
+            (SECRETS_VAR, self.secrets_file),
+            *((f"{SECRETS_VAR}: secret {s.name!r} file", s.file) for s in self.secrets),
+            (EGRESS_FILE_VAR, self.egress_file),
+            (POLICY_VAR, self.policy_file),
+            (CA_FILE_VAR, self.egress_ca_file),
+            ("SIDECAR_CLI_CONFIG", self.cli_config),
+            *self.notify.files,
+            ("SIDECAR_AUDIT_DIR", self.audit_dir),
+            ("SIDECAR_RECORD_DIR", self.recording.dir),
+        ]
+        return tuple((name, path.absolute()) for name, path in found if path is not None)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, euid: int | None = None) -> Config:
@@ -434,6 +454,7 @@ class Config:
             budget_usd=budget_usd,
             budget_tokens=budget_tokens,
             notify=notify,
+            secrets_file=_path(env, SECRETS_VAR, "") if secrets else None,
             secrets=secrets,
             # The CLI never inherits the API's tokens, nor where notifications go: a topic or
             # a webhook's URL is often its only key, and the agent must not forge a

@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 
 from sidecar.config.read import ConfigError, choice, seconds, text, url
 from sidecar.security import tokens
@@ -46,6 +47,8 @@ class NotifyConfig:
     on: frozenset[str] = NOTIFY_ON
     dwell: float = NOTIFY_DWELL
     cooldown: float = NOTIFY_COOLDOWN
+    # The secret files read above, (variable, absolute path): the sidecar's to trust.
+    files: tuple[tuple[str, Path], ...] = ()
 
     @property
     def any_channel(self) -> bool:
@@ -88,4 +91,9 @@ class NotifyConfig:
             on=on,
             dwell=seconds(env, "SIDECAR_NOTIFY_DWELL", NOTIFY_DWELL, 0),
             cooldown=seconds(env, "SIDECAR_NOTIFY_COOLDOWN", NOTIFY_COOLDOWN, 0, 86400),
+            files=tuple(
+                (name, Path(raw).absolute())
+                for name in ("SIDECAR_NOTIFY_WEBHOOK_SECRET_FILE", "SIDECAR_NOTIFY_NTFY_TOKEN_FILE")
+                if (raw := text(env, name)) is not None
+            ),
         )

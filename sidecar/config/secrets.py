@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -25,6 +25,7 @@ from sidecar.egress.allowlist import (
 )
 from sidecar.policy.load import NoAliasLoader
 from sidecar.security import tokens
+from sidecar.security.reach import readable_by
 from sidecar.security.users import User
 
 SECRETS_VAR = "SIDECAR_SECRETS_FILE"
@@ -50,6 +51,7 @@ class Secret:
     source: str  # where the value came from, for messages: `file /run/x`, `from_env VAR`
     from_env: str | None = None
     value: str = field(default="", repr=False)
+    file: Path | None = None  # the value's file (None: from_env)
 
 
 def hidden_variables(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -148,18 +150,18 @@ def _secret(
             raise _error(f"{what}: file must be an absolute path, got {path!r}")
         _out_of_reach(path, what, user)
         value = _value(lambda: tokens.read_token_file(f"{what}: file", path, MAX_FILE))
-        source, from_env = f"file {path}", None
+        source, from_env, file = f"file {path}", None, Path(path)
     else:
         from_env = _word(entry, "from_env", what, VARIABLE)
         raw = env.get(from_env)
         if raw is None or raw == "":
             raise _error(f"{what}: from_env {from_env} is not set in the sidecar's environment")
         value = _value(lambda: tokens.check_token(f"{what}: from_env {from_env}", raw, MAX_FILE))
-        source = f"from_env {from_env}"
+        source, file = f"from_env {from_env}", None
     why = value_problem(value)
     if why is not None:
         raise _error(f"{what}: the value from {source} {why}")
-    return Secret(name, variable, hosts, source, from_env, value)
+    return Secret(name, variable, hosts, source, from_env, value, file)
 
 
 def _value(read: Callable[[], str]) -> str:
@@ -215,19 +217,8 @@ def _out_of_reach(path: str, what: str, user: User | None) -> None:
             f"({os.geteuid()}); use from_env, or SIDECAR_USER with a file only root can read"
         )
         raise _error(msg)
-    try:
-        st = os.stat(path)
-    except OSError:
-        return  # reading it says what is wrong
-    mode = st.st_mode
-    readable = (
-        (st.st_uid == user.uid and mode & stat.S_IRUSR)
-        or (st.st_gid in (user.gid, *user.groups) and mode & stat.S_IRGRP)
-        or mode & stat.S_IROTH
-    )
-    if readable:
-        msg = (
-            f"{what}: file {path} is readable by the CLI's user {user.spec} "
-            f"(mode {stat.S_IMODE(mode):04o}, owner {st.st_uid}:{st.st_gid}); make it 0400 root"
-        )
+    why = readable_by(user, Path(path))
+    if why is not None:
+        msg = f"{what}: file {path} is readable by the CLI's user {user.spec}: {why}"
+        msg += "; make it 0400 root"
         raise _error(msg)

@@ -5,7 +5,8 @@ The trusted side (the sidecar, tmux, ttyd, the pane's waiter, the broker) reads 
 things in the state dir; the CLI may change none of them, in any mode: with SIDECAR_USER the
 kernel's ownership checks keep the sidecar's own files, but the session dir is the CLI user's
 (its tmux and ttyd make their sockets there), and in the one-uid mode (the restricted pod)
-everything is one user's. A root CLI changes nothing outside its own places at all.
+everything is one user's. The same holds for the files and dirs it trusts outside the state
+dir (`Config.trusted_paths`). A root CLI changes nothing outside its own places at all.
 """
 
 from __future__ import annotations
@@ -69,13 +70,20 @@ class Fence:
 
 
 def fence_of(
-    layout: Layout, *, one_uid: bool, root_cli: bool, writable: Iterable[Path] = ()
+    layout: Layout,
+    *,
+    one_uid: bool,
+    root_cli: bool,
+    writable: Iterable[Path] = (),
+    trusted: Iterable[Path] = (),
 ) -> Fence:
     """The fence around a CLI whose state dir is `layout`: `one_uid`, the sidecar and the CLI
     are one user (its private files need Landlock: ownership cannot keep them); `root_cli`,
-    the CLI is root and changes nothing but beneath `writable` and `ROOT_WRITABLE`."""
+    the CLI is root and changes nothing but beneath `writable` and `ROOT_WRITABLE`. Never
+    changed either: the `trusted` files and dirs the sidecar reads and writes outside the
+    state dir (in one-uid mode only this keeps them; with SIDECAR_USER ownership does too)."""
     return Fence(
         no_access=layout.private_files if one_uid else (),
-        no_write=(layout.state_dir, *RESOLVER_FILES),
+        no_write=(layout.state_dir, *RESOLVER_FILES, *trusted),
         write_only=(*writable, *ROOT_WRITABLE) if root_cli else None,
     )

@@ -9,6 +9,7 @@ a target in, objects and YAML text out (the command's input checks live in `mani
 from __future__ import annotations
 
 import base64
+import math
 import re
 import secrets
 from collections.abc import Mapping
@@ -54,6 +55,12 @@ WORKSPACE_SIZE = "10Gi"
 HOME_SIZE = "2Gi"
 RUN_SIZE = "64Mi"  # /run (memory): the tmux socket, ttyd's socket, the pane's exit files
 TMP_SIZE = "1Gi"
+# The recordings' volume (disk, for the pod's life), outside the CLI's HOME: the CLI must not
+# rewrite them (sidecar.config.trusted refuses a record dir in the HOME). Its size: their cap,
+# SIDECAR_RECORD_MAX_MB, and room for the one being written.
+RECORDINGS_MOUNT = "/var/lib/sleeve"
+RECORD_DIR = f"{RECORDINGS_MOUNT}/recordings"
+RECORDINGS_ROOM_MB = 64
 # A degraded CLI still answers /health with 200: only a sidecar that stops answering fails them.
 PROBES: dict[str, Obj] = {
     "startupProbe": {"periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 30},
@@ -141,8 +148,8 @@ def pod_env(plan: RunPlan, secrets_name: str = "") -> list[Obj]:
     fixed = fixed_env(plan, port=CONTAINER_PORT, host="0.0.0.0")  # noqa: S104
     env.update(fixed)
     env["SIDECAR_STOP_GRACE"] = f"{stop_grace(host):g}"
-    # Recordings on the home volume: the state dir is memory in a pod (as the chart does).
-    env["SIDECAR_RECORD_DIR"] = f"{SANDBOX_HOME}/.sidecar/recordings"
+    # Recordings on a volume of their own: the state dir is memory in a pod (as the chart does).
+    env["SIDECAR_RECORD_DIR"] = RECORD_DIR
     env.setdefault("SIDECAR_RECORD_MAX_MB", str(RECORD_MAX_MB))
     for var, name in TOKEN_FILES.items():  # the Secret's keys (token_secret), mounted as files
         env[f"{var}_FILE"] = f"{TOKEN_DIR}/{name}"
@@ -209,6 +216,7 @@ def _containers(plan: RunPlan, target: Target) -> tuple[list[Obj], list[Obj]]:
             *secrets_mount,
             {"name": "run", "mountPath": str(Path(STATE_DIR).parent)},
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - the pod's own emptyDir
+            {"name": "recordings", "mountPath": RECORDINGS_MOUNT},
         ],
     }
     return [seed], [sidecar]
@@ -235,7 +243,17 @@ def _volumes(plan: RunPlan, target: Target) -> list[Obj]:
         },
         {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": RUN_SIZE}},
         {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}},
+        {"name": "recordings", "emptyDir": {"sizeLimit": recordings_size(plan.passthrough)}},
     ]
+
+
+def recordings_size(settings: Mapping[str, str]) -> str:
+    """The recordings' volume: SIDECAR_RECORD_MAX_MB (as the sidecar reads it) and room."""
+    try:
+        cap = config.Recording.from_env(settings).max_bytes
+    except config.ConfigError as exc:
+        raise ManifestError(str(exc)) from None
+    return f"{math.ceil(cap / 2**20) + RECORDINGS_ROOM_MB}Mi"
 
 
 def _claim(name: str, target: Target, size: str) -> Obj:

@@ -23,7 +23,7 @@ import stat
 from pathlib import Path
 
 from sidecar.config import Config, ConfigError
-from sidecar.security.acting import can_search
+from sidecar.security.reach import can_search
 from sidecar.security.users import User, group_name
 
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the NUL

@@ -280,6 +280,7 @@ class Supervisor:
             one_uid=user is None,
             root_cli=user is None and os.geteuid() == 0,
             writable=(cfg.workspace, *([Path(home)] if home else [])),
+            trusted=[path for _name, path in cfg.trusted_paths],
         )
         self.runner.plans.egress_guard = functools.partial(
             self.egress.guard,

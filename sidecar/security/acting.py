@@ -12,7 +12,6 @@ import ctypes
 import errno
 import os
 import shutil
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,22 +114,3 @@ def which(name: str, path: str, owner: Owner | None) -> str | None:
             except OSError:
                 continue
     return None
-
-
-def can_search(user: User, path: Path) -> bool:
-    """Whether `user` may pass through `path` and every directory above it (mode bits only)."""
-    groups = {user.gid, *user.groups}
-    for part in [path, *path.parents]:
-        try:
-            st = os.stat(part)
-        except OSError:
-            return False
-        if st.st_uid == user.uid:
-            bit = stat.S_IXUSR
-        elif st.st_gid in groups:
-            bit = stat.S_IXGRP
-        else:
-            bit = stat.S_IXOTH
-        if not st.st_mode & bit:
-            return False
-    return True

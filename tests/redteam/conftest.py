@@ -1,10 +1,12 @@
-"""The red team's tools: the attacker's LD_PRELOAD library, built with gcc."""
+"""The red team's tools: the attacker's LD_PRELOAD library, built with gcc, and a directory
+every uid may use."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,3 +29,15 @@ def preload(tmp_path: Path) -> Callable[[Path], Path]:
         return lib
 
     return build
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A directory every uid may enter and write, as the agent's own places are (tmp_path is
+    root's 0700: a connect from another uid would fail there for the wrong reason)."""
+    path = Path(tempfile.mkdtemp(prefix="redteam-"))
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -10,10 +10,8 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -37,18 +35,6 @@ FILES = f"{6:016x}"
 ROOT_CLI_CAPS = {"CapEff": FILES, "CapBnd": FILES, "CapAmb": "0" * 16, "NoNewPrivs": "1"}
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs attackers as other uids")
-
-
-@pytest.fixture
-def shared() -> Iterator[Path]:
-    """A directory every uid may enter and write, as the agent's own places are (tmp_path is
-    root's 0700: a connect from another uid would fail there for the wrong reason)."""
-    path = Path(tempfile.mkdtemp(prefix="redteam-"))
-    path.chmod(0o1777)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def run_as(uid: int, argv: Sequence[str], **kw: object) -> subprocess.CompletedProcess[str]:

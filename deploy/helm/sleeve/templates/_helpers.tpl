@@ -78,7 +78,7 @@ sets win: extraEnv, then the settings, then what the pod's layout fixes.
 {{- $_ := set $env "SIDECAR_PORT" "8080" }}
 {{- $_ := set $env "SIDECAR_WORKSPACE" "/workspace" }}
 {{- $_ := set $env "SIDECAR_STATE_DIR" "/run/sidecar" }}
-{{- $_ := set $env "SIDECAR_RECORD_DIR" "/home/sleeve/.sidecar/recordings" }}
+{{- $_ := set $env "SIDECAR_RECORD_DIR" "/var/lib/sleeve/recordings" }}
 {{- $_ := set $env "SIDECAR_TOKEN_FILE" "/etc/sleeve/tokens/token" }}
 {{- $_ := set $env "SIDECAR_VIEW_TOKEN_FILE" "/etc/sleeve/tokens/view-token" }}
 {{- if .Values.secrets }}
