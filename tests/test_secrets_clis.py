@@ -6,10 +6,12 @@ The stubs are the network seam: no real API is reachable from these machines."""
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -64,11 +66,19 @@ def cli_environ(sc: Sidecar, name: str) -> dict[str, str]:
     return dict(found[0].environ())
 
 
-def keys_sent(port: int, path: str) -> list[dict[str, str]]:
-    """Where each request under `path` that the tool stub on `port` answered carried its key."""
+def check_sent(port: int, path: str, carried: dict[str, str]) -> None:
+    """Each request under `path` that the tool stub on `port` answered carried its key as
+    `carried` (header or `?key` -> the value), and there were two at least: the command's
+    call and the answer."""
     code, seen = http("GET", f"http://127.0.0.1:{port}/stub/keys")
     assert code == 200, seen
-    return [{k: v for k, v in s.items() if k != "path"} for s in seen if s["path"].startswith(path)]
+    sent = [{k: v for k, v in s.items() if k != "path"} for s in seen if s["path"].startswith(path)]
+    assert len(sent) >= 2, seen
+    assert sent == [carried] * len(sent)
+
+
+# A CLI the product does not serve yet: the test must fail, at an assertion (strict).
+known_gap = functools.partial(pytest.mark.xfail, strict=True, raises=AssertionError)
 
 
 def claude_with_secret(
@@ -172,7 +182,12 @@ def approved_turn(sc: Sidecar, ran: str, keys: tuple[str, ...] = ()) -> None:
     """From the idle prompt: a prompt, the command the stub answers it with allowed (through
     /approvals, or by `keys` where only keys answer the CLI's confirmation), the command's
     output `ran` in ran.txt, the turn's end."""
-    wait_agent(sc, "idle", 60)
+
+    def ready_or_gone(s: dict[str, Any]) -> bool:
+        return bool(s["agent"]["state"] == "idle" or s["cli_exit_code"] is not None)
+
+    started = sc.wait_status(ready_or_gone, "its prompt (or its exit)", 60)
+    assert started["agent"]["state"] == "idle", (started["agent"], started["cli_exit_code"])
     assert sc.post("/input", {"text": "run it", "if_state": ["idle"]}).status == 202
     if keys:
         wait_agent(sc, "waiting", 60)
@@ -206,14 +221,10 @@ def test_codex_turn_with_only_a_placeholder_key(
     sc.start()
     approved_turn(sc, "CODEX-SECRET-RAN")
     check_placeholder(sc, sc.state_dir, "codex", "OPENAI_API_KEY", value)
-    sent = keys_sent(port, "/v1/responses")
-    assert len(sent) >= 2  # the command's call and the answer
-    assert sent == [{"authorization": f"Bearer {value}"}] * len(sent)
+    check_sent(port, "/v1/responses", {"authorization": f"Bearer {value}"})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
+@known_gap(
     reason="Gemini CLI's proxy (undici's EnvHttpProxyAgent, proxyTunnel on) sends even a plain "
     "http:// request through a CONNECT tunnel, which the proxy passes blind: the placeholder "
     "arrives unchanged",
@@ -233,14 +244,10 @@ def test_gemini_cli_turn_with_only_a_placeholder_key(
     sc.start()
     approved_turn(sc, "GEMINI-SECRET-RAN", keys=("1",))
     check_placeholder(sc, state, "node", "GEMINI_API_KEY", value)
-    sent = keys_sent(port, "/v1beta/models/")
-    assert len(sent) >= 2  # the command's call and the answer
-    assert sent == [{"x-goog-api-key": value}] * len(sent)
+    check_sent(port, "/v1beta/models/", {"x-goog-api-key": value})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
+@known_gap(
     reason="opencode does not start under the egress guard: its TUI reaches its own server "
     "(127.0.0.1 on the port the sidecar gives it) through HTTP_PROXY, and the proxy refuses it "
     "(not listed); past the proxy (NO_PROXY) the guard would refuse the connection",
@@ -270,6 +277,4 @@ def test_opencode_turn_with_only_a_placeholder_key(
     sc.start()
     approved_turn(sc, "OPENCODE-SECRET-RAN")
     check_placeholder(sc, state, "opencode", "STUB_API_KEY", value)
-    sent = keys_sent(port, "/v1/chat/completions")
-    assert len(sent) >= 2  # the command's call and the answer
-    assert sent == [{"authorization": f"Bearer {value}"}] * len(sent)
+    check_sent(port, "/v1/chat/completions", {"authorization": f"Bearer {value}"})
