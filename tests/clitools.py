@@ -34,16 +34,19 @@ def tool_stub() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/v1"
 
 
-def user_config(sc: Sidecar, stub_url: str, *, extra: str = "") -> None:
-    """The user's own ~/.codex/config.toml: the stub as its model provider, the workspace
-    trusted, and a hook of their own (trusted by them) that must keep running beside ours."""
+def user_config(
+    sc: Sidecar, stub_url: str, *, extra: str = "", key_env: str = "STUB_API_KEY"
+) -> None:
+    """The user's own ~/.codex/config.toml: the stub as its model provider (its key in
+    `key_env`), the workspace trusted, and a hook of their own (trusted by them) that must keep
+    running beside ours."""
     home = sc.tmp / "home" / ".codex"
     home.mkdir(parents=True, exist_ok=True)
     sc.workspace.mkdir(parents=True, exist_ok=True)
     hook = {"type": "command", "command": f"echo user-hook >> {sc.tmp / 'user-hook.txt'}"}
     normalized = {**hook, "timeout": 600, "async": False}
     key = f"{home / 'config.toml'}:user_prompt_submit:0:0"
-    provider = codex_config(stub_url, str(sc.workspace), "STUB_API_KEY", extra)
+    provider = codex_config(stub_url, str(sc.workspace), key_env, extra)
     (home / "config.toml").write_text(
         f"""{provider}
 [[hooks.UserPromptSubmit]]

@@ -2,8 +2,8 @@
 
 It answers `HEAD /api/hello` (the CLI's connectivity probe) and `POST /v1/messages` - streamed
 as server-sent events in the Messages API shape when the request asks for `stream`, plain JSON
-otherwise - and records every request so a test can see what the CLI sent. This is the one fake
-in the end-to-end tests: the network seam, because no real API is reachable from these machines.
+otherwise - and records every request, headers too, so a test can see what the CLI sent. This is
+the one fake in the end-to-end tests: the network seam, no real API is reachable from here.
 
 With `bash_command` set, a streamed request that offers the Bash tool and ends with the user's
 own text is answered with a Bash `tool_use` running that command (so the CLI asks permission
@@ -37,6 +37,7 @@ class Recorded:
     path: str
     body: Any
     time: float = field(default_factory=time.monotonic)
+    headers: dict[str, str] = field(default_factory=dict)  # names lowercased
 
 
 def _sse(event: str, data: dict[str, Any]) -> bytes:
@@ -108,7 +109,8 @@ class AnthropicStub:
         except ValueError:
             body = raw.decode(errors="replace")
         with self._lock:
-            self._requests.append(Recorded(request.method, request.path, body))
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            self._requests.append(Recorded(request.method, request.path, body, headers=headers))
         return body
 
     async def _hello(self, request: web.Request) -> web.Response:

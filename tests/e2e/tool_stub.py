@@ -2,6 +2,7 @@
 Codex CLI, opencode and Gemini CLI reach a permission prompt offline: a turn whose last message
 is the user's text is answered with a call of the request's own shell tool running `command`,
 any other turn with a line of text. It captured tests/screens; no real API is reachable here.
+Where each request carried a key (its key headers and `?key=`) is GET /stub/keys.
 
     python -m tests.e2e.tool_stub PORT COMMAND
 """
@@ -12,7 +13,7 @@ import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -39,6 +40,9 @@ RESPONSES_USAGE: dict[str, Any] = {
     "total_tokens": 1434,
 }
 ANSWERED = web.AppKey("answered", dict[str, int])
+KEYS = web.AppKey("keys", list[dict[str, str]])
+# Where the CLIs send an API key: OpenAI's Bearer, Anthropic's, Google's header and query.
+KEY_HEADERS = ("authorization", "x-api-key", "x-goog-api-key")
 ASKED = "Run the stub's command"
 
 
@@ -162,19 +166,38 @@ async def answered(request: web.Request) -> web.Response:
     return web.json_response(request.app[ANSWERED])
 
 
+@web.middleware
+async def keys_seen(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Records each API request's path and the key it carried, wherever it was."""
+    if not request.path.startswith("/stub/"):
+        found = {h: request.headers[h] for h in KEY_HEADERS if h in request.headers}
+        if "key" in request.query:
+            found["?key"] = request.query["key"]
+        request.app[KEYS].append({"path": request.path, **found})
+    return await handler(request)
+
+
+async def keys(request: web.Request) -> web.Response:
+    return web.json_response(request.app[KEYS])
+
+
 async def other(request: web.Request) -> web.Response:
     # Model lists, telemetry, feature flags...: refused, which the CLIs tolerate offline.
     return web.json_response({"error": {"message": "stub"}}, status=404)
 
 
 def make_app(command: str) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[keys_seen])
     app[COMMAND] = command
+    app[KEYS] = []
     app[ANSWERED] = {"gemini": 0, "responses": 0}
     app.router.add_post("/v1/responses", responses)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1beta/models/{model}:{method}", gemini)
     app.router.add_get("/stub/answered", answered)
+    app.router.add_get("/stub/keys", keys)
     app.router.add_route("*", "/{tail:.*}", other)
     return app
 
