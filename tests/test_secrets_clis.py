@@ -36,16 +36,23 @@ __all__ = ["chat_stub", "run_dir", "stub_factory"]  # the fixtures, imported for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-def with_secret(sc: Sidecar, env: str, port: int, *, placeholder: str | None = None) -> str:
+def with_secret(
+    sc: Sidecar, env: str, port: int, *, placeholder: str | None = None, at: Path | None = None
+) -> str:
     """`sc` given one secret `api` for the CLI's variable `env`, listed for `localhost` (the
     only host on the allowlist, on `port`), its value from the sidecar's environment; with
-    `placeholder`, that one kept in the state dir beforehand. The real value."""
+    `placeholder`, that one kept in the state dir beforehand. The secrets file goes in `at`
+    (made; default the sidecar's tmp dir): the guard keeps a root CLI from creating anything
+    directly in the dirs above the file, and a CLI that makes its temporary files in /tmp
+    (Gemini CLI's shell, opencode) needs it out of /tmp. The real value."""
     value = "sk-real-" + secrets.token_hex(16)
     entry = {"name": "api", "env": env, "from_env": "SLEEVE_SECRET_API", "hosts": ["localhost"]}
-    (sc.tmp / "secrets.yaml").write_text(yaml.safe_dump({"secrets": [entry]}))
+    file = (at or sc.tmp) / "secrets.yaml"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(yaml.safe_dump({"secrets": [entry]}))
     sc.env_extra.pop(env, None)
     sc.env_extra.update(
-        SIDECAR_SECRETS_FILE=str(sc.tmp / "secrets.yaml"),
+        SIDECAR_SECRETS_FILE=str(file),
         SIDECAR_EGRESS_ALLOW=f"localhost:{port}",
         SLEEVE_SECRET_API=value,
     )
@@ -224,23 +231,19 @@ def test_codex_turn_with_only_a_placeholder_key(
     check_sent(port, "/v1/responses", {"authorization": f"Bearer {value}"})
 
 
-@known_gap(
-    reason="Gemini CLI's proxy (undici's EnvHttpProxyAgent, proxyTunnel on) sends even a plain "
-    "http:// request through a CONNECT tunnel, which the proxy passes blind: the placeholder "
-    "arrives unchanged",
-)
 def test_gemini_cli_turn_with_only_a_placeholder_key(
     run_dir: Callable[[], Path],  # first: removed after the sidecar is gone
     make_sidecar: Callable[..., Sidecar],
     chat_stub: Callable[[str], int],
 ) -> None:
     """Gemini CLI sends GEMINI_API_KEY as `x-goog-api-key`: prompt -> command confirmed by
-    keys -> answer. The turn works; the key the stub gets is the placeholder (see xfail)."""
+    keys -> answer. Its proxy client (undici's EnvHttpProxyAgent, proxyTunnel on) sends even
+    these http:// requests through a CONNECT tunnel: the proxy rewrites the plain HTTP in it."""
     port = chat_stub("echo GEMINI-SECRET-RAN > ran.txt")
     state = run_dir()
     sc = gemini_sidecar(make_sidecar, f"http://localhost:{port}", state)
     (sc.tmp / "user-hook.txt").touch()  # the user's hooks append to it
-    value = with_secret(sc, "GEMINI_API_KEY", port)
+    value = with_secret(sc, "GEMINI_API_KEY", port, at=run_dir())
     sc.start()
     approved_turn(sc, "GEMINI-SECRET-RAN", keys=("1",))
     check_placeholder(sc, state, "node", "GEMINI_API_KEY", value)
@@ -268,7 +271,7 @@ def test_opencode_turn_with_only_a_placeholder_key(
     path = sc.tmp / "home" / ".config" / "opencode" / "opencode.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(config))
-    value = with_secret(sc, "STUB_API_KEY", port)
+    value = with_secret(sc, "STUB_API_KEY", port, at=run_dir())
     # opencode (Bun) writes its native libraries to /tmp at start; the guard lets a root CLI
     # create nothing directly in a directory above the state dir, so the state dir is not
     # under /tmp here (the default, /run/sidecar, is not either).
