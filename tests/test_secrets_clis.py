@@ -6,9 +6,10 @@ The stubs are the network seam: no real API is reachable from these machines."""
 
 from __future__ import annotations
 
-import functools
 import json
 import secrets
+import socket
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,10 +83,6 @@ def check_sent(port: int, path: str, carried: dict[str, str]) -> None:
     sent = [{k: v for k, v in s.items() if k != "path"} for s in seen if s["path"].startswith(path)]
     assert len(sent) >= 2, seen
     assert sent == [carried] * len(sent)
-
-
-# A CLI the product does not serve yet: the test must fail, at an assertion (strict).
-known_gap = functools.partial(pytest.mark.xfail, strict=True, raises=AssertionError)
 
 
 def claude_with_secret(
@@ -250,20 +247,11 @@ def test_gemini_cli_turn_with_only_a_placeholder_key(
     check_sent(port, "/v1beta/models/", {"x-goog-api-key": value})
 
 
-@known_gap(
-    reason="opencode does not start under the egress guard: its TUI reaches its own server "
-    "(127.0.0.1 on the port the sidecar gives it) through HTTP_PROXY, and the proxy refuses it "
-    "(not listed); past the proxy (NO_PROXY) the guard would refuse the connection",
-)
-def test_opencode_turn_with_only_a_placeholder_key(
-    run_dir: Callable[[], Path],  # first: removed after the sidecar is gone
-    make_sidecar: Callable[..., Sidecar],
-    chat_stub: Callable[[str], int],
-) -> None:
-    """opencode's provider takes its key from the environment (`{env:STUB_API_KEY}` in its
-    config) and sends it as a Bearer token: prompt -> command approved through the API ->
-    answer."""
-    port = chat_stub("echo OPENCODE-SECRET-RAN > ran.txt")
+def opencode_with_secret(
+    make_sidecar: Callable[..., Sidecar], run_dir: Callable[[], Path], port: int
+) -> tuple[Sidecar, Path, str]:
+    """A sidecar (not started) running the real opencode against the chat stub on `port`, its
+    provider's key a secret (`{env:STUB_API_KEY}` in its config); its state dir, the value."""
     sc = opencode_sidecar(make_sidecar, None)
     config = opencode_config(port)
     options = {"baseURL": f"http://localhost:{port}/v1", "apiKey": "{env:STUB_API_KEY}"}
@@ -277,7 +265,51 @@ def test_opencode_turn_with_only_a_placeholder_key(
     # under /tmp here (the default, /run/sidecar, is not either).
     state = run_dir()
     sc.env_extra["SIDECAR_STATE_DIR"] = str(state)
+    return sc, state, value
+
+
+def test_opencode_turn_with_only_a_placeholder_key(
+    run_dir: Callable[[], Path],  # first: removed after the sidecar is gone
+    make_sidecar: Callable[..., Sidecar],
+    chat_stub: Callable[[str], int],
+) -> None:
+    """opencode's provider takes its key from the environment and sends it as a Bearer token:
+    prompt -> command approved through the API -> answer. Its TUI reaches its own server (on
+    the port the sidecar picked for this launch) around the proxy, past the guard."""
+    port = chat_stub("echo OPENCODE-SECRET-RAN > ran.txt")
+    sc, state, value = opencode_with_secret(make_sidecar, run_dir, port)
     sc.start()
     approved_turn(sc, "OPENCODE-SECRET-RAN")
     check_placeholder(sc, state, "opencode", "STUB_API_KEY", value)
     check_sent(port, "/v1/chat/completions", {"authorization": f"Bearer {value}"})
+
+
+def test_opencode_reaches_its_own_server_and_no_other_loopback_port(
+    run_dir: Callable[[], Path],  # first: removed after the sidecar is gone
+    make_sidecar: Callable[..., Sidecar],
+    chat_stub: Callable[[str], int],
+) -> None:
+    """While opencode runs, the guard lets its processes reach the proxy, the API and its own
+    server's port alone: a command it runs connects to another loopback port that listens and
+    gets EACCES (13); nothing reaches that listener; the refusal is counted."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        other.setblocking(False)
+        other_port = other.getsockname()[1]
+        probe = (
+            f"c = __import__('socket').socket(); print(c.connect_ex(('127.0.0.1', {other_port})))"
+        )
+        port = chat_stub(f'{sys.executable} -c "{probe}" > ran.txt')
+        sc, _state, _value = opencode_with_secret(make_sidecar, run_dir, port)
+        sc.start()
+        approved_turn(sc, "13")
+        with pytest.raises(BlockingIOError):
+            other.accept()  # nothing came
+    argv = psutil.Process(sc.status()["cli_pid"]).cmdline()  # the guard's
+    own, api = f"127.0.0.1:{argv[argv.index('--port') + 1]}", sc.url.removeprefix("http://")
+    environ = cli_environ(sc, "opencode")
+    proxy = environ["HTTP_PROXY"].removeprefix("http://")
+    assert {argv[i + 1] for i, arg in enumerate(argv) if arg == "--allow"} == {proxy, api, own}
+    assert environ["NO_PROXY"].split(",") == [api, own]
+    assert sc.get("/egress")[1]["denied"] >= 1
