@@ -152,6 +152,8 @@ async def _first_byte(proxy: EgressProxy, raw: asyncio.Transport) -> int | None:
     """The first byte the client sends through its tunnel, left unread (peeked on a duplicate
     of its socket while the transport is paused: a TLS handshake must reach the TLS layer
     whole); None when it closes or sends nothing within the head timeout."""
+    if raw.is_closing():
+        return None
     sock = raw.get_extra_info("socket").dup()  # closing a duplicate leaves the connection
     ready: asyncio.Future[None] = proxy.loop.create_future()
 
