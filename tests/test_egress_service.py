@@ -17,7 +17,7 @@ import pytest
 from sidecar.config import Config, ConfigError
 from sidecar.core.events import EventBus
 from sidecar.egress.allowlist import parse_list
-from sidecar.egress.service import MAX_REMEMBERED, QUIET, Egress, proxy_env
+from sidecar.egress.service import MAX_REMEMBERED, QUIET, Egress, no_proxy_with, proxy_env
 from tests.harness import wait_for_async
 
 BASE = {"SLEEVE_NAME": "s", "SLEEVE_CLI": "shell"}
@@ -30,6 +30,15 @@ def test_proxy_env_names_the_proxy_and_exactly_the_api() -> None:
     assert env["NO_PROXY"] == env["no_proxy"] == "127.0.0.1:8080"
     assert proxy_env(("127.0.0.1", 1), ("::", 9000))["NO_PROXY"] == "[::1]:9000"
     assert proxy_env(("127.0.0.1", 1), ("localhost", 80))["NO_PROXY"] == "127.0.0.1:80"
+
+
+def test_a_cli_server_of_its_own_is_added_to_no_proxy_by_address_and_port() -> None:
+    """opencode's TUI reaches its server around the proxy: that one port, never all loopback."""
+    env = proxy_env(("127.0.0.1", 41000), ("127.0.0.1", 8080))
+    added = no_proxy_with(env, ("127.0.0.1", 45123))
+    assert added == dict.fromkeys(("NO_PROXY", "no_proxy"), "127.0.0.1:8080,127.0.0.1:45123")
+    assert env["NO_PROXY"] == "127.0.0.1:8080"  # the proxy's variables are left as they were
+    assert no_proxy_with({}, ("127.0.0.1", 1))["NO_PROXY"] == "127.0.0.1:1"
 
 
 def test_open_network_has_no_proxy_and_no_variables() -> None:

@@ -260,3 +260,89 @@ async def test_git_push_over_https_with_only_the_placeholder(pki: Pki, tmp_path:
                           capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert pushed == head
     assert REAL.decode() not in (work / ".git" / "config").read_text()
+
+
+@pytest.fixture
+def plain(tmp_path: Path) -> Iterator[Stub]:
+    with https_stub(None, tmp_path / "plain.jsonl") as stub:
+        yield stub
+
+
+async def ended(r: Rig) -> None:
+    """Once a connection's record is written (its client gone, its far end closing after)."""
+    async with asyncio.timeout(10):
+        while not r.records:
+            await asyncio.sleep(0.01)  # sleep-ok: polling for the record, bounded above
+
+
+def tunnelled(curl: str, proxy: EgressProxy, *args: str) -> list[str]:
+    """curl sending its http:// requests through a CONNECT tunnel (`--proxytunnel`), as Gemini
+    CLI's proxy client does."""
+    return [curl, "-sS", "-p", "-x", f"http://127.0.0.1:{proxy.address[1]}", *args]
+
+
+async def test_plain_http_inside_a_connect_carries_the_real_value_on_each_request(
+    pki: Pki, plain: Stub, tmp_path: Path
+) -> None:
+    """Two plain requests on one tunnel to a host with a secret: each head rewritten, the body
+    as it was sent, and the answers as the stub wrote them."""
+    curl = require_executable("curl")
+    async with rig(pki, tmp_path, [plain.port]) as r:
+        urls = [f"http://localhost:{plain.port}/{n}?key={PLACEHOLDER.decode()}" for n in (1, 2)]
+        args = tunnelled(curl, r.proxy, "-H", f"X-Api-Key: {PLACEHOLDER.decode()}",
+                         "--data-binary", PLACEHOLDER.decode(), *urls)  # fmt: skip
+        status, out = await run(args, r.env)
+        assert status == 0, out
+        await ended(r)
+    assert out == "".join(f"seen POST /{n}?key={REAL.decode()}\n" for n in (1, 2))
+    assert [header(req, "X-Api-Key") for req in plain.requests()] == [[REAL.decode()]] * 2
+    assert [req["body"] for req in plain.requests()] == [PLACEHOLDER.decode()] * 2
+    (record,) = r.records  # one CONNECT carried both
+    assert (record.allowed, record.reason) == (True, None)
+
+
+async def test_tls_and_plain_http_tunnels_to_one_host_with_a_secret_both_work(
+    pki: Pki, plain: Stub, good: Stub, tmp_path: Path
+) -> None:
+    curl = require_executable("curl")
+    async with rig(pki, tmp_path, [plain.port, good.port]) as r:
+        key = ["-H", f"X-Api-Key: {PLACEHOLDER.decode()}"]
+        done = await run(tunnelled(curl, r.proxy, *key, f"http://localhost:{plain.port}/p"), r.env)
+        assert done == (0, "seen GET /p\n")
+        done = await run(tunnelled(curl, r.proxy, *key, f"https://localhost:{good.port}/t"), r.env)
+        assert done == (0, "seen GET /t\n")
+    assert header(plain.requests()[0], "X-Api-Key") == [REAL.decode()]
+    assert header(good.requests()[0], "X-Api-Key") == [REAL.decode()]
+
+
+async def test_a_plain_request_for_another_host_inside_the_tunnel_is_refused(
+    pki: Pki, plain: Stub, tmp_path: Path
+) -> None:
+    """The tunnel was opened to localhost: a request in it naming another host (which a far
+    end serving several would answer) never gets the secret; it is answered 400."""
+    curl = require_executable("curl")
+    async with rig(pki, tmp_path, [plain.port]) as r:
+        args = tunnelled(curl, r.proxy, "-w", "%{http_code}", "-H", "Host: elsewhere.example",
+                         "-H", f"X-Api-Key: {PLACEHOLDER.decode()}",
+                         f"http://localhost:{plain.port}/x")  # fmt: skip
+        status, out = await run(args, r.env)
+    assert (status, out[-3:]) == (0, "400"), out
+    assert "is not the host this connection was opened to" in out
+    assert plain.requests() == []
+
+
+async def test_a_client_silent_in_its_tunnel_is_closed_and_recorded(
+    pki: Pki, plain: Stub, tmp_path: Path
+) -> None:
+    """A CONNECT to a host with a secret, answered, then nothing but the close: the far end
+    gets nothing, the record says the client sent nothing."""
+    async with rig(pki, tmp_path, [plain.port]) as r:
+        reader, writer = await asyncio.open_connection(*r.proxy.address)
+        writer.write(f"CONNECT localhost:{plain.port} HTTP/1.1\r\n\r\n".encode())
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        writer.close()
+        await writer.wait_closed()
+        await ended(r)
+    assert plain.requests() == []
+    (record,) = r.records
+    assert record.reason is not None and "sent nothing" in record.reason

@@ -6,9 +6,10 @@ The stubs are the network seam: no real API is reachable from these machines."""
 
 from __future__ import annotations
 
-import functools
 import json
 import secrets
+import socket
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,16 +37,23 @@ __all__ = ["chat_stub", "run_dir", "stub_factory"]  # the fixtures, imported for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-def with_secret(sc: Sidecar, env: str, port: int, *, placeholder: str | None = None) -> str:
+def with_secret(
+    sc: Sidecar, env: str, port: int, *, placeholder: str | None = None, at: Path | None = None
+) -> str:
     """`sc` given one secret `api` for the CLI's variable `env`, listed for `localhost` (the
     only host on the allowlist, on `port`), its value from the sidecar's environment; with
-    `placeholder`, that one kept in the state dir beforehand. The real value."""
+    `placeholder`, that one kept in the state dir beforehand. The secrets file goes in `at`
+    (made; default the sidecar's tmp dir): the guard keeps a root CLI from creating anything
+    directly in the dirs above the file, and a CLI that makes its temporary files in /tmp
+    (Gemini CLI's shell, opencode) needs it out of /tmp. The real value."""
     value = "sk-real-" + secrets.token_hex(16)
     entry = {"name": "api", "env": env, "from_env": "SLEEVE_SECRET_API", "hosts": ["localhost"]}
-    (sc.tmp / "secrets.yaml").write_text(yaml.safe_dump({"secrets": [entry]}))
+    file = (at or sc.tmp) / "secrets.yaml"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(yaml.safe_dump({"secrets": [entry]}))
     sc.env_extra.pop(env, None)
     sc.env_extra.update(
-        SIDECAR_SECRETS_FILE=str(sc.tmp / "secrets.yaml"),
+        SIDECAR_SECRETS_FILE=str(file),
         SIDECAR_EGRESS_ALLOW=f"localhost:{port}",
         SLEEVE_SECRET_API=value,
     )
@@ -75,10 +83,6 @@ def check_sent(port: int, path: str, carried: dict[str, str]) -> None:
     sent = [{k: v for k, v in s.items() if k != "path"} for s in seen if s["path"].startswith(path)]
     assert len(sent) >= 2, seen
     assert sent == [carried] * len(sent)
-
-
-# A CLI the product does not serve yet: the test must fail, at an assertion (strict).
-known_gap = functools.partial(pytest.mark.xfail, strict=True, raises=AssertionError)
 
 
 def claude_with_secret(
@@ -224,43 +228,30 @@ def test_codex_turn_with_only_a_placeholder_key(
     check_sent(port, "/v1/responses", {"authorization": f"Bearer {value}"})
 
 
-@known_gap(
-    reason="Gemini CLI's proxy (undici's EnvHttpProxyAgent, proxyTunnel on) sends even a plain "
-    "http:// request through a CONNECT tunnel, which the proxy passes blind: the placeholder "
-    "arrives unchanged",
-)
 def test_gemini_cli_turn_with_only_a_placeholder_key(
     run_dir: Callable[[], Path],  # first: removed after the sidecar is gone
     make_sidecar: Callable[..., Sidecar],
     chat_stub: Callable[[str], int],
 ) -> None:
     """Gemini CLI sends GEMINI_API_KEY as `x-goog-api-key`: prompt -> command confirmed by
-    keys -> answer. The turn works; the key the stub gets is the placeholder (see xfail)."""
+    keys -> answer. Its proxy client (undici's EnvHttpProxyAgent, proxyTunnel on) sends even
+    these http:// requests through a CONNECT tunnel: the proxy rewrites the plain HTTP in it."""
     port = chat_stub("echo GEMINI-SECRET-RAN > ran.txt")
     state = run_dir()
     sc = gemini_sidecar(make_sidecar, f"http://localhost:{port}", state)
     (sc.tmp / "user-hook.txt").touch()  # the user's hooks append to it
-    value = with_secret(sc, "GEMINI_API_KEY", port)
+    value = with_secret(sc, "GEMINI_API_KEY", port, at=run_dir())
     sc.start()
     approved_turn(sc, "GEMINI-SECRET-RAN", keys=("1",))
     check_placeholder(sc, state, "node", "GEMINI_API_KEY", value)
     check_sent(port, "/v1beta/models/", {"x-goog-api-key": value})
 
 
-@known_gap(
-    reason="opencode does not start under the egress guard: its TUI reaches its own server "
-    "(127.0.0.1 on the port the sidecar gives it) through HTTP_PROXY, and the proxy refuses it "
-    "(not listed); past the proxy (NO_PROXY) the guard would refuse the connection",
-)
-def test_opencode_turn_with_only_a_placeholder_key(
-    run_dir: Callable[[], Path],  # first: removed after the sidecar is gone
-    make_sidecar: Callable[..., Sidecar],
-    chat_stub: Callable[[str], int],
-) -> None:
-    """opencode's provider takes its key from the environment (`{env:STUB_API_KEY}` in its
-    config) and sends it as a Bearer token: prompt -> command approved through the API ->
-    answer."""
-    port = chat_stub("echo OPENCODE-SECRET-RAN > ran.txt")
+def opencode_with_secret(
+    make_sidecar: Callable[..., Sidecar], run_dir: Callable[[], Path], port: int
+) -> tuple[Sidecar, Path, str]:
+    """A sidecar (not started) running the real opencode against the chat stub on `port`, its
+    provider's key a secret (`{env:STUB_API_KEY}` in its config); its state dir, the value."""
     sc = opencode_sidecar(make_sidecar, None)
     config = opencode_config(port)
     options = {"baseURL": f"http://localhost:{port}/v1", "apiKey": "{env:STUB_API_KEY}"}
@@ -268,13 +259,57 @@ def test_opencode_turn_with_only_a_placeholder_key(
     path = sc.tmp / "home" / ".config" / "opencode" / "opencode.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(config))
-    value = with_secret(sc, "STUB_API_KEY", port)
+    value = with_secret(sc, "STUB_API_KEY", port, at=run_dir())
     # opencode (Bun) writes its native libraries to /tmp at start; the guard lets a root CLI
     # create nothing directly in a directory above the state dir, so the state dir is not
     # under /tmp here (the default, /run/sidecar, is not either).
     state = run_dir()
     sc.env_extra["SIDECAR_STATE_DIR"] = str(state)
+    return sc, state, value
+
+
+def test_opencode_turn_with_only_a_placeholder_key(
+    run_dir: Callable[[], Path],  # first: removed after the sidecar is gone
+    make_sidecar: Callable[..., Sidecar],
+    chat_stub: Callable[[str], int],
+) -> None:
+    """opencode's provider takes its key from the environment and sends it as a Bearer token:
+    prompt -> command approved through the API -> answer. Its TUI reaches its own server (on
+    the port the sidecar picked for this launch) around the proxy, past the guard."""
+    port = chat_stub("echo OPENCODE-SECRET-RAN > ran.txt")
+    sc, state, value = opencode_with_secret(make_sidecar, run_dir, port)
     sc.start()
     approved_turn(sc, "OPENCODE-SECRET-RAN")
     check_placeholder(sc, state, "opencode", "STUB_API_KEY", value)
     check_sent(port, "/v1/chat/completions", {"authorization": f"Bearer {value}"})
+
+
+def test_opencode_reaches_its_own_server_and_no_other_loopback_port(
+    run_dir: Callable[[], Path],  # first: removed after the sidecar is gone
+    make_sidecar: Callable[..., Sidecar],
+    chat_stub: Callable[[str], int],
+) -> None:
+    """While opencode runs, the guard lets its processes reach the proxy, the API and its own
+    server's port alone: a command it runs connects to another loopback port that listens and
+    gets EACCES (13); nothing reaches that listener; the refusal is counted."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        other.setblocking(False)
+        other_port = other.getsockname()[1]
+        probe = (
+            f"c = __import__('socket').socket(); print(c.connect_ex(('127.0.0.1', {other_port})))"
+        )
+        port = chat_stub(f'{sys.executable} -c "{probe}" > ran.txt')
+        sc, _state, _value = opencode_with_secret(make_sidecar, run_dir, port)
+        sc.start()
+        approved_turn(sc, "13")
+        with pytest.raises(BlockingIOError):
+            other.accept()  # nothing came
+    argv = psutil.Process(sc.status()["cli_pid"]).cmdline()  # the guard's
+    own, api = f"127.0.0.1:{argv[argv.index('--port') + 1]}", sc.url.removeprefix("http://")
+    environ = cli_environ(sc, "opencode")
+    proxy = environ["HTTP_PROXY"].removeprefix("http://")
+    assert {argv[i + 1] for i, arg in enumerate(argv) if arg == "--allow"} == {proxy, api, own}
+    assert environ["NO_PROXY"].split(",") == [api, own]
+    assert sc.get("/egress")[1]["denied"] >= 1

@@ -65,11 +65,12 @@ class Stub:
 
 @contextlib.contextmanager
 def https_stub(
-    cert: tuple[Path, Path], seen: Path, git: tuple[Path, str] | None = None
+    cert: tuple[Path, Path] | None, seen: Path, git: tuple[Path, str] | None = None
 ) -> Iterator[Stub]:
-    """The HTTPS stub serving `cert` on 127.0.0.1 (with `git`: its repositories and the token
-    its git server asks for), until the block ends."""
-    argv = [sys.executable, "-m", "tests.tls_stub", str(cert[0]), str(cert[1]), str(seen)]
+    """The HTTPS stub serving `cert` on 127.0.0.1 (None: plain HTTP; with `git`: its
+    repositories and the token its git server asks for), until the block ends."""
+    pair = [str(cert[0]), str(cert[1])] if cert is not None else ["-", "-"]
+    argv = [sys.executable, "-m", "tests.tls_stub", *pair, str(seen)]
     if git is not None:
         argv += [str(git[0]), git[1]]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE)

@@ -1,8 +1,8 @@
 """An HTTPS server on 127.0.0.1 for the egress proxy's TLS tests, run as its own process:
-`python -m tests.tls_stub CERT KEY SEEN [GIT_ROOT TOKEN]`. It prints its port, appends each
-request it reads (method, path, headers, body) to SEEN as a JSON line, and answers keep-alive
-HTTP/1.1; under /git/ it is `git http-backend` (smart HTTP) behind Basic auth with TOKEN as the
-password. Standard library only; loopback only.
+`python -m tests.tls_stub CERT KEY SEEN [GIT_ROOT TOKEN]` (CERT and KEY `-`: plain HTTP). It
+prints its port, appends each request it reads (method, path, headers, body) to SEEN as a JSON
+line, and answers keep-alive HTTP/1.1; under /git/ it is `git http-backend` (smart HTTP)
+behind Basic auth with TOKEN as the password. Standard library only; loopback only.
 """
 
 from __future__ import annotations
@@ -110,9 +110,10 @@ def main() -> None:
     if len(sys.argv) > 5:
         Handler.git_root, Handler.token = Path(sys.argv[4]), sys.argv[5]
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
+    if cert != "-":  # `-`: plain HTTP
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     print(server.server_address[1], flush=True)
     server.serve_forever()
 

@@ -166,6 +166,12 @@ class Awareness:
         args, reporting = self.spending.launch_env(cli, env)
         return (*argv, *args), {**added, **reporting}
 
+    @property
+    def own_server(self) -> tuple[str, int] | None:
+        """The loopback address where the CLI just launched serves its own API (its TUI talks
+        to it there), or None: it has none of ours."""
+        return self.events.address if self.events.active else None
+
     def process_changed(
         self, state: ProcState, cli: CLIDef | None, *, why: str | None = None
     ) -> None:

@@ -85,6 +85,8 @@ class EventSource:
         self.on_found = on_found  # ... and it came after all: this source takes over again
         self.stream: EventStream | None = None  # the running CLI's, when it uses this source
         self.name = ""  # the running CLI's knowledge name
+        # Where the CLI launched last serves its API (a port of ours, for this launch alone).
+        self.address: tuple[str, int] | None = None
         self.warning: str | None = None  # why the state is not from the CLI's events
         self.turns: Turns | None = None
         self.bill: Bill | None = None  # the run's model requests, when its events carry them
@@ -103,6 +105,7 @@ class EventSource:
         known = cli.knowledge
         self.stream = known.events if known is not None and cli.state == "events" else None
         self.name = known.name if known is not None else ""
+        self.address = None
 
     def launch(self, cli: CLIDef, argv: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:
         """The argv and added environment to start `cli` with: its server on a free loopback
@@ -114,6 +117,7 @@ class EventSource:
         record = self.files.record
         pinned = record.session_id if record.session_cli == cli.name else None
         port = free_port()
+        self.address = (HOST, port)
         password = secrets.token_urlsafe(32)
         self.files.update(
             session_id=pinned,

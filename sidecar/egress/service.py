@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, get_args
@@ -45,6 +45,7 @@ QUIET = 60.0  # one event per (host, how), one log line per host, in this many s
 MAX_REMEMBERED = 4096  # distinct hosts kept for the rate limits (an attacker picks names)
 MAX_LOOKUPS = 64  # connections waiting for their process to be looked up
 PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
+NO_PROXY = ("NO_PROXY", "no_proxy")
 ChangedBy = Literal["api", "approval", "reload"]
 NOT_HELD = (
     "refused at once: only requests through the egress proxy (HTTPS_PROXY) can wait for an "
@@ -64,11 +65,18 @@ def proxy_env(proxy: tuple[str, int], api: tuple[str, int]) -> dict[str, str]:
     no_proxy = loopback_url(*api).removeprefix("http://")
     env = {name: url for name in PROXY_VARS}
     env |= {name.lower(): url for name in PROXY_VARS}
-    env |= {"NO_PROXY": no_proxy, "no_proxy": no_proxy}
+    env |= dict.fromkeys(NO_PROXY, no_proxy)
     # Node's own fetch and http ignore the variables unless told (Node >= 22.21 / 24.5; older
     # Nodes ignore this one, and CLIs that bundle their own proxy support read the rest).
     env["NODE_USE_ENV_PROXY"] = "1"
     return env
+
+
+def no_proxy_with(env: Mapping[str, str], address: tuple[str, int]) -> dict[str, str]:
+    """NO_PROXY and no_proxy of the proxy variables `env` with `address` (a loopback server
+    of the CLI's own, reached around the proxy) added: by address and port, as the API's. Pure."""
+    added = loopback_url(*address).removeprefix("http://")
+    return {name: f"{env[name]},{added}" if env.get(name) else added for name in NO_PROXY}
 
 
 class _Limiter:
@@ -207,18 +215,21 @@ class Egress:
     def guard(
         self,
         argv: tuple[str, ...],
+        own: tuple[str, int] | None = None,
         *,
         deny_unix: tuple[Path, ...],
         fence: Fence,
         env_file: Path,
     ) -> tuple[str, ...]:
         """The argv that runs `argv` with its network closed but for the proxy and the API
-        (`argv` itself with an open network). `deny_unix`: sockets leading to processes
-        outside the guard (the sidecar's tmux and ttyd); `fence`: the files it keeps the CLI
-        from; `env_file`: the CLI's own variables, for the CLI alone."""
+        (`argv` itself with an open network), and `own`: the loopback address of the CLI's
+        own server for this launch (opencode's, on a port the sidecar picked), when it has
+        one. `deny_unix`: sockets leading to processes outside the guard (the sidecar's tmux
+        and ttyd); `fence`: the files it keeps the CLI from; `env_file`: the CLI's own
+        variables, for the CLI alone."""
         if self.proxy is None or not self.started:
             return argv
-        allowed = [self.proxy.address, self.api_address]
+        allowed = [self.proxy.address, self.api_address, *([own] if own is not None else [])]
         return guard_argv(
             argv, allowed, self.report_path, deny_unix=deny_unix, fence=fence, env_file=env_file
         )

@@ -1,6 +1,7 @@
-"""The requests a client sends on a terminated TLS connection, one after another: each head is
-found, checked and handed to the secret's rewrite; bodies (Content-Length or chunked) pass as
-they are; after an Upgrade (or a CONNECT inside) everything passes blind. Pure.
+"""The requests a client sends on a connection whose heads carry a secret (terminated TLS, or
+plain HTTP inside a CONNECT), one after another: each head is found, checked and handed to the
+secret's rewrite; bodies (Content-Length or chunked) pass as they are; after an Upgrade (or a
+CONNECT inside) everything passes blind. Pure.
 
 Written here rather than taken from h11: only the framing of requests is needed (responses
 pass unchanged), and h11 would parse and write every head again, and every response too.
@@ -31,15 +32,23 @@ class Mode(enum.Enum):
 
 
 class Requests:
-    """The client's bytes of a terminated connection to `host`:`port`, as the far end gets
+    """The client's bytes of a connection to `host`:`port` whose heads carry a secret (TLS the
+    proxy terminates, or with `tls` False plain HTTP inside a CONNECT), as the far end gets
     them: `feed` returns what to pass on (heads rewritten by `rewrite`); Refusal on a request
     the proxy will not carry (the caller answers it, or closes when requests went before)."""
 
     def __init__(
-        self, host: str, port: int, rewrite: Callable[[bytes], bytes], max_head: int
+        self,
+        host: str,
+        port: int,
+        rewrite: Callable[[bytes], bytes],
+        max_head: int,
+        *,
+        tls: bool = True,
     ) -> None:
         self.host = normalise_host(host) or host
         self.port = port
+        self.scheme = "https" if tls else "http"
         self.rewrite = rewrite
         self.max_head = max_head
         self.mode = Mode.HEAD
@@ -135,11 +144,11 @@ class Requests:
         said = [hosts[0]]
         scheme, sep, rest = target.partition("://")
         if sep:
-            if scheme.lower() != "https":
-                raise Refusal(400, f"a {scheme} URI inside a TLS connection")
+            if scheme.lower() != self.scheme:
+                raise Refusal(400, f"a {scheme} URI inside a connection for {self.scheme}")
             said.append(rest.split("/", 1)[0].split("?", 1)[0])
         for authority in said:
-            host, port = authority_of(authority, 443)
+            host, port = authority_of(authority, 443 if self.scheme == "https" else 80)
             # As the client wrote it nearly always: normalising (IDNA, addresses) costs more.
             same = host == self.host or normalise_host(host.strip("[]")) == self.host
             if not same or port != self.port:

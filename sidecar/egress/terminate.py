@@ -1,7 +1,8 @@
-"""TLS termination for a CONNECT to a host that has a secret: the far end's TLS first (verified
-against the system's CAs and SIDECAR_EGRESS_CA_FILE, the host as SNI), then the client's with
-the sleeve CA's certificate for the host; each request head on the connection then goes through
-the secret's rewrite (`sidecar.egress.stream`), bodies and every response pass as they are.
+"""A CONNECT to a host that has a secret: answered, then the client's first byte decides. A TLS
+handshake is terminated: the far end's TLS first (verified against the system's CAs and
+SIDECAR_EGRESS_CA_FILE, the host as SNI), then the client's with the sleeve CA's certificate for
+the host. Anything else is plain HTTP, sent on over TCP. Either way each request head then goes
+through the secret's rewrite (`sidecar.egress.stream`); bodies and responses pass as they are.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import asyncio
 import glob
 import logging
 import os
+import socket
 import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+TLS_HANDSHAKE = 0x16  # the first byte of a TLS record that carries a handshake (ClientHello)
 
 
 def upstream_context(ca_file: Path | None) -> ssl.SSLContext:
@@ -101,11 +104,15 @@ class Editor:
 
 async def terminate(proxy: EgressProxy, client: Client, upstream: Upstream, req: Request,
                     rewrite: Rewrite) -> None:  # fmt: skip
-    """Join `client` (its CONNECT read) and `upstream` (connected) through TLS on both sides;
-    Refusal while the CONNECT can still be answered."""
+    """Join `client` (its CONNECT read) and `upstream` (connected), each request head through
+    the secret's rewrite: over TLS on both sides when the client's first byte in the tunnel
+    starts a TLS handshake, else as the plain HTTP it sends (a client that tunnels even its
+    http:// requests: Gemini CLI's). Refusal while the CONNECT can still be answered."""
     host = normalise_host(req.host) or req.host
     shown = f"[{host}]:{req.port}" if ":" in host else f"{host}:{req.port}"
     termination = proxy.termination
+    raw = client.transport
+    assert raw is not None
     try:
         if termination is None:
             msg = f"{shown} has a secret but the proxy has no CA to terminate TLS with"
@@ -116,15 +123,66 @@ async def terminate(proxy: EgressProxy, client: Client, upstream: Upstream, req:
             context = await termination.authority.context(host)
         except (AuthorityError, OSError, ssl.SSLError) as exc:
             raise Refusal(502, f"no certificate for {shown}: {exc}") from None
-        failed = await _upstream_tls(proxy, termination, upstream, host, shown)
+        raw.write(ESTABLISHED)
+        first = await _first_byte(proxy, raw)
+        failed = None
+        if first == TLS_HANDSHAKE:
+            failed = await _upstream_tls(proxy, termination, upstream, host, shown)
     except BaseException:
         upstream.close()
         raise
-    raw = client.transport
-    assert raw is not None
-    raw.write(ESTABLISHED)
+    if first is None:
+        client.refused = "the client sent nothing through the tunnel (or closed it)"
+        client.close()
+        upstream.close()
+        return
+    tls = first == TLS_HANDSHAKE
+    editor = Editor(
+        client, Requests(host, req.port, rewrite, proxy.limits.max_head, tls=tls), failed
+    )
+    secure = await _client_tls(client, upstream, context, shown) if tls else raw
+    if secure is None:
+        client.close()
+        upstream.close()
+        return
+    _link(client, upstream, raw, secure, editor)
+
+
+async def _first_byte(proxy: EgressProxy, raw: asyncio.Transport) -> int | None:
+    """The first byte the client sends through its tunnel, left unread (peeked on a duplicate
+    of its socket while the transport is paused: a TLS handshake must reach the TLS layer
+    whole); None when it closes or sends nothing within the head timeout."""
+    if raw.is_closing():
+        return None
+    sock = raw.get_extra_info("socket").dup()  # closing a duplicate leaves the connection
+    ready: asyncio.Future[None] = proxy.loop.create_future()
+
+    def readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
     try:
-        tls = await proxy.loop.start_tls(
+        proxy.loop.add_reader(sock.fileno(), readable)
+        try:
+            await asyncio.wait_for(ready, proxy.limits.head_timeout)
+        finally:
+            proxy.loop.remove_reader(sock.fileno())  # before the close: epoll keeps it else
+        first: bytes = sock.recv(1, socket.MSG_PEEK)
+    except (OSError, TimeoutError):
+        return None
+    finally:
+        sock.close()
+    return first[0] if first else None
+
+
+async def _client_tls(client: Client, upstream: Upstream, context: ssl.SSLContext,
+                      shown: str) -> asyncio.Transport | None:  # fmt: skip
+    """TLS with the client, the sleeve CA's certificate for the host; None when it failed
+    (said in the client's record) or the connection closed meanwhile."""
+    proxy, raw = client.proxy, client.transport
+    assert raw is not None
+    try:
+        return await proxy.loop.start_tls(
             raw, client, context, server_side=True,
             ssl_handshake_timeout=proxy.limits.head_timeout,
         )  # fmt: skip
@@ -132,28 +190,22 @@ async def terminate(proxy: EgressProxy, client: Client, upstream: Upstream, req:
         # The client refused the sleeve's certificate (it does not trust the CA), or left.
         client.refused = f"TLS with the client failed (does it trust the sleeve's CA?): {exc}"
         log.info("egress: %s: %s", shown, client.refused)
-        client.close()
-        upstream.close()
-        return
+        return None
     except BaseException:
         upstream.close()
         raise
-    if tls is None:  # the loop closed it meanwhile
-        client.close()
-        upstream.close()
-        return
-    _link(client, upstream, raw, tls, Editor(client, Requests(
-        host, req.port, rewrite, proxy.limits.max_head), failed))  # fmt: skip
 
 
-def _link(client: Client, upstream: Upstream, raw: asyncio.Transport, tls: asyncio.Transport,
-          editor: Editor) -> None:  # fmt: skip
-    """Both TLS sides up: join them, the client's bytes through `editor`."""
+def _link(client: Client, upstream: Upstream, raw: asyncio.Transport,
+          transport: asyncio.Transport, editor: Editor) -> None:  # fmt: skip
+    """Both sides up (`transport`: the client's TLS, or `raw` itself for plain HTTP): join
+    them, the client's bytes through `editor`."""
     proxy = client.proxy
     if client.timer is not None:
         client.timer.cancel()
         client.timer = None
-    client.transport, client.tls, upstream.tls = tls, True, True
+    tls = transport is not raw
+    client.transport, client.tls, upstream.tls = transport, tls, tls
     client.peer = upstream
     if editor.failed is None:
         upstream.peer = client  # (a far end that failed closes itself alone, whenever)
@@ -162,7 +214,7 @@ def _link(client: Client, upstream: Upstream, raw: asyncio.Transport, tls: async
     early, client.buf = client.buf, b""
     client.pass_on(early)
     if not raw.is_closing() and not raw.is_reading():
-        raw.resume_reading()  # paused by the client while it held more than a head of it
+        raw.resume_reading()  # paused since the CONNECT (or by the client holding a head)
     early_in, upstream.early = upstream.early, b""
     upstream.pass_on(early_in)
     if proxy.on_closed is not None:

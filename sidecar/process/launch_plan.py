@@ -13,10 +13,12 @@ from typing import NamedTuple
 
 from sidecar.agent.awareness import Awareness
 from sidecar.agent.registry import CLIDef
+from sidecar.egress.service import no_proxy_with
 from sidecar.security import loader_env
 from sidecar.security.acting import Owner, acting, which
 
 Argv = tuple[str, ...]
+Address = tuple[str, int]
 
 
 class LaunchPlan(NamedTuple):
@@ -38,7 +40,8 @@ class LaunchPlanner:
     (`sidecar.security.loader_env`) reach the CLI with its own, never the processes around it;
     `owner`: how the sidecar acts in the workspace (sidecar.security.acting). The supervisor
     sets the egress parts once the proxy runs: its variables (they win) and the guard that wraps
-    the CLI's argv (None: an open network)."""
+    the CLI's argv (None: an open network), given the loopback address of the CLI's own server
+    when it has one of ours (opencode's), which the CLI alone reaches around the proxy."""
 
     registry: Mapping[str, CLIDef]
     awareness: Awareness
@@ -46,7 +49,7 @@ class LaunchPlanner:
     owner: Owner | None
     workspace: Path
     egress_env: Mapping[str, str] = field(default_factory=dict)
-    egress_guard: Callable[[Argv], Argv] | None = None
+    egress_guard: Callable[[Argv, Address | None], Argv] | None = None
 
     def plan(self, name: str, *, resume: bool) -> LaunchPlan:
         """What a start of the CLI `name` runs, or the reason it cannot start."""
@@ -71,4 +74,7 @@ class LaunchPlanner:
             return LaunchPlan(command, argv, env, fatal)
         if self.egress_guard is None:
             return LaunchPlan(command, argv, env, None)
-        return LaunchPlan(command, self.egress_guard(argv), env, None, export=False)
+        own = self.awareness.own_server
+        if own is not None:
+            env |= no_proxy_with(env, own)
+        return LaunchPlan(command, self.egress_guard(argv, own), env, None, export=False)
