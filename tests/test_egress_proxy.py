@@ -18,6 +18,7 @@ from sidecar.egress.allowlist import parse_list
 from sidecar.egress.heads import Refusal, parse_head
 from sidecar.egress.proxy import EgressProxy, Limits
 from tests.harness import wait_for_async
+from tests.proxytools import exchange
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -98,16 +99,6 @@ async def ask(
     writer.write(data)
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
     return reader, writer, head
-
-
-async def exchange(proxy: EgressProxy, data: bytes) -> bytes:
-    """The whole response to `data` (the proxy closes after an answer it refuses)."""
-    reader, writer = await asyncio.open_connection(*proxy.address)
-    writer.write(data)
-    try:
-        return await asyncio.wait_for(reader.read(-1), 10)
-    finally:
-        writer.close()
 
 
 @pytest.fixture

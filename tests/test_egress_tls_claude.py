@@ -16,8 +16,7 @@ from aiohttp import web
 
 from tests.agenttools import claude_binary
 from tests.e2e.anthropic_stub import REPLY_TEXT, AnthropicStub, claude_json
-from tests.test_egress_tls import PLACEHOLDER, REAL, rig, run
-from tests.tls_pki import Pki, make_pki
+from tests.tls_pki import PLACEHOLDER, REAL, Pki, make_pki, rig, run
 from tests.tools import require_executable
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -17,7 +17,7 @@ from sidecar.egress.allowlist import Pattern, parse_list, parse_pattern
 from sidecar.egress.placeholders import load, make
 from sidecar.egress.proxy import EgressProxy
 from sidecar.egress.substitute import Substitution, Swap
-from tests.test_egress_proxy import exchange
+from tests.proxytools import exchange
 
 PLACEHOLDER = make("api")
 VALUE = "sk-real-0123456789abcdef"

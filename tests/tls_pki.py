@@ -1,16 +1,27 @@
 """Certificates for the egress proxy's TLS tests, made with the `openssl` command line: a test
 CA standing for the public ones (given to the proxy as SIDECAR_EGRESS_CA_FILE), and the far
-ends' certificates, good and bad; and the HTTPS stub (`tests.tls_stub`) as a process."""
+ends' certificates, good and bad; the HTTPS stub (`tests.tls_stub`) as a process; and a proxy
+with a secret for localhost (`rig`), with a client process beside it (`run`)."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import contextlib
 import json
+import os
+import re
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from sidecar.audit.records import EgressConnectionRecord
+from sidecar.core.layout import Layout
+from sidecar.egress.allowlist import parse_list
+from sidecar.egress.proxy import EgressProxy
+from sidecar.egress.terminate import prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = b"[req]\ndistinguished_name = dn\nprompt = no\n[dn]\nCN = test\n"
@@ -84,3 +95,59 @@ def https_stub(
         proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+PLACEHOLDER = b"sleeve-placeholder-4f9c2d"
+REAL = b"real-value-81d0e7"
+BASIC = re.compile(rb"(Authorization: Basic )([A-Za-z0-9+/=]+)")
+
+
+def rewrite(head: bytes) -> bytes:
+    """The placeholder replaced by the real value, in the head and in Basic credentials."""
+
+    def basic(match: re.Match[bytes]) -> bytes:
+        decoded = base64.b64decode(match.group(2)).replace(PLACEHOLDER, REAL)
+        return match.group(1) + base64.b64encode(decoded)
+
+    return BASIC.sub(basic, head.replace(PLACEHOLDER, REAL))
+
+
+@dataclass
+class Rig:
+    proxy: EgressProxy
+    env: dict[str, str]  # a client's: the proxy and the trust variables, nothing else
+    records: list[EgressConnectionRecord] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def rig(pki: Pki, tmp: Path, ports: list[int]) -> AsyncIterator[Rig]:
+    """The proxy allowing localhost and 127.0.0.1 on `ports`, with a secret for localhost."""
+    # The test CA goes in as a corporate CA would (SIDECAR_EGRESS_CA_FILE): the proxy trusts
+    # it upstream, and the blind tunnel's client trusts it through the bundle.
+    termination, trust = await prepare(Layout(tmp / "state"), ["localhost"], pki.ca)
+    allow = [f"{h}:{p}" for p in ports for h in ("localhost", "127.0.0.1")]
+    records: list[EgressConnectionRecord] = []
+    proxy = EgressProxy(
+        parse_list("SIDECAR_EGRESS_ALLOW", allow),
+        secrets=lambda host: rewrite if host == "localhost" else None,
+        termination=termination,
+        on_closed=records.append,
+    )
+    await proxy.start()
+    url = f"http://127.0.0.1:{proxy.address[1]}"
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp), "HTTPS_PROXY": url, "https_proxy": url}
+    env |= trust
+    try:
+        yield Rig(proxy, env, records)
+    finally:
+        await proxy.close()
+
+
+async def run(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[int, str]:
+    """A client process, while the proxy serves in this loop: its status and output."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 15)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace")

@@ -10,8 +10,12 @@ FAIL in CI, by the rule of tests/tools.py: CI must never go green by not running
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import os
+import pwd
+import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +29,7 @@ import pytest
 
 from tests.e2e import dockerenv
 from tests.e2e.anthropic_stub import TEST_API_KEY, AnthropicStub, claude_json
+from tests.e2e.hostusers import HostUser
 from tests.harness import Reply, http
 from tests.tools import missing
 
@@ -370,3 +375,25 @@ def descendants(table: dict[int, tuple[int, str]], root: int) -> set[int]:
         grew = bool(new)
         found |= new
     return found
+
+
+@pytest.fixture
+def host_user() -> Iterator[HostUser]:
+    if os.geteuid() != 0:
+        pytest.skip("making a host user needs root")
+    taken = {p.pw_uid for p in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
+    uid = next(n for n in range(23100, 23900) if n not in taken)
+    name = f"sleeve-e2e-{secrets.token_hex(3)}"
+    base = Path(tempfile.mkdtemp(prefix="sleeve-e2e-user-"))
+    base.chmod(0o755)
+    home = base / "home"
+    subprocess.run(
+        ["useradd", "--uid", str(uid), "--user-group", "--create-home", "--home-dir", str(home),
+         "--shell", "/bin/sh", name],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    try:
+        yield HostUser(name, uid, pwd.getpwnam(name).pw_gid, home)
+    finally:
+        subprocess.run(["userdel", name], check=False, capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)

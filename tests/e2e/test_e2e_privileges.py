@@ -14,17 +14,9 @@
 
 from __future__ import annotations
 
-import grp
 import json
 import os
-import pwd
 import secrets
-import shutil
-import subprocess
-import sysconfig
-import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +24,9 @@ import psutil
 import pytest
 
 from tests.e2e import dockerenv
-from tests.e2e.anthropic_stub import TEST_API_KEY, AnthropicStub, claude_json
+from tests.e2e.anthropic_stub import AnthropicStub, claude_json
 from tests.e2e.conftest import cli_up, health_ok, keep_logs
+from tests.e2e.hostusers import HostUser, launcher_for
 from tests.e2e.ttyclient import TerminalClient
 from tests.harness import free_port, http, wait_for
 
@@ -41,90 +34,10 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
 
 CAPS = ("SETUID", "SETGID", "KILL")
 CAP_BITS = {"KILL": 5, "SETGID": 6, "SETUID": 7}
-LAUNCHER = "from sidecar.launcher.cli import main; raise SystemExit(main())"
 
 
 def _cap_eff(status: str) -> int:
     return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("CapEff")), 16)
-
-
-@dataclass
-class HostUser:
-    """A real host account, made for the test and removed after it."""
-
-    name: str
-    uid: int
-    gid: int
-    home: Path
-
-
-@pytest.fixture
-def host_user() -> Iterator[HostUser]:
-    if os.geteuid() != 0:
-        pytest.skip("making a host user needs root")
-    taken = {p.pw_uid for p in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
-    uid = next(n for n in range(23100, 23900) if n not in taken)
-    name = f"sleeve-e2e-{secrets.token_hex(3)}"
-    base = Path(tempfile.mkdtemp(prefix="sleeve-e2e-user-"))
-    base.chmod(0o755)
-    home = base / "home"
-    subprocess.run(
-        ["useradd", "--uid", str(uid), "--user-group", "--create-home", "--home-dir", str(home),
-         "--shell", "/bin/sh", name],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    try:
-        yield HostUser(name, uid, pwd.getpwnam(name).pw_gid, home)
-    finally:
-        subprocess.run(["userdel", name], check=False, capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@dataclass
-class UserLauncher:
-    """The real `sleeve` command, run as `user` (its own process, uid, groups and HOME)."""
-
-    engine: dockerenv.Engine
-    user: HostUser
-    project: Path
-    env: dict[str, str]
-    docker_gid: int
-
-    def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["/usr/bin/python3", "-c", LAUNCHER, *args],
-            env=self.env,
-            cwd=self.project,
-            user=self.user.uid,
-            group=self.user.gid,
-            extra_groups=[self.docker_gid],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
-
-def _launcher_for(engine: dockerenv.Engine, user: HostUser, stub: AnthropicStub) -> UserLauncher:
-    project = user.home / "project"
-    project.mkdir()
-    subprocess.run(["git", "init", "-q", str(project)], check=True)
-    for path in [project, *project.rglob("*")]:
-        os.chown(path, user.uid, user.gid, follow_symlinks=False)
-    # The system's python3 runs the launcher (the venv's interpreter may live in root's home);
-    # the launcher's few dependencies come from the venv's site-packages, the code from the repo.
-    site = sysconfig.get_paths()["purelib"]
-    env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": str(user.home),
-        "SLEEVE_HOME": str(user.home / ".sleeve"),
-        "DOCKER_HOST": engine.host,
-        "DOCKER_BUILDKIT": "0",
-        "PYTHONPATH": f"{dockerenv.REPO}:{site}",
-        "ANTHROPIC_API_KEY": TEST_API_KEY,
-        "ANTHROPIC_BASE_URL": stub.url,
-    }
-    return UserLauncher(engine, user, project, env, engine.sock.stat().st_gid)
 
 
 def _status(port: int, token: str | None) -> tuple[int, Any]:
@@ -138,7 +51,7 @@ def test_sleeve_run_by_a_host_user_runs_the_cli_as_that_user_and_closed(
     host_user: HostUser,
     artifacts: Path,
 ) -> None:
-    lch = _launcher_for(engine, host_user, stub)
+    lch = launcher_for(engine, host_user, stub)
     created = lch("create", "--json")
     assert created.returncode == 0, created.stderr
     slot = Path(json.loads(created.stdout)["folder"])

@@ -14,7 +14,7 @@ import pytest
 from tests.e2e import dockerenv
 from tests.e2e.anthropic_stub import AnthropicStub
 from tests.e2e.conftest import health_ok, keep_logs
-from tests.e2e.test_e2e_privileges import HostUser, _launcher_for, host_user  # noqa: F401
+from tests.e2e.hostusers import HostUser, launcher_for
 from tests.harness import free_port, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -26,9 +26,9 @@ def test_a_secret_reaches_only_a_root_file_in_the_container_and_nothing_docker_s
     engine: dockerenv.Engine,
     image: str,
     stub: AnthropicStub,
-    host_user: HostUser,  # noqa: F811 - the fixture imported above
+    host_user: HostUser,
 ) -> None:
-    lch = _launcher_for(engine, host_user, stub)
+    lch = launcher_for(engine, host_user, stub)
     key = host_user.home / "anthropic-key"
     key.write_text(VALUE + "\n")
     key.chmod(0o600)

@@ -19,15 +19,14 @@ import pytest
 
 from sidecar.core.layout import Layout
 from sidecar.egress.fence import RESOLVER_FILES, fence_of
-from sidecar.egress.guard import guard_argv
 from sidecar.egress.heads import Refusal, parse_head
 from sidecar.egress.reports import ReportListener
 from tests.harness import wait_for_async
+from tests.redteam.guardtools import NOBODY, guarded, run_as
 from tests.tools import SYSTEM_PYTHON
 
 HERE = Path(__file__).resolve().parent
 ATTACKS = HERE / "attacks.py"
-NOBODY = 65534
 UIDS = pytest.mark.parametrize("uid", [0, NOBODY], ids=["same-uid", "other-uid"])
 # A root CLI keeps root's access to files whatever their mode (DAC_OVERRIDE, DAC_READ_SEARCH:
 # bits 1 and 2), which the fence bounds; nothing else.
@@ -35,18 +34,6 @@ FILES = f"{6:016x}"
 ROOT_CLI_CAPS = {"CapEff": FILES, "CapBnd": FILES, "CapAmb": "0" * 16, "NoNewPrivs": "1"}
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs attackers as other uids")
-
-
-def run_as(uid: int, argv: Sequence[str], **kw: object) -> subprocess.CompletedProcess[str]:
-    """`argv` as `uid` (with the system's Python when not root: the venv's is root's)."""
-    if uid:
-        argv = [SYSTEM_PYTHON if a == sys.executable else a for a in argv]
-        kw |= {"user": uid, "group": uid, "extra_groups": [], "cwd": "/"}
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, **kw)  # type: ignore[call-overload,no-any-return]
-
-
-def guarded(argv: Sequence[str], **kw: object) -> tuple[str, ...]:
-    return guard_argv(argv, [("127.0.0.1", 1)], kw.pop("report", None), **kw)  # type: ignore[arg-type]
 
 
 def attacks(uid: int, argv: Sequence[str], *paths: Path) -> dict[str, object]:

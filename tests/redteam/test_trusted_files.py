@@ -19,7 +19,7 @@ from sidecar.egress.fence import fence_of
 from sidecar.security.users import parse_user
 from tests.commands import run_sidecar
 from tests.harness import running_sidecar, wait_for, write_cli_config
-from tests.redteam.test_guard_doors import NOBODY, guarded, run_as
+from tests.redteam.guardtools import NOBODY, guarded, run_as
 
 REWRITES = Path(__file__).resolve().parent / "rewrites.py"
 POLICY = "rules:\n  - name: deny-x\n    match: {kind: egress, host: x.example}\n    action: deny\n"
