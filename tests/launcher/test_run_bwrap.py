@@ -7,7 +7,8 @@ import json
 import shlex
 import shutil
 import signal
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -147,18 +148,37 @@ def test_a_sleeve_that_dies_at_start_up_is_reported_with_its_log_and_its_exit_co
     assert "failed (code 2)" in sleeve_proc("ps").out
 
 
+@pytest.fixture
+def etc_dir() -> Iterator[Path]:
+    """A directory of the host's /etc, removed after the test (root only)."""
+    try:
+        made = Path(tempfile.mkdtemp(prefix="sleeve-test-", dir="/etc"))
+    except PermissionError:
+        pytest.skip("a directory in /etc needs root")
+    made.chmod(0o755)
+    try:
+        yield made
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
+
+
 def test_bwrap_run_with_an_allowlist_closes_the_clis_network(
-    project: Path, tmp_path: Path, sleeve_proc: Callable[..., Result]
+    project: Path, tmp_path: Path, sleeve_proc: Callable[..., Result], etc_dir: Path
 ) -> None:
     """In bubblewrap the CLI reaches a listed host through the proxy, and nothing around it:
-    the egress guard holds there too (the probe CLI and its report are in the workspace)."""
+    the egress guard holds there too (the probe CLI and its report are in the workspace). The
+    CLI registry naming the probe is a file the agent cannot write (one in the workspace exits
+    2): a directory of the host's /etc, which the sandbox binds read-only (an OS seam: the
+    launcher has no option for a registry file, so the test puts one where the sandbox sees
+    it)."""
     probe = Path(__file__).parent.parent / "clis" / "egress_probe.py"
     (project / "probe.py").write_text(probe.read_text())
     port = free_port()
     with web_server() as web:
         urls = [f"http://127.0.0.1:{web}/", "http://127.0.0.1:1/"]
         command = ["python3", "/workspace/probe.py", "/workspace/report.json", *urls]
-        (project / "clis.yaml").write_text(json.dumps({"clis": {"probe": {"command": command}}}))
+        registry = etc_dir / "clis.yaml"
+        registry.write_text(json.dumps({"clis": {"probe": {"command": command}}}))
         allow = tmp_path / "allow.txt"
         allow.write_text(f"127.0.0.1:{web}\n")
         args = ("run", "--project", str(project), "--runtime", "bwrap", "--cli", "probe")
@@ -170,7 +190,7 @@ def test_bwrap_run_with_an_allowlist_closes_the_clis_network(
             str(allow),
             "--wait",
             "40",
-            extra_env={"SIDECAR_CLI_CONFIG": "/workspace/clis.yaml"},
+            extra_env={"SIDECAR_CLI_CONFIG": str(registry)},
         )
         try:
             assert res.code == 0, res.err
