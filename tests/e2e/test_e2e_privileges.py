@@ -59,15 +59,20 @@ def test_sleeve_run_by_a_host_user_runs_the_cli_as_that_user_and_closed(
     seed = {**claude_json("/workspace"), "bypassPermissionsModeAccepted": True}
     (slot / ".claude.json").write_text(json.dumps(seed))
     os.chown(slot / ".claude.json", host_user.uid, host_user.gid)
-    clis = lch.project / ".sleeve-clis.yaml"
-    clis.write_text(
-        "clis:\n  claude-yolo:\n    command: [claude, --dangerously-skip-permissions]\n"
-    )
-    os.chown(clis, host_user.uid, host_user.gid)
-    lch.env["SIDECAR_CLI_CONFIG"] = "/workspace/.sleeve-clis.yaml"
+    # The CLI registry is baked into an image of its own, root's (the sidecar refuses one the
+    # agent could write, such as a file in the workspace; the launcher lets through a registry
+    # that exists only in the image).
+    registry = "clis:\n  claude-yolo:\n    command: [claude, --dangerously-skip-permissions]\n"
+    ctx = host_user.home.parent / "registry-image"  # removed with the user
+    ctx.mkdir()
+    (ctx / "clis.yaml").write_text(registry)
+    (ctx / "Dockerfile").write_text(f"FROM {image}\nCOPY clis.yaml /etc/sleeve-test/clis.yaml\n")
+    yolo = "sleeve-e2e-registry:latest"
+    engine.docker("build", "-q", "-t", yolo, str(ctx), timeout=300)
+    lch.env["SIDECAR_CLI_CONFIG"] = "/etc/sleeve-test/clis.yaml"
     port = free_port()
     run = lch(
-        "run", "--runtime", "docker", "--network", "host", "--image", image, "--port", str(port),
+        "run", "--runtime", "docker", "--network", "host", "--image", yolo, "--port", str(port),
         "--cli", "claude-yolo", "--goal", "Least privilege", timeout=120,
     )  # fmt: skip
     container = None
