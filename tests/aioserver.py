@@ -71,7 +71,7 @@ class ThreadedApp:
             for _ in range(CLOSE_TURNS):
                 if all(_closed(t) for t in self._transports):
                     break
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # sleep-ok: one turn of the loop, bounded by CLOSE_TURNS
 
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(close(), self._loop).result(30)
@@ -97,7 +97,7 @@ async def _accepts_attached() -> None:
     for _ in range(START_TURNS):
         if not any(_unstarted(task) for task in asyncio.all_tasks()):
             return
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # sleep-ok: one turn of the loop, bounded by START_TURNS
 
 
 def _unstarted(task: asyncio.Task[Any]) -> bool:
