@@ -1,0 +1,159 @@
+"""Half-drawn frames: while a prompt for a person is up the sidecar looks at every redraw, and
+what such a look reads counts only if the CLI's recognizer saw the whole shape
+(`Reading.complete`). The frames are the real CLIs' captures (tests/screens/<cli>/) cut where a
+top-to-bottom redraw may be caught, and Gemini CLI's tool box before its spinner or its
+question; the screen source is fed them in the order the CLI draws them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sidecar.agent.clis import claude_code, codex, gemini_cli, opencode
+from sidecar.agent.knowledge import Knowledge
+from sidecar.agent.machine import AgentMachine
+from sidecar.agent.registry import CLIDef
+from sidecar.agent.screen_source import ScreenSource
+from sidecar.agent.screens import Reading, Seen, nonblank
+from sidecar.core.events import EventBus
+from sidecar.core.states import ProcState
+from sidecar.pane.screen import Screen
+from tests.screentools import SCREENS, load_screen
+
+KNOWN: dict[str, Knowledge] = {
+    cli.name: cli for cli in (claude_code.CLI, codex.CLI, gemini_cli.CLI, opencode.CLI)
+}
+GEMINI = SCREENS / "gemini-cli"
+
+
+def read(cli: str, screen: Screen) -> Reading:
+    known = KNOWN[cli].screen
+    assert known is not None
+    return known.read(screen)
+
+
+def cut(screen: Screen, rows: int) -> Screen:
+    """The frame as a redraw from the top leaves it when caught after `rows` rows: the rest
+    erased, the cursor where the drawing stands."""
+    lines = (*screen.lines[:rows], *[""] * (screen.rows - rows))
+    return replace(screen, lines=lines, cursor_row=rows, cursor_col=0)
+
+
+def whole_frames() -> Iterator[tuple[str, Path]]:
+    """The captures read as a whole dialog or work: what begins or ends `waiting` while the
+    sidecar looks at every redraw. (A cut of a prompt may be a whole shape of its own: Codex's
+    prompt with its file popup, cut above the composer, is that popup's whole frame; the
+    looks on every redraw happen only while a prompt for a person is up or the CLI starts.)"""
+    for cli in sorted(KNOWN):
+        for path in sorted((SCREENS / cli).glob("*.txt")):
+            screen, _ = load_screen(path)
+            reading = read(cli, screen)
+            if reading.complete and reading.seen is not Seen.PROMPT:
+                yield cli, path
+
+
+@pytest.mark.parametrize(
+    ("cli", "path"), list(whole_frames()), ids=lambda v: v if isinstance(v, str) else v.stem
+)
+def test_a_frame_cut_short_is_never_a_whole_frame_of_another_shape(cli: str, path: Path) -> None:
+    """Every captured frame its recognizer calls whole, cut after each of its rows: a cut that
+    still reads as whole reads as the whole frame does, the same question with the same
+    answers (the shape was all there: its footer, its hints or its closing line)."""
+    screen, _ = load_screen(path)
+    whole = read(cli, screen)
+    for rows in range(screen.rows):
+        reading = read(cli, cut(screen, rows))
+        if reading.complete:
+            assert (reading.seen, reading.reason) == (whole.seen, whole.reason), rows
+            assert reading.choices == whole.choices, rows
+
+
+def gemini_tool_box(mark: str) -> Screen:
+    """Gemini CLI's screen as a tool call is drawn, before its spinner or its confirmation:
+    the transcript of tests/screens/gemini-cli/prompt-after-approval.txt down to the tool's
+    closed box, its status mark `mark`, nothing under it yet."""
+    screen, _ = load_screen(GEMINI / "prompt-after-approval.txt")
+    box = next(i for i, line in enumerate(screen.lines) if "Shell touch stub-was-here" in line)
+    end = next(i for i in range(box, screen.rows) if screen.lines[i].startswith("╰"))
+    frame = cut(screen, end + 1)
+    lines = list(frame.lines)
+    lines[box] = lines[box].replace("✓", mark)
+    return replace(frame, lines=tuple(lines))
+
+
+@pytest.mark.parametrize("mark", ["⊷", "o", "?", "✓"])
+def test_geminis_tool_box_before_its_spinner_is_not_a_whole_dialog(mark: str) -> None:
+    reading = read("gemini-cli", gemini_tool_box(mark))
+    assert reading.seen is Seen.DIALOG  # settled, an unknown shape is a dialog
+    assert not reading.complete
+
+
+def test_geminis_confirmation_is_whole_only_once_its_box_is_closed() -> None:
+    screen, _ = load_screen(GEMINI / "permission-shell.txt")
+    closing = max(i for i, line in enumerate(screen.lines) if line.startswith("╰"))
+    assert read("gemini-cli", screen).complete
+    half = read("gemini-cli", cut(screen, closing))
+    assert half.seen is Seen.PERMISSION and not half.complete
+
+
+def hooked_gemini() -> AgentMachine:
+    """Gemini CLI at work, its Notification hook just announced the confirmation."""
+    machine = AgentMachine(EventBus())
+    machine.launched("hooks")
+    machine.process_changed(ProcState.RUNNING)
+    machine.report("working")
+    machine.report("waiting", "Shell: touch stub-was-here")
+    return machine
+
+
+async def test_an_announced_confirmation_is_drawn_by_whole_frames_only() -> None:
+    """The looks on output while Gemini's confirmation is announced see what 0.61 draws, in
+    order: the tool's box alone, the box with its spinner, the confirmation, and after "1" the
+    tool at work. The half-drawn box neither draws the confirmation nor lets the spinner end
+    `waiting` (yesterday's flake: waiting -> working before the dialog was drawn); the whole
+    confirmation does draw it, and the work after it ends it."""
+    spinner, _ = load_screen(GEMINI / "working.txt")
+    confirmation, _ = load_screen(GEMINI / "permission-shell.txt")
+    machine = hooked_gemini()
+    frames = [gemini_tool_box("⊷"), spinner]
+    seen: list[tuple[str, str | None]] = []
+
+    async def look() -> Screen:
+        return frames[0]
+
+    source = ScreenSource(machine, look)
+    source.use(CLIDef("gemini-cli", ("gemini",), knowledge=gemini_cli.CLI))
+    try:
+        for frame in (gemini_tool_box("⊷"), spinner, confirmation, spinner):
+            frames[0] = frame
+            source.output(time.monotonic())  # the pane wrote: the settled look is not due
+            assert source._task is not None
+            await source._task
+            seen.append((machine.state, machine.status().reason))
+    finally:
+        source.stop()
+    waiting = ("waiting", "Shell: touch stub-was-here")
+    assert seen == [waiting, waiting, waiting, ("working", None)]
+
+
+def test_half_drawn_frames_of_every_cli_are_not_whole() -> None:
+    """The frames a redraw leaves on its way, one per kind that says a prompt is up or gone:
+    Claude Code's spinner without the input box under it, Codex's approval without its hints
+    line, opencode's permission prompt without its buttons, Gemini's without its box closed."""
+    cases = {
+        ("claude-code", "answered-spinner.txt"): "✢ Kerfuffling…",
+        ("codex", "permission-command.txt"): "Press enter to confirm",
+        ("opencode", "permission-shell.txt"): "Allow once",
+        ("gemini-cli", "permission-shell.txt"): "3. No, suggest changes",
+    }
+    for (cli, name), upto in cases.items():
+        screen, _ = load_screen(SCREENS / cli / name)
+        at = next(i for i, line in enumerate(screen.lines) if upto in line)
+        rows = at + 1 if cli in ("claude-code", "gemini-cli") else at
+        half = read(cli, cut(screen, rows))
+        assert read(cli, screen).complete, name
+        assert not half.complete, (cli, name, nonblank(screen.lines[:rows])[-3:])
