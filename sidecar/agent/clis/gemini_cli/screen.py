@@ -28,6 +28,12 @@ _WHOLE_SPINNER = re.compile(r"\(esc to cancel, \d[^)]*\)")
 # once they are done.
 _HOOKS = re.compile(r"^\s*Executing Hooks?: ")
 _RECENT = 10  # the spinner line is among the last lines drawn
+# A spinner's glyph (braille) heading a line: the spinner line, or the hooks line, as drawn so
+# far ("⠴ Exe" caught halfway).
+_SPINNING = re.compile(r"^\s*[\u2800-\u28ff]\s")
+# A tool's box in the transcript: its status mark (o pending, ? awaiting confirmation, a
+# spinner's glyph running, ✓ done, x failed, - cancelled) before the tool's name.
+_TOOL_HEAD = re.compile(r"^│ ([o?✓x✗⊷-]|[\u2800-\u28ff]) +\S")
 _ALLOW = re.compile(r"^(●\s*)?1\. Allow once$")
 _TOOL = re.compile(r"^[│\s]*\? (.+?)\s*│?\s*$")
 _BOX_TOP = re.compile(r"^\s*╭")
@@ -50,7 +56,7 @@ def read_screen(screen: Screen) -> Reading:
             reason = _tool_reason(lines, at)
             return Reading(Seen.PERMISSION, reason, complete=closed, choices=choices)
     recent = nonblank(lines)[-_RECENT:]
-    if any(_SPINNER.search(line) or _HOOKS.match(line) for line in recent):
+    if any(_SPINNER.search(line) or _HOOKS.match(line) or _SPINNING.match(line) for line in recent):
         # Hooks running: at the start, after the prompt is drawn (with the cursor in it), and
         # an Enter typed then is a newline, not a submission. Not idle until they are done.
         whole = any(_WHOLE_SPINNER.search(line) for line in recent)
@@ -60,6 +66,10 @@ def read_screen(screen: Screen) -> Reading:
         return Reading(Seen.PROMPT)
     box, closed = _last_box(lines)
     choices = menu(box, screen.cols)
+    if not choices and any(_TOOL_HEAD.match(line) for line in box[:1]):
+        # A tool's box with nothing under it: drawn before its spinner, its hooks line or its
+        # confirmation (the Notification hook is awaited first), a frame of work half drawn.
+        return Reading(Seen.WORKING)
     # Whole: a closed box offering choices or saying its keys. A tool's box, drawn before its
     # spinner or its confirmation, is a closed box with neither: a frame half drawn.
     hinted = any(_HINTS.match(text_of(line)) for line in box)
@@ -99,7 +109,7 @@ def _last_box(lines: list[str]) -> tuple[list[str], bool]:
     tops = [at for at, line in enumerate(lines) if _BOX_TOP.match(line)]
     if not tops:
         return nonblank(lines)[-8:], False
-    box = []
+    box: list[str] = []
     for line in lines[tops[-1] + 1 :]:
         if _BOX_BOTTOM.match(line):
             return box, True
