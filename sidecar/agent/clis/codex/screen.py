@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import replace
 
 from sidecar.agent.screen_choices import decided, menu
 from sidecar.agent.screens import Reading, Screen, Seen, dialog, nonblank, text_of
@@ -36,9 +35,9 @@ _BANNER = re.compile(r"^\s*Welcome to Codex\b")  # heads every sign-in screen: n
 _SELECTED = re.compile(r"^[›>]\s+")
 _ASKED = re.compile(r"^(.*?\w[\w)'\"]*\?)(\s|$)")
 _GAP = 2  # blank lines that part a pinned dialog from what scrolled above it
-# A dialog's last line: its key hints ("Press enter to confirm or esc to cancel", "enter
-# continue · esc back", "? help  esc back  ↑/↓ move"); a frame without it is still being drawn.
-_KEY_HINTS = re.compile(r"\b(enter|esc)\b.*(\b(confirm|cancel|continue|back|close|select|open)|·)")
+# An approval's last line: its key hints ("Press enter to confirm or esc to cancel"); a frame
+# without it is still being drawn.
+_KEY_HINTS = re.compile(r"^\s*Press enter to confirm or esc to cancel\s*$")
 
 
 def read_screen(screen: Screen) -> Reading:
@@ -52,15 +51,15 @@ def read_screen(screen: Screen) -> Reading:
     if any(_STATUS.match(line) for line in lines):
         return Reading(Seen.WORKING, complete=True)  # the status line, whole to its ")"
     if _in_composer(screen):
-        # Whole with its footer ("model · cwd", "? for shortcuts") drawn under the composer.
-        below = nonblank(lines[screen.cursor_row + 1 :])
-        return Reading(Seen.PROMPT, complete=bool(below))
-    reading = dialog(lines, title=_title(lines), choices=menu(lines, screen.cols))
-    return replace(reading, complete=_hinted(lines))
+        return Reading(Seen.PROMPT)
+    # Its prompt and its other dialogs wait for the settled look: a look at every frame of its
+    # start read a dialog there that the settled look never sees (`waiting` from `starting`
+    # in 1 of 2 runs of its approval test).
+    return dialog(lines, title=_title(lines), choices=menu(lines, screen.cols))
 
 
 def _hinted(lines: list[str]) -> bool:
-    """Whether the last line drawn is a dialog's key hints (the frame is whole)."""
+    """Whether the last line drawn is an approval's key hints (the frame is whole)."""
     drawn = nonblank(lines)
     return bool(drawn) and _KEY_HINTS.search(drawn[-1]) is not None
 

@@ -51,8 +51,7 @@ def read_screen(screen: Screen) -> Reading:
     if _BUSY.search(status) or (bottom is None and _BUSY.search(" ".join(nonblank(lines)[-2:]))):
         return Reading(Seen.WORKING, complete=bool(status))  # the box and its status line
     if bottom is not None and _in_box(screen, bottom):
-        # Whole with the hints drawn under the box.
-        return Reading(Seen.PROMPT, complete=bool(nonblank(lines[bottom + 1 :])))
+        return Reading(Seen.PROMPT)  # left to the settled look, as at its start
     return dialog(nonblank(lines)[-12:])
 
 
