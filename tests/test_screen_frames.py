@@ -85,12 +85,19 @@ def gemini_tool_box(mark: str) -> Screen:
     return replace(frame, lines=tuple(lines))
 
 
-@pytest.mark.parametrize("mark", ["o", "?", "⠴", "✓"])
+@pytest.mark.parametrize("mark", ["o", "⠴", "✓"])
 def test_geminis_tool_box_before_its_spinner_is_work_half_drawn(mark: str) -> None:
     """Its box alone (the Notification hook is awaited before the confirmation is drawn) is
     work, not a dialog, even on a look once the pane seemed settled; and never a whole frame."""
     reading = read("gemini-cli", gemini_tool_box(mark))
     assert reading == Reading(Seen.WORKING)
+
+
+def test_geminis_box_headed_by_a_question_mark_stays_a_dialog() -> None:
+    """Awaiting confirmation, a tool's box is headed "?", as a dialog's title may be: without
+    its choices it is a dialog half drawn (never whole), not work."""
+    reading = read("gemini-cli", gemini_tool_box("?"))
+    assert reading.seen is Seen.DIALOG and not reading.complete
 
 
 def test_geminis_hooks_line_caught_halfway_is_work() -> None:

@@ -31,9 +31,10 @@ _RECENT = 10  # the spinner line is among the last lines drawn
 # A spinner's glyph (braille) heading a line: the spinner line, or the hooks line, as drawn so
 # far ("⠴ Exe" caught halfway).
 _SPINNING = re.compile(r"^\s*[\u2800-\u28ff]\s")
-# A tool's box in the transcript: its status mark (o pending, ? awaiting confirmation, a
-# spinner's glyph running, ✓ done, x failed, - cancelled) before the tool's name.
-_TOOL_HEAD = re.compile(r"^│ ([o?✓x✗⊷-]|[\u2800-\u28ff]) +\S")
+# A tool's box in the transcript: its status mark (o pending, a spinner's glyph running, ✓
+# done, x failed, - cancelled) before the tool's name. Not "?" (awaiting confirmation): a
+# dialog's title may carry one too, and a shape not known stays a dialog.
+_TOOL_HEAD = re.compile(r"^│ ([o✓x✗⊷-]|[\u2800-\u28ff]) +\S")
 _ALLOW = re.compile(r"^(●\s*)?1\. Allow once$")
 _TOOL = re.compile(r"^[│\s]*\? (.+?)\s*│?\s*$")
 _BOX_TOP = re.compile(r"^\s*╭")
@@ -70,8 +71,7 @@ def read_screen(screen: Screen) -> Reading:
         # A tool's box with nothing under it: drawn before its spinner, its hooks line or its
         # confirmation (the Notification hook is awaited first), a frame of work half drawn.
         return Reading(Seen.WORKING)
-    # Whole: a closed box offering choices or saying its keys. A tool's box, drawn before its
-    # spinner or its confirmation, is a closed box with neither: a frame half drawn.
+    # Whole: a closed box offering choices or saying its keys.
     hinted = any(_HINTS.match(text_of(line)) for line in box)
     reading = dialog(box, title=_title(box), choices=choices)
     return replace(reading, complete=closed and (bool(choices) or hinted))
