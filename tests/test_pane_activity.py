@@ -74,3 +74,35 @@ async def test_respawns_of_a_flooding_pane_under_a_tapped_client_keep_the_server
         follow.cancel()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(tmux.run_client, ["kill-server"], timeout=10)
+
+
+async def test_while_a_prompt_is_up_output_right_after_output_is_told(short_tmp: Path) -> None:
+    """A pane echoes a first key and prints a question, then echoes the answer typed as soon as
+    the first output is told, well within SAMPLE: that second output is told too. Without
+    `closely` the client pauses the pane for itself after the first output and tells nothing
+    more until the pane writes again after the pause, which this one never does."""
+    tmux = Tmux(Layout(short_tmp))
+    first, second = asyncio.Event(), asyncio.Event()
+    attached = asyncio.Event()
+
+    def output(_: float) -> None:
+        (second if first.is_set() else first).set()
+
+    activity = PaneActivity(tmux, output, attached.set, closely=lambda: True)
+    server = TmuxServer(tmux, activity.paused)
+    follow = asyncio.create_task(activity.run())
+    script = "read go; printf 'Proceed? [y/N] '; read answer; echo \"ANSWER $answer\"; sleep 60"
+    try:
+        await server.launch(["sh", "-c", script], short_tmp, {}, fresh=True)
+        activity.attach()
+        await asyncio.wait_for(attached.wait(), 10)
+        await activity.ask(["display-message -p attached"], 10)  # answered once attached
+        await asyncio.to_thread(tmux.run_client, ["send-keys", "-t", "%0", "go", "Enter"])
+        await asyncio.wait_for(first.wait(), 10)
+        await asyncio.to_thread(tmux.run_client, ["send-keys", "-t", "%0", "y", "Enter"])
+        await asyncio.wait_for(second.wait(), 10)
+    finally:
+        await activity.stop()
+        follow.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(tmux.run_client, ["kill-server"], timeout=10)

@@ -183,6 +183,17 @@ def test_activity_keeps_what_the_screen_showed_when_it_goes_quiet() -> None:
     assert changes == []
 
 
+def test_a_dialog_an_exited_cli_left_on_screen_is_no_prompt_up() -> None:
+    """While a prompt is up the control client tells every output; a CLI that exited answers
+    nothing, so what it left on screen does not count (with it, 3 of 15 runs of the fresh-home
+    test found the control client gone when they asked for the screen)."""
+    machine = running("hooks")
+    machine.screen(TRUST)
+    assert machine.prompt_up
+    machine.process_changed(ProcState.STOPPED)
+    assert machine.screen_needs_person and not machine.prompt_up
+
+
 def test_a_cli_not_running_is_exited_whatever_its_screen() -> None:
     machine = running("activity")
     machine.screen(TRUST)

@@ -72,7 +72,9 @@ class Awareness:
         self.files = AgentFiles(config.paths.agent_state)
         self.machine.session_id = self.files.load().session_id
         self.tmux = tmux
-        self.activity = PaneActivity(tmux, self._output, self._attached)
+        self.activity = PaneActivity(
+            tmux, self._output, self._attached, closely=lambda: self.machine.prompt_up
+        )
         self.screen = ScreenLook(self.activity.ask, self._sized)
         # The screen confirms or corrects what the CLI's source says (sidecar.agent.screen_source).
         self.seen = ScreenSource(self.machine, self.screen.look)
@@ -113,7 +115,12 @@ class Awareness:
             on_found=self._events_found,
         )
         self.input = InputDelivery(
-            self.machine, self.activity, pane, lock, self.seen.read_now, look=self.seen.look_now
+            self.machine,
+            self.activity,
+            pane,
+            lock,
+            self.seen.read_now,
+            look=lambda: self.seen.look_now(eager=True),
         )
         self.on_screen = ScreenApprovals(self.machine, self.approvals, self.input.deliver)
         self.machine.on_look = self.on_screen.looked

@@ -28,8 +28,8 @@ from sidecar.pane.send import PaneInput, check_text
 # than HOLD_MAX.
 HOLD_MIN, HOLD_QUIET, HOLD_MAX = 0.6, 0.5, 3.0
 CONFIRM = 2.0  # seconds to watch for the agent leaving `waiting` after keys were sent
-# While it watches, the screen is looked at this often: the pane's output notices pause for up
-# to `control.SAMPLE` after the dialog's last redraw, so waiting for one would be late.
+# While it watches, the screen is looked at this often besides on every output (only a whole
+# frame counts, as on output: `sidecar.agent.screen_source`).
 LOOK_EVERY = 0.02
 HOLD_POLL = 0.05  # polling interval of the hold (it only runs while keys wait)
 

@@ -210,8 +210,10 @@ class AgentMachine:
 
     @property
     def prompt_up(self) -> bool:
-        """A prompt for a person is on screen, or announced by the CLI's source (`waiting`)."""
-        return self.screen_needs_person or self.state == "waiting"
+        """A prompt for a person is on screen, or announced by the CLI's source (`waiting`),
+        and the CLI runs to take its answer (what an exited CLI left on screen asks nothing)."""
+        running = self._process is ProcState.RUNNING
+        return running and (self.screen_needs_person or self.state == "waiting")
 
     @property
     def process(self) -> ProcState:

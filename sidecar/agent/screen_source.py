@@ -4,9 +4,11 @@ with what the hooks or the pane's activity say (`sidecar.agent.machine`).
 
 When it looks: once the pane has settled after output (SETTLE seconds with none: a CLI that
 paints continuously, a spinner, never settles, and stays `working`), after a source spoke, when
-the control client (re)attaches, and at once on output while the screen shows a prompt for a
-person (so that an answered or dismissed prompt is noticed as it leaves). Never on a timer
-while the pane is quiet. A look is two commands on the control client, no process.
+the control client (re)attaches, and at once on every output while a prompt for a person is up
+(so that an answered or dismissed prompt is noticed as it leaves, an announced one as it is
+drawn). A look before the pane settled counts only a whole frame (`Reading.complete`): a CLI
+caught halfway through a redraw shows shapes it never meant. Never on a timer while the pane is
+quiet. A look is two commands on the control client, no process.
 """
 
 from __future__ import annotations
@@ -60,15 +62,17 @@ class ScreenSource:
 
     def output(self, at: float) -> None:
         """The pane wrote (last at `at`, time.monotonic(): a notice may come a while after, at the
-        end of the activity client's SAMPLE window): look once it settles; and now if a person's
-        prompt was on screen (has it gone?), or the CLI has not said anything yet (a first-start
-        dialog). What such an early look reads counts only if it is a whole frame of a shape the
-        CLI's knowledge recognizes (`Reading.complete`); the rest waits for the pane to settle."""
+        end of the activity client's SAMPLE window; while a prompt is up it tells every output):
+        look once it settles; and now if a person's prompt is up (has it gone, or, announced by
+        the source, appeared?), or the CLI has not said anything yet (a first-start dialog).
+        What such an early look reads counts only if it is a whole frame of a shape the CLI's
+        knowledge recognizes (`Reading.complete`); the rest waits for the pane to settle."""
         self._settle_later(SETTLE - (time.monotonic() - at))
         if self.machine.prompt_up:
-            # A prompt for a person: has it gone, or (announced by the source) appeared? When
-            # it appeared is when its keys can be sent (`sidecar.agent.input_delivery`).
-            self.look_now()
+            # When it appeared is when its keys can be sent (`sidecar.agent.input_delivery`);
+            # a frame half drawn (Gemini CLI's tool box before its spinner or its question) must
+            # neither draw it nor take it away.
+            self.look_now(eager=True)
         elif self.machine.state == "starting":
             self._eager_left = EAGER_LOOKS
             self.look_now(eager=True)

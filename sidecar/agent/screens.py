@@ -116,7 +116,7 @@ def generic(screen: Screen, prompt: re.Pattern[str] | None = None) -> Reading:
     current = lines[at] if lines else ""
     if prompt is not None:
         if prompt.search(current):
-            return Reading(Seen.PROMPT)
+            return Reading(Seen.PROMPT, complete=True)  # its own prompt line, matched
         return dialog(nonblank(lines[: at + 1])[-8:])
     if _QUESTION.search(current.rstrip()):
         # A bare "#?" (bash's select) asks about the lines above it: the nearest with words
@@ -128,7 +128,8 @@ def generic(screen: Screen, prompt: re.Pattern[str] | None = None) -> Reading:
         asked = text_of(current[:end])
         title = asked if any(c.isalpha() for c in asked) else (worded or [asked])[-1]
         offered = yes_no(asked) or _numbered(lines[: at + 1])
-        return Reading(Seen.DIALOG, title, choices=offered)
+        # Whole: a question ends the cursor's line (a menu or a prompt may yet be half drawn).
+        return Reading(Seen.DIALOG, title, complete=True, choices=offered)
     # A menu: its choices are the last lines drawn, the cursor below them or on one (an old
     # menu scrolled above a later prompt is history, not a question).
     drawn = [i for i in range(at + 1) if lines[i].strip()]

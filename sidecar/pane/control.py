@@ -93,14 +93,15 @@ def _lines(commands: Iterable[str]) -> bytes:
 
 
 class PaneActivity:
-    """Calls `on_output(monotonic time)` whenever the pane writes (at most once per SAMPLE), and
-    answers `ask` while attached."""
+    """Calls `on_output(monotonic time)` whenever the pane writes (at most once per SAMPLE, but
+    for every output while `closely` says so), and answers `ask` while attached."""
 
     def __init__(
         self,
         tmux: Tmux,
         on_output: Callable[[float], None],
         on_attach: Callable[[], None] | None = None,
+        closely: Callable[[], bool] = lambda: False,
     ) -> None:
         self.tmux = tmux
         self.on_output = on_output
@@ -109,6 +110,9 @@ class PaneActivity:
         # someone ran `detach-client`), or could not be started: whoever owns the session says
         # whether to attach again (`attach`).
         self.on_detach: Callable[[], None] | None = None
+        # Whether every output counts now (a prompt for a person is up: its answer shows as a
+        # redraw, which a pause or a SAMPLE window would let pass unnoticed until the next).
+        self.closely = closely
         self.last_output: float | None = None  # time.monotonic()
         self._proc: asyncio.subprocess.Process | None = None
         self._paused: set[bytes] = set()
@@ -206,8 +210,8 @@ class PaneActivity:
                 for reply in replies:
                     if reply.ours and waiting:
                         self._answer(waiting.popleft(), reply)
-                if wrote and sink is not None and not self._flooding:
-                    await self._gather(proc)
+                if wrote and sink is not None and not self._flooding and not self.closely():
+                    await self._gather(proc)  # not while a prompt is up: its answer is awaited
         finally:
             self._proc = None
             while waiting:
@@ -259,6 +263,9 @@ class PaneActivity:
     def _seen(self, panes: set[bytes]) -> None:
         now = time.monotonic()
         self.last_output = now
+        if self.closely():
+            self.on_output(now)
+            return
         if self.sink is not None:
             self._seen_unpaused(now)
             return

@@ -22,11 +22,13 @@ _BUSY = re.compile(r"esc to interrupt", re.IGNORECASE)
 # the footer's "esc to interrupt" when an answered permission prompt gives way (measured); while a
 # hook runs it reads "(running PermissionRequest hook · 0s · ...)".
 _SPINNER = re.compile(r"^\s*\S\s+\S[^…]*…\s+\((\d|running )")
+_WHOLE_SPINNER = re.compile(_SPINNER.pattern + r".*\)\s*$")  # its parenthesis closed
 _ASKS = re.compile(r"^\s*Do you want to\b.*\?\s*$")
 _DASHED = re.compile(r"^\s*╌{10,}\s*$")
 
 
-# The last line of a whole frame: a dialog's key hints, or the idle prompt's hint line.
+# The last line of a whole frame: a dialog's key hints, or the idle prompt's hint line (a
+# frame caught halfway through a redraw lacks it: `Reading.complete`).
 _DIALOG_FOOTER = re.compile(r"^\s*(Enter to (confirm|select|continue)|Esc to (cancel|go back))")
 _IDLE_HINT = re.compile(r"\? for shortcuts")
 
@@ -41,8 +43,12 @@ def read_screen(screen: Screen) -> Reading:
         reason = _permission_reason(lines, asks[-1])
         choices = decided(menu(lines[asks[-1] :], screen.cols))
         return Reading(Seen.PERMISSION, reason, complete=footed, choices=choices)
-    if any(_BUSY.search(line) for line in tail) or any(_SPINNER.match(line) for line in lines):
-        return Reading(Seen.WORKING)
+    busy = any(_BUSY.search(line) for line in tail)
+    if busy or any(_SPINNER.match(line) for line in lines):
+        # Whole: the input box drawn under the work, with the footer that says so or the
+        # spinner's line whole (an answered prompt gives way to the spinner first).
+        whole = busy or any(_WHOLE_SPINNER.match(line) for line in lines)
+        return Reading(Seen.WORKING, complete=whole and _input_box(lines))
     if _input_box(lines):
         return Reading(Seen.PROMPT, complete=any(_IDLE_HINT.search(line) for line in tail))
     reading = dialog(nonblank(lines), choices=menu(lines, screen.cols))

@@ -35,6 +35,9 @@ _BANNER = re.compile(r"^\s*Welcome to Codex\b")  # heads every sign-in screen: n
 _SELECTED = re.compile(r"^[›>]\s+")
 _ASKED = re.compile(r"^(.*?\w[\w)'\"]*\?)(\s|$)")
 _GAP = 2  # blank lines that part a pinned dialog from what scrolled above it
+# An approval's last line: its key hints ("Press enter to confirm or esc to cancel"); a frame
+# without it is still being drawn.
+_KEY_HINTS = re.compile(r"^\s*Press enter to confirm or esc to cancel\s*$")
 
 
 def read_screen(screen: Screen) -> Reading:
@@ -43,12 +46,22 @@ def read_screen(screen: Screen) -> Reading:
     for at, line in enumerate(lines):
         if _APPROVAL.match(line) and any(_YES.match(rest) for rest in lines[at + 1 :]):
             choices = decided(menu(lines[at:], screen.cols))
-            return Reading(Seen.PERMISSION, _approval_reason(lines, at), choices=choices)
+            reason = _approval_reason(lines, at)
+            return Reading(Seen.PERMISSION, reason, complete=_hinted(lines), choices=choices)
     if any(_STATUS.match(line) for line in lines):
-        return Reading(Seen.WORKING)
+        return Reading(Seen.WORKING, complete=True)  # the status line, whole to its ")"
     if _in_composer(screen):
         return Reading(Seen.PROMPT)
+    # Its prompt and its other dialogs wait for the settled look: a look at every frame of its
+    # start read a dialog there that the settled look never sees (`waiting` from `starting`
+    # in 1 of 2 runs of its approval test).
     return dialog(lines, title=_title(lines), choices=menu(lines, screen.cols))
+
+
+def _hinted(lines: list[str]) -> bool:
+    """Whether the last line drawn is an approval's key hints (the frame is whole)."""
+    drawn = nonblank(lines)
+    return bool(drawn) and _KEY_HINTS.search(drawn[-1]) is not None
 
 
 def _in_composer(screen: Screen) -> bool:

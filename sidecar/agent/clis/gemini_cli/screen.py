@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from sidecar.agent.screen_choices import decided, menu
 from sidecar.agent.screens import Reading, Screen, Seen, dialog, nonblank, text_of
@@ -22,16 +23,26 @@ _CONTINUED = re.compile(r"^ {3}|^$")
 _INPUT_ROWS = 12  # the input grows with typed text; beyond this it scrolls
 _ABOVE_INPUT = 4  # rows between the rule and the input: the mode line and blank lines
 _SPINNER = re.compile(r"\(esc to cancel, \d")
+_WHOLE_SPINNER = re.compile(r"\(esc to cancel, \d[^)]*\)")
 # Where the spinner stands while hooks run ("Executing Hooks: sidecar (1/2), mine (2/2)"), gone
 # once they are done.
 _HOOKS = re.compile(r"^\s*Executing Hooks?: ")
 _RECENT = 10  # the spinner line is among the last lines drawn
+# A spinner's glyph (braille) heading a line: the spinner line, or the hooks line, as drawn so
+# far ("⠴ Exe" caught halfway).
+_SPINNING = re.compile(r"^\s*[\u2800-\u28ff]\s")
+# A tool's box in the transcript: its status mark (o pending, a spinner's glyph running, ✓
+# done, x failed, - cancelled) before the tool's name. Not "?" (awaiting confirmation): a
+# dialog's title may carry one too, and a shape not known stays a dialog.
+_TOOL_HEAD = re.compile(r"^│ ([o✓x✗⊷-]|[\u2800-\u28ff]) +\S")
 _ALLOW = re.compile(r"^(●\s*)?1\. Allow once$")
 _TOOL = re.compile(r"^[│\s]*\? (.+?)\s*│?\s*$")
 _BOX_TOP = re.compile(r"^\s*╭")
 _BOX_BOTTOM = re.compile(r"^\s*╰")
 _ASKED = re.compile(r"^(.*?\w[\w)'\"]*\?)(\s|$)")
 _MARK = re.compile(r"^[>?●]\s+")  # a box's title may carry a focus or question mark
+# A dialog box's key hints: "(Use Enter to select)", "(Press Enter to submit, Esc to cancel)".
+_HINTS = re.compile(r"^\((Use|Press) Enter\b")
 
 
 def read_screen(screen: Screen) -> Reading:
@@ -41,16 +52,29 @@ def read_screen(screen: Screen) -> Reading:
         if _ALLOW.match(text_of(line)):
             # A digit picks its choice at once there (measured on 0.61).
             choices = decided(menu(lines, screen.cols, digits=True))
-            return Reading(Seen.PERMISSION, _tool_reason(lines, at), choices=choices)
+            # Whole once its box is closed under the choices.
+            closed = any(_BOX_BOTTOM.match(line) for line in lines[at + 1 :])
+            reason = _tool_reason(lines, at)
+            return Reading(Seen.PERMISSION, reason, complete=closed, choices=choices)
     recent = nonblank(lines)[-_RECENT:]
-    if any(_SPINNER.search(line) or _HOOKS.match(line) for line in recent):
+    if any(_SPINNER.search(line) or _HOOKS.match(line) or _SPINNING.match(line) for line in recent):
         # Hooks running: at the start, after the prompt is drawn (with the cursor in it), and
         # an Enter typed then is a newline, not a submission. Not idle until they are done.
-        return Reading(Seen.WORKING)
+        whole = any(_WHOLE_SPINNER.search(line) for line in recent)
+        return Reading(Seen.WORKING, complete=whole)
     if _in_input(screen):
+        # Never known whole: 0.61 draws its prompt, then runs its SessionStart hooks (above).
         return Reading(Seen.PROMPT)
-    box = _last_box(lines)
-    return dialog(box, title=_title(box), choices=menu(box, screen.cols))
+    box, closed = _last_box(lines)
+    choices = menu(box, screen.cols)
+    if not choices and any(_TOOL_HEAD.match(line) for line in box[:1]):
+        # A tool's box with nothing under it: drawn before its spinner, its hooks line or its
+        # confirmation (the Notification hook is awaited first), a frame of work half drawn.
+        return Reading(Seen.WORKING)
+    # Whole: a closed box offering choices or saying its keys.
+    hinted = any(_HINTS.match(text_of(line)) for line in box)
+    reading = dialog(box, title=_title(box), choices=choices)
+    return replace(reading, complete=closed and (bool(choices) or hinted))
 
 
 def _in_input(screen: Screen) -> bool:
@@ -79,17 +103,18 @@ def _tool_reason(lines: list[str], allow: int) -> str:
     return asked[-1] if asked else "a tool"
 
 
-def _last_box(lines: list[str]) -> list[str]:
-    """The lines of the last box drawn (the dialog up now), else the last lines of text."""
+def _last_box(lines: list[str]) -> tuple[list[str], bool]:
+    """The lines of the last box drawn (the dialog up now), else the last lines of text; and
+    whether the box is closed."""
     tops = [at for at, line in enumerate(lines) if _BOX_TOP.match(line)]
     if not tops:
-        return nonblank(lines)[-8:]
-    box = []
+        return nonblank(lines)[-8:], False
+    box: list[str] = []
     for line in lines[tops[-1] + 1 :]:
         if _BOX_BOTTOM.match(line):
-            break
+            return box, True
         box.append(line)
-    return box
+    return box, False
 
 
 def _title(box: list[str]) -> str | None:

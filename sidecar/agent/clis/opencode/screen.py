@@ -40,16 +40,18 @@ def read_screen(screen: Screen) -> Reading:
     for at, cell in enumerate(cells):
         if asked := _ASKS.match(cell):
             reason = _permission_reason(asked.group(1), cells[at + 1 :])
-            return Reading(Seen.PERMISSION, reason, choices=_buttons(lines[at + 1 :]))
+            buttons = _buttons(lines[at + 1 :])
+            # Whole once its row of buttons is drawn (the last of the prompt's lines).
+            return Reading(Seen.PERMISSION, reason, complete=bool(buttons), choices=buttons)
     heads = [line for line in lines if _DIALOG_HEAD.search(line)]
     if heads:
         return dialog(lines, title=_first_cell(heads[0]))
     bottom = _box_bottom(lines)
     status = lines[bottom + 1] if bottom is not None and bottom + 1 < len(lines) else ""
     if _BUSY.search(status) or (bottom is None and _BUSY.search(" ".join(nonblank(lines)[-2:]))):
-        return Reading(Seen.WORKING)
+        return Reading(Seen.WORKING, complete=bool(status))  # the box and its status line
     if bottom is not None and _in_box(screen, bottom):
-        return Reading(Seen.PROMPT)
+        return Reading(Seen.PROMPT)  # left to the settled look, as at its start
     return dialog(nonblank(lines)[-12:])
 
 
