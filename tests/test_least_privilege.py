@@ -94,6 +94,7 @@ def test_the_cli_user_finds_no_token_or_credential_and_owns_what_is_made(
     private.mkdir(mode=0o700)
     view_file = private / "view-token"
     view_file.write_text(view + "\n")
+    view_file.chmod(0o600)  # as the start requires of a credential file with SIDECAR_USER
     sc = user_sidecar()
     report, go = sc.workspace / "snoop.json", sc.tmp / "go"
     roots = [str(sc.state_dir), str(sc.workspace), "/run"]

@@ -100,6 +100,7 @@ def sleeve(
         env["API_KEY"] = value  # also under the CLI's name: it must reach no process either
         sc.wrapper += ONE_UID if mode == "uid" else ()
     (tmp / "secrets.yaml").write_text(yaml.safe_dump({"secrets": [entry]}))
+    (tmp / "secrets.yaml").chmod(0o600)  # a credential file: not the CLI's user's to read
     sc.env_extra.update(env)
     for path in (tmp.parent, tmp):
         path.chmod(0o755)  # the guard lists them as the CLI to fence the state dir
@@ -281,6 +282,7 @@ def test_https_to_a_listed_host_is_terminated_with_the_sleeves_ca_and_gets_the_r
             entry["from_env"] = "SLEEVE_SECRET_API"
             sc.env_extra["SLEEVE_SECRET_API"] = value
         (tmp / "secrets.yaml").write_text(yaml.safe_dump({"secrets": [entry]}))
+        (tmp / "secrets.yaml").chmod(0o600)  # a credential file: not the CLI's user's to read
         sc.wrapper = list(OPEN_PYTHON)
         for path in (tmp.parent, tmp):
             path.chmod(0o755)

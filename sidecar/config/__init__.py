@@ -113,6 +113,12 @@ def _tokens(env: Mapping[str, str]) -> tuple[str | None, str | None]:
     return token, view_token
 
 
+def _token_files(env: Mapping[str, str]) -> tuple[tuple[str, Path], ...]:
+    """The files the tokens were read from, as (variable, absolute path)."""
+    named = (tokens.token_file(env, var) for var in tokens.TOKEN_VARS)
+    return tuple((var, Path(path).absolute()) for var, path in filter(None, named))
+
+
 def _origins(env: Mapping[str, str]) -> frozenset[str]:
     allowed = frozenset(
         o.strip().rstrip("/").lower()
@@ -298,6 +304,8 @@ class Config:
     state_dir: Path = Path(DEFAULT_STATE_DIR)
     token: str | None = None
     view_token: str | None = None
+    # SIDECAR_TOKEN_FILE, SIDECAR_VIEW_TOKEN_FILE: (variable, absolute path) of those set.
+    token_files: tuple[tuple[str, Path], ...] = ()
     # Browser origins allowed besides the page's own (a reverse proxy's public origin); "*": any.
     allowed_origins: frozenset[str] = frozenset()
     # SIDECAR_USER: tmux, ttyd and the CLI run as this user (the sidecar started as root).
@@ -363,23 +371,36 @@ class Config:
         return self.user_home or self.user.home or self.workspace
 
     @property
-    def trusted_paths(self) -> tuple[tuple[str, Path], ...]:
-        """What the sidecar reads or writes for people to trust, outside the state dir when
-        set, as (variable, absolute path): the configuration files (some read again on
-        SIGHUP, the CLI registry's commands run outside the guard) and the audit and record
-        dirs. The CLI must change none of them (`sidecar.config.trusted`, the egress fence)."""
+    def credential_files(self) -> tuple[tuple[str, Path], ...]:
+        """The files outside the state dir that hold credentials, as (variable, absolute
+        path): the API tokens', the notification secrets', the secrets file and its values'
+        files. The CLI may neither read nor change them (`sidecar.config.trusted`, the egress
+        fence), like the state dir's private files."""
         found: list[tuple[str, Path | None]] = [
+            *self.token_files,
+            *self.notify.files,
             (SECRETS_VAR, self.secrets_file),
             *((f"{SECRETS_VAR}: secret {s.name!r} file", s.file) for s in self.secrets),
+        ]
+        return tuple((name, path.absolute()) for name, path in found if path is not None)
+
+    @property
+    def trusted_paths(self) -> tuple[tuple[str, Path], ...]:
+        """What the sidecar reads or writes for people to trust, outside the state dir when
+        set, as (variable, absolute path): the credential files, the configuration files
+        (some read again on SIGHUP, the CLI registry's commands run outside the guard) and
+        the audit and record dirs. The CLI must change none of them (`sidecar.config.trusted`,
+        the egress fence)."""
+        found: list[tuple[str, Path | None]] = [
             (EGRESS_FILE_VAR, self.egress_file),
             (POLICY_VAR, self.policy_file),
             (CA_FILE_VAR, self.egress_ca_file),
             ("SIDECAR_CLI_CONFIG", self.cli_config),
-            *self.notify.files,
             ("SIDECAR_AUDIT_DIR", self.audit_dir),
             ("SIDECAR_RECORD_DIR", self.recording.dir),
         ]
-        return tuple((name, path.absolute()) for name, path in found if path is not None)
+        configured = ((name, path.absolute()) for name, path in found if path is not None)
+        return (*self.credential_files, *configured)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], *, euid: int | None = None) -> Config:
@@ -433,6 +454,7 @@ class Config:
             state_dir=_path(env, "SIDECAR_STATE_DIR", DEFAULT_STATE_DIR),
             token=token,
             view_token=view_token,
+            token_files=_token_files(env),
             user=user,
             user_home=user_home if user is not None else None,
             allowed_origins=allowed_origins,

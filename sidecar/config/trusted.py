@@ -1,9 +1,11 @@
-"""At start, before the CLI: none of `Config.trusted_paths` may be a place the CLI can change.
+"""At start, before the CLI: none of `Config.trusted_paths` may be a place the CLI can change,
+and none of `Config.credential_files` one it can read.
 
 One-uid mode (and a root CLI): the egress fence keeps them, but Landlock denies a path by
 granting all around it, so one in the workspace or the CLI's HOME would take from the CLI the
 right to make entries there: refused. With SIDECAR_USER the kernel's ownership keeps them, so
-that user must neither own nor be let write them or a directory above them.
+that user must neither own nor be let write them or a directory above them, nor read a
+credential file by its mode.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from pathlib import Path
 
 from sidecar.config import Config
 from sidecar.config.read import ConfigError
-from sidecar.security.reach import changeable_by
+from sidecar.security.reach import changeable_by, readable_by
+from sidecar.security.users import User
 
 
 def _agent_places(config: Config) -> list[tuple[str, Path]]:
@@ -41,10 +44,20 @@ def check(config: Config) -> None:
                 )
                 raise ConfigError(msg)
         if config.user is not None:
-            why = changeable_by(config.user, path)
-            if why is not None:
-                msg = (
-                    f"{name}: {path} can be changed by the CLI's user {config.user.spec}: {why}. "
-                    "Make it and every directory above it root's, not writable by that user"
-                )
-                raise ConfigError(msg)
+            _out_of_reach(config.user, name, path, (name, path) in config.credential_files)
+
+
+def _out_of_reach(user: User, name: str, path: Path, private: bool) -> None:
+    """ConfigError when `user` can change `path`, or read it when it is `private`."""
+    why = changeable_by(user, path)
+    if why is not None:
+        msg = (
+            f"{name}: {path} can be changed by the CLI's user {user.spec}: {why}. "
+            "Make it and every directory above it root's, not writable by that user"
+        )
+        raise ConfigError(msg)
+    why = readable_by(user, path) if private else None
+    if why is not None:
+        msg = f"{name}: {path} holds a credential the CLI's user {user.spec} can read: {why}. "
+        msg += "Make it root's and 0600 (or 0400)"
+        raise ConfigError(msg)

@@ -6,7 +6,8 @@ things in the state dir; the CLI may change none of them, in any mode: with SIDE
 kernel's ownership checks keep the sidecar's own files, but the session dir is the CLI user's
 (its tmux and ttyd make their sockets there), and in the one-uid mode (the restricted pod)
 everything is one user's. The same holds for the files and dirs it trusts outside the state
-dir (`Config.trusted_paths`). A root CLI changes nothing outside its own places at all.
+dir (`Config.trusted_paths`), and in one-uid mode the CLI reads none of those that hold
+credentials (`Config.credential_files`). A root CLI changes nothing outside its own places.
 """
 
 from __future__ import annotations
@@ -76,14 +77,16 @@ def fence_of(
     root_cli: bool,
     writable: Iterable[Path] = (),
     trusted: Iterable[Path] = (),
+    private: Iterable[Path] = (),
 ) -> Fence:
     """The fence around a CLI whose state dir is `layout`: `one_uid`, the sidecar and the CLI
-    are one user (its private files need Landlock: ownership cannot keep them); `root_cli`,
-    the CLI is root and changes nothing but beneath `writable` and `ROOT_WRITABLE`. Never
-    changed either: the `trusted` files and dirs the sidecar reads and writes outside the
-    state dir (in one-uid mode only this keeps them; with SIDECAR_USER ownership does too)."""
+    are one user (its private files, and the `private` ones outside the state dir that hold
+    credentials, need Landlock: ownership cannot keep them); `root_cli`, the CLI is root and
+    changes nothing but beneath `writable` and `ROOT_WRITABLE`. Never changed either: the
+    `trusted` files and dirs the sidecar reads and writes outside the state dir (in one-uid
+    mode only this keeps them; with SIDECAR_USER ownership does too)."""
     return Fence(
-        no_access=layout.private_files if one_uid else (),
+        no_access=(*layout.private_files, *private) if one_uid else (),
         no_write=(layout.state_dir, *RESOLVER_FILES, *trusted),
         write_only=(*writable, *ROOT_WRITABLE) if root_cli else None,
     )

@@ -281,6 +281,7 @@ class Supervisor:
             root_cli=user is None and os.geteuid() == 0,
             writable=(cfg.workspace, *([Path(home)] if home else [])),
             trusted=[path for _name, path in cfg.trusted_paths],
+            private=[path for _name, path in cfg.credential_files],
         )
         self.runner.plans.egress_guard = functools.partial(
             self.egress.guard,

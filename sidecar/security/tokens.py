@@ -87,17 +87,22 @@ def read_token_file(var: str, path: str, limit: int = MAX_TOKEN_BYTES) -> str:
     return check_token(var, text, limit)
 
 
+def token_file(env: Mapping[str, str], var: str) -> tuple[str, str] | None:
+    """The variable `<var>_FILE` and the file it names, when it names one."""
+    path = env.get(f"{var}_FILE")
+    return None if path is None or path.strip() == "" else (f"{var}_FILE", path)
+
+
 def resolve(env: Mapping[str, str], var: str) -> str | None:
     """`var` from the environment, or from the file `<var>_FILE` names; never both."""
     value = env.get(var)
     value = None if value is None or value.strip() == "" else value
-    path = env.get(f"{var}_FILE")
-    path = None if path is None or path.strip() == "" else path
-    if value is not None and path is not None:
+    named = token_file(env, var)
+    if value is not None and named is not None:
         msg = f"{var} and {var}_FILE are both set; set one of them"
         raise TokenError(msg)
-    if path is not None:
-        return read_token_file(f"{var}_FILE", path)
+    if named is not None:
+        return read_token_file(*named)
     return None if value is None else check_token(var, value)
 
 

@@ -1,7 +1,7 @@
-"""What the agent tries against the files it must not change, and in its own places: argv[1] is
-a JSON list of [op, path]; prints a JSON object "op path" -> "ok" or the errno's name (or, as a
-sidecar's CLI, writes it to the file argv[2]). Each op leaves things as they were when it
-succeeds (a rename is renamed back), but `unlink`."""
+"""What the agent tries against the files it must not read or change, and in its own places:
+argv[1] is a JSON list of [op, path]; prints a JSON object "op path" -> "ok" or the errno's
+name (or, as a sidecar's CLI, writes it to the file argv[2]). Each op leaves things as they
+were when it succeeds (a rename is renamed back), but `unlink`."""
 
 import errno
 import json
@@ -14,6 +14,11 @@ def append(path: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     os.write(fd, b"")
     os.close(fd)
+
+
+def read(path: str) -> None:
+    with open(path, "rb") as fh:
+        fh.read(1)
 
 
 def create(path: str) -> None:
@@ -29,6 +34,7 @@ OPS: dict[str, Callable[[str], None]] = {
     "append": append,
     "create": create,
     "mkdir": os.mkdir,
+    "read": read,
     "rename": rename_away,
     "unlink": os.unlink,
 }
