@@ -37,6 +37,22 @@ def test_captured_screen_reads_as_recorded(path: Path) -> None:
         assert reading.reason == expected.reason
 
 
+@pytest.mark.parametrize(
+    ("cli", "name"),
+    [("codex", "permission-command"), ("gemini-cli", "permission-shell"),
+     ("opencode", "permission-shell")],
+)  # fmt: skip
+def test_a_permission_prompt_offers_the_same_answers_at_every_size(cli: str, name: str) -> None:
+    """The permission prompt captured at 80x24 and 250x60 (Codex's longest choice wraps at 80
+    columns) is whole and offers the choices, labels and keys it offers at 200x50."""
+    whole = RECOGNIZERS[cli](load_screen(SCREENS / cli / f"{name}.txt")[0])
+    assert whole.complete and len(whole.choices) == 3, whole
+    for size in ("80x24", "250x60"):
+        reading = RECOGNIZERS[cli](load_screen(SCREENS / cli / f"{name}-{size}.txt")[0])
+        assert reading.complete, size
+        assert reading.choices == whole.choices, size
+
+
 def test_every_cli_has_each_kind_of_screen() -> None:
     """Each CLI's fixtures cover its prompt, work, a permission prompt and a dialog: what its
     package declares its screen shows (the keys it declares answer that permission prompt)."""

@@ -174,13 +174,13 @@ async def test_a_look_that_takes_a_half_drawn_tool_box_for_settled_keeps_waiting
 def test_half_drawn_frames_of_every_cli_are_not_whole() -> None:
     """The frames a redraw leaves on its way, one per kind that says a prompt is up or gone:
     Claude Code's spinner without the input box under it, Codex's approval without its hints
-    line, opencode's permission prompt without its buttons, Gemini's without its box closed."""
-    cases = {
-        ("claude-code", "answered-spinner.txt"): "✢ Kerfuffling…",
-        ("codex", "permission-command.txt"): "Press enter to confirm",
-        ("opencode", "permission-shell.txt"): "Allow once",
-        ("gemini-cli", "permission-shell.txt"): "3. No, suggest changes",
-    }
+    line, opencode's permission prompt without its buttons, Gemini's without its box closed;
+    the permission prompts at 80x24 and 250x60 as well as 200x50."""
+    cases = {("claude-code", "answered-spinner.txt"): "✢ Kerfuffling…"}
+    for size in ("", "-80x24", "-250x60"):
+        cases[("codex", f"permission-command{size}.txt")] = "Press enter to confirm"
+        cases[("opencode", f"permission-shell{size}.txt")] = "Allow once"
+        cases[("gemini-cli", f"permission-shell{size}.txt")] = "3. No, suggest changes"
     for (cli, name), upto in cases.items():
         screen, _ = load_screen(SCREENS / cli / name)
         at = next(i for i, line in enumerate(screen.lines) if upto in line)
