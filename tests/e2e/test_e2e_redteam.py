@@ -18,7 +18,7 @@ import pytest
 from sidecar.core.layout import Layout
 from tests.agenttools import EventLog
 from tests.e2e import dockerenv
-from tests.e2e.conftest import cli_up, keep_logs
+from tests.e2e.conftest import POD, cli_up, keep_logs, probe_run
 from tests.harness import free_port, wait_for
 from tests.webserver import web_server
 
@@ -27,8 +27,6 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
 TESTS = Path(__file__).resolve().parents[1]
 TOOLS = [TESTS / "redteam" / n for n in ("pod_probe.py", "attacks.py")]
 TOOLS += [TESTS / "clis" / n for n in ("egress_probe.py", "secrets_probe.py")]
-POD = ["--user", "1000:1000", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
-POD += ["--read-only", "--tmpfs", "/run", "--tmpfs", "/tmp"]
 STATE = Layout(Path("/run/sidecar"))
 CREDS = Path("/run/secrets/sleeve")
 CREDENTIALS = (CREDS / "token", CREDS / "secrets.yaml")
@@ -80,18 +78,11 @@ def test_the_guarded_cli_of_a_one_uid_pod_is_refused_every_way_at_the_sidecar(
     volume = f"{name}-ws"
     with web_server() as web:
         tools, creds = _pod_files(tmp_path, token, web)
-        argv = ["run", "--detach", "--name", name, "--network", "host", *POD]
-        argv += ["--volume", f"{volume}:/workspace"]
-        argv += ["--mount", f"type=bind,source={tools},target=/opt/tools,readonly"]
-        argv += ["--mount", f"type=bind,source={creds},target={CREDS},readonly"]
-        argv += ["--env", f"SLEEVE_NAME={name}", "--env", "SLEEVE_CLI=probe"]
-        argv += ["--env", "SIDECAR_CLI_CONFIG=/opt/tools/clis.yaml"]
-        argv += ["--env", "SIDECAR_HOST=127.0.0.1", "--env", f"SIDECAR_PORT={port}"]
-        argv += ["--env", f"SIDECAR_EGRESS_ALLOW=127.0.0.1:{web}"]
-        argv += ["--env", f"SIDECAR_TOKEN_FILE={CREDS / 'token'}"]
-        argv += ["--env", f"SIDECAR_SECRETS_FILE={CREDS / 'secrets.yaml'}"]
-        argv += ["--env", "SLEEVE_SECRET_API=sk-" + secrets.token_hex(16)]
-        engine.docker(*argv, image)
+        pod = [*POD, "--mount", f"type=bind,source={creds},target={CREDS},readonly"]
+        pod += ["--env", f"SIDECAR_TOKEN_FILE={CREDENTIALS[0]}"]
+        pod += ["--env", f"SIDECAR_SECRETS_FILE={CREDENTIALS[1]}"]
+        pod += ["--env", "SLEEVE_SECRET_API=sk-" + secrets.token_hex(16)]
+        engine.docker(*probe_run(name, port, tools, f"127.0.0.1:{web}", *pod), image)
         try:
             wait_for(lambda: _running(engine, name) and cli_up(port, token, "probe"), 60)
             events = EventLog(f"http://127.0.0.1:{port}", token)
