@@ -84,7 +84,11 @@ def test_the_guarded_cli_of_a_one_uid_pod_is_refused_every_way_at_the_sidecar(
         pod += ["--env", "SLEEVE_SECRET_API=sk-" + secrets.token_hex(16)]
         engine.docker(*probe_run(name, port, tools, f"127.0.0.1:{web}", *pod), image)
         try:
-            wait_for(lambda: _running(engine, name) and cli_up(port, token, "probe"), 60)
+            wait_for(
+                lambda: _running(engine, name) and cli_up(port, token, "probe"),
+                60,
+                what="the probe running as the CLI",
+            )
             events = EventLog(f"http://127.0.0.1:{port}", token)
             engine.docker("exec", name, "touch", "/workspace/go")
             got = wait_for(lambda: _report(engine, name), 120, what="the probe's report")
@@ -101,7 +105,7 @@ def test_the_guarded_cli_of_a_one_uid_pod_is_refused_every_way_at_the_sidecar(
             expected |= {(f"/workspace/{s}.symlink", 0, "unix") for s in ("tmux", "ttyd")}
             expected |= {("127.0.0.1", 1, "proxy"), ("127.0.0.1", web, "direct")}
             expected |= {("", 0, "udp"), ("", 0, "ipv6")}
-            wait_for(lambda: expected <= _told(events), 20, what=lambda: f"{_told(events)}")
+            wait_for(lambda: expected <= _told(events), 20, what=f"the refusals {expected}")
             assert _told(events) == expected
         finally:
             keep_logs(engine, name)
