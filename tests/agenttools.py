@@ -70,8 +70,9 @@ def claude_sidecar(
 class EventLog:
     """Every /events line of one stream, read by a thread until the stream ends."""
 
-    def __init__(self, sc: Sidecar, token: str | None = None) -> None:
-        self.client = SidecarClient(sc.url, token)
+    def __init__(self, sc: Sidecar | str, token: str | None = None) -> None:
+        """`sc`: the sidecar, or the URL of one (in a container)."""
+        self.client = SidecarClient(sc if isinstance(sc, str) else sc.url, token)
         self.lines: list[dict[str, Any]] = []
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()

@@ -39,6 +39,10 @@ IMAGE = "sleeve-e2e:latest"
 # (tests/e2e/test_e2e_privileges.py proves the generated one.)
 E2E_TOKEN = "e2e-token-0123456789abcdef0123456789"
 ARTIFACTS = dockerenv.REPO / "artifacts" / "e2e"
+# `docker run` as the Helm chart's pod runs the image: one uid, no capability, no privilege
+# escalation, a read-only root with /run and /tmp as tmpfs.
+POD = ["--user", "1000:1000", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+POD += ["--read-only", "--tmpfs", "/run", "--tmpfs", "/tmp"]
 SLEEVE = Path(sys.executable).parent / "sleeve"
 
 
@@ -246,6 +250,20 @@ def cli_up(port: int, token: str, cli: str, not_pid: int | None = None) -> dict[
     if code == 200 and s["cli"] == cli and s["cli_running"] and s["cli_pid"] not in (None, not_pid):
         return dict(s)
     return None
+
+
+def probe_run(name: str, port: int, tools: Path, allow: str, *where: str) -> list[str]:
+    """`docker run` arguments (the image aside) of sleeve `name` on `port` whose CLI is `probe`
+    from the registry `tools`/clis.yaml (a directory of root's, mounted read-only at
+    /opt/tools: the sidecar trusts it), its workspace the volume `name`-ws, its egress allowlist
+    `allow`; `where`: how and with what else it runs."""
+    argv = ["run", "--detach", "--name", name, "--network", "host", *where]
+    argv += ["--volume", f"{name}-ws:/workspace"]
+    argv += ["--mount", f"type=bind,source={tools},target=/opt/tools,readonly"]
+    argv += ["--env", f"SLEEVE_NAME={name}", "--env", "SLEEVE_CLI=probe"]
+    argv += ["--env", "SIDECAR_CLI_CONFIG=/opt/tools/clis.yaml"]
+    argv += ["--env", "SIDECAR_HOST=127.0.0.1", "--env", f"SIDECAR_PORT={port}"]
+    return [*argv, "--env", f"SIDECAR_EGRESS_ALLOW={allow}"]
 
 
 def keep_logs(engine: dockerenv.Engine, name: str) -> str:

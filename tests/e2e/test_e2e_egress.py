@@ -12,15 +12,13 @@ from typing import Any
 import pytest
 
 from tests.e2e import dockerenv
-from tests.e2e.conftest import keep_logs
+from tests.e2e.conftest import POD, keep_logs, probe_run
 from tests.harness import free_port, wait_for
 from tests.webserver import web_server
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
 PROBE = Path(__file__).parent.parent / "clis" / "egress_probe.py"
-POD = ["--user", "1000:1000", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
-POD += ["--read-only", "--tmpfs", "/run", "--tmpfs", "/tmp"]
 
 
 @pytest.mark.parametrize(
@@ -43,14 +41,7 @@ def test_the_cli_reaches_listed_hosts_through_the_proxy_and_nothing_else(
         command = ["python3", "/opt/tools/probe.py", "/workspace/report.json", *urls]
         (tools / "clis.yaml").write_text(json.dumps({"clis": {"probe": {"command": command}}}))
         tmp_path.chmod(0o755)
-        argv = ["run", "--detach", "--name", name, "--network", "host", *where]
-        argv += ["--volume", f"{volume}:/workspace"]
-        argv += ["--mount", f"type=bind,source={tools},target=/opt/tools,readonly"]
-        argv += ["--env", f"SLEEVE_NAME={name}", "--env", "SLEEVE_CLI=probe"]
-        argv += ["--env", "SIDECAR_CLI_CONFIG=/opt/tools/clis.yaml"]
-        argv += ["--env", "SIDECAR_HOST=127.0.0.1", "--env", f"SIDECAR_PORT={port}"]
-        argv += ["--env", f"SIDECAR_EGRESS_ALLOW=127.0.0.1:{web}"]
-        engine.docker(*argv, image)
+        engine.docker(*probe_run(name, port, tools, f"127.0.0.1:{web}", *where), image)
         try:
 
             def report() -> dict[str, Any] | None:
