@@ -21,8 +21,8 @@ from sidecar.config import Config, ConfigError, trusted
 from sidecar.security.users import parse_user
 from tests.commands import run_sidecar
 from tests.harness import Sidecar, bearer, wait_for, write_cli_config
+from tests.oneuid import ONE_UID, OPEN_PYTHON, UID
 from tests.redteam.guardtools import NOBODY, run_as
-from tests.test_secrets_sidecar import ONE_UID, OPEN_PYTHON, UID
 
 REWRITES = Path(__file__).resolve().parent / "rewrites.py"
 SECRET = {"name": "api", "env": "API_KEY", "from_env": "API_VALUE", "hosts": ["localhost"]}
