@@ -15,6 +15,7 @@ import faulthandler
 import json
 import os
 import signal
+import subprocess
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -186,3 +187,43 @@ def test_the_tmux_servers_death_says_crash_or_kill_by_its_signal(
         [ttyd] = ttyds
         ttyd.send_signal(signal.SIGABRT)
         wait_for(lambda: "ttyd: crashed (SIGABRT)" in sc.log(), timeout=10, what="ttyd's crash")
+
+
+def test_a_pane_that_ends_with_its_server_is_a_heal_not_a_cli_exit(
+    make_sidecar: Callable[..., Sidecar],
+) -> None:
+    """The pane's end can reach the sidecar before its server's: a SIGKILL closes the server's
+    ptys (the pane's process gets SIGHUP and exits) before the kernel reports the server's exit.
+    Here that order is made certain: the server is stopped, the pane's process killed, and the
+    server killed while the sidecar asks it how the pane ended. It is the server's death (the
+    heal, counted by its signal), never an exit of the CLI (none counted, no `exited` event)."""
+    sc = make_sidecar(env_extra={"SIDECAR_TOKEN": TOKEN}).start()
+    with explained(sc):
+        events = error_events(sc, 1)
+        [server] = census(sc).servers
+        before = sc.status()["cli_pid"]
+        tmux = ["tmux", "-S", str(sc.state_dir / "tmux.sock")]
+        shown = subprocess.run(
+            [*tmux, "display", "-p", "-t", "main", "#{pane_pid}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        pane = int(shown.stdout)
+        os.kill(server.pid, signal.SIGSTOP)
+        os.kill(pane, signal.SIGKILL)
+
+        def asking() -> bool:  # the sidecar's question that the stopped server cannot answer
+            return any(any("pane_dead_status" in a for a in p.argv) for p in census(sc).tmux)
+
+        wait_for(asking, timeout=10, what="the sidecar asking tmux how the pane ended")
+        os.kill(server.pid, signal.SIGKILL)
+        sc.wait_status(lambda s: s["cli_running"] and s["cli_pid"] != before, "healed")
+        assert events() == [f"tmux server {server.pid} was killed (SIGKILL); session recreated"]
+        after = scrape(sc)
+        assert value(after, "sidecar_tmux_server_deaths_total", signal="SIGKILL") == 1
+        assert value(after, "sidecar_tmux_heals_total") == 1
+        exits = {
+            labels: n for (name, labels), n in after.items() if name == "sidecar_cli_exits_total"
+        }
+        assert exits == {}, exits

@@ -30,7 +30,7 @@ from sidecar.process.cli_status import CliStatus
 from sidecar.process.deaths import REAPED, of_shell_code
 from sidecar.process.launch_plan import LaunchPlanner
 from sidecar.process.persist import ProcRef
-from sidecar.process.pidfd import PidWatches
+from sidecar.process.pidfd import PidWatches, wait_exited
 from sidecar.process.restart import PendingStart, Spawn, restarts
 from sidecar.process.stats import SupervisorStats
 from sidecar.process.tmux_server import TmuxServer
@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 # Seconds before a tmux control client that went away by itself is attached again: a client
 # tmux keeps letting go of (a `detach-client` in a loop) is tried at that pace, no faster.
 REATTACH_AFTER = 0.5
+# Seconds a tmux server that could not tell a pane's exit status gets to show it is dying: the
+# pane's end and the server's exit come a moment apart when the server is killed.
+SERVER_EXIT_WITHIN = 0.5
 
 
 class CliRunner:
@@ -228,7 +231,11 @@ class CliRunner:
         if gen != self.gen or self.stopping or self.status.state is not ProcState.RUNNING:
             return  # a resleeve, a heal or shutdown stopped it on purpose
         code = await pane_procs.exit_code(self.server.tmux)
-        if gen != self.gen or self.status.state is not ProcState.RUNNING:
+        # A pane that ended with its tmux server (a SIGKILL closes the server's ptys before the
+        # kernel reports its exit, so this notice can come first) is no exit of the CLI: the
+        # server's watch heals it and says how the server died.
+        server_died = code is None and await self._server_died()
+        if gen != self.gen or self.status.state is not ProcState.RUNNING or server_died:
             return
         ran = time.monotonic() - (self.status.started_at or time.monotonic())
         log.warning(
@@ -242,6 +249,14 @@ class CliRunner:
             # EXITED -> BACKOFF: wait, then start it again with its resume argv.
             delay = self.process.back_off(self.status)
             self._pending.schedule(delay, lambda: self._start_again(gen, resume=True))
+
+    async def _server_died(self) -> bool:
+        """Whether our pane's tmux server has exited, or does within a moment (no server
+        known: not that we know of)."""
+        ref = self.server.ref
+        if ref is None:
+            return False
+        return not ref.alive() or not await wait_exited([ref.pid], SERVER_EXIT_WITHIN)
 
     async def _start_again(self, gen: int, resume: bool, *, counted: bool = True) -> None:
         """Launch again unless something else launched meanwhile; `counted`: a start by the
