@@ -144,6 +144,8 @@ class Client(Side):
         self.rule: str | None = None  # the pattern (or approval, or policy rule) allowing it
         self.refused: str | None = None  # why it was refused
         self.peer_task: asyncio.Task[Peer | None] | None = None
+        # Stops the thread that serves a terminated TLS connection (`sidecar.egress.pump`).
+        self.halt: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -206,6 +208,8 @@ class Client(Side):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if self.halt is not None:
+            self.halt()
         super().close()
 
     def connection_lost(self, exc: Exception | None) -> None:
