@@ -6,6 +6,7 @@ not through asyncio's TLS protocol (measured: about a third of its CPU per MB).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import select
@@ -18,14 +19,13 @@ from typing import TYPE_CHECKING
 from sidecar.egress.heads import refusal_bytes
 
 if TYPE_CHECKING:
-    import asyncio
-
     from sidecar.egress.sides import Client, Side, Upstream
     from sidecar.egress.terminate import Editor
 
 log = logging.getLogger(__name__)
 
 CHUNK = 128 * 1024  # read per direction before it is sent on: fewer, larger TLS writes
+RECORD = 16 * 1024  # the most a TLS record carries
 AGAIN = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError)
 
 
@@ -52,10 +52,16 @@ class Pump:
         self.loop, self.client, self.upstream = loop, client, upstream
         self.host, self.shown = host, shown
         self.halted = False  # the proxy closed the connection
+        self.over = False  # the thread has stopped
+        self.lost: asyncio.Future[None] = loop.create_future()  # the client's connection_lost
         self.done = False  # the editor ended it (a request refused)
         assert client.transport is not None and upstream.transport is not None
         self.ends = [t.get_extra_info("socket") for t in (client.transport, upstream.transport)]
-        self.socks: list[socket.socket] = [end.dup() for end in self.ends]
+        far = None  # the far end closed before its TLS could start
+        if not upstream.transport.is_closing():
+            upstream.transport.pause_reading()  # the thread reads it now
+            far = self.ends[1].dup()
+        self.socks: list[socket.socket | None] = [self.ends[0].dup(), far]
 
     def start(self, client_ctx: ssl.SSLContext, upstream_ctx: ssl.SSLContext,
               editor: Editor) -> None:  # fmt: skip
@@ -76,69 +82,82 @@ class Pump:
     def _run(self, client_ctx: ssl.SSLContext, upstream_ctx: ssl.SSLContext,
              editor: Editor) -> None:  # fmt: skip
         try:
-            self._serve(client_ctx, upstream_ctx, editor)
+            far = self._upstream_tls(upstream_ctx, editor)
+            near = None if self.halted else self._client_tls(client_ctx)
+            if near is not None:
+                editor.answer, editor.end = self._refuse, self._end
+                ways = [Way(near, far, self.client)]
+                if far is not None:
+                    ways.append(Way(far, near, self.upstream))
+                self._pump(ways, editor)
         except OSError as exc:  # a side reset or shut (halt): the connection is over
             log.debug("egress: %s: %s", self.shown, exc)
         except Exception:
             log.exception("egress: the thread serving %s failed", self.shown)
         finally:
             for sock in self.socks:
-                sock.close()
+                if sock is not None:
+                    sock.close()
             with contextlib.suppress(RuntimeError):  # the loop is closed: so is everything
-                self.loop.call_soon_threadsafe(self.client.close)
+                self.loop.call_soon_threadsafe(self._over)
 
-    def _serve(self, client_ctx: ssl.SSLContext, upstream_ctx: ssl.SSLContext,
-               editor: Editor) -> None:  # fmt: skip
-        limits = self.client.proxy.limits
-        raw_client, raw_upstream = self.socks
-        raw_upstream.settimeout(limits.connect_timeout)
+    def _over(self) -> None:
+        """In the event loop, the thread stopped: the connection's transports closed (its
+        record, its count)."""
+        self.over = True
+        self.client.close()
+
+    def _upstream_tls(self, context: ssl.SSLContext, editor: Editor) -> ssl.SSLSocket | None:
+        """TLS with the far end, first; None when it failed (`editor.failed` says why, to be
+        told to the client once its TLS is up), the far end's side then closed."""
+        raw = self.socks[1]
         try:
-            far: ssl.SSLSocket | None = upstream_ctx.wrap_socket(
-                raw_upstream, server_hostname=self.host
-            )
+            if raw is None:
+                msg = "the connection closed"
+                raise ConnectionError(msg)
+            raw.settimeout(self.client.proxy.limits.connect_timeout)
+            far = context.wrap_socket(raw, server_hostname=self.host)
         except ssl.SSLCertVerificationError as exc:
             editor.failed = (
                 f"the certificate of {self.shown} is not valid: {exc.verify_message}; not sent on"
             )
-            far = None
-        except (OSError, ssl.SSLError) as exc:
+        except OSError as exc:
             editor.failed = f"TLS with {self.shown} failed: {exc or type(exc).__name__}"
-            far = None
-        if far is None:
-            raw_upstream.close()
-            with contextlib.suppress(RuntimeError):
-                self.loop.call_soon_threadsafe(self.upstream.close)
         else:
+            far.setblocking(False)
             self.socks[1] = far
-        if self.halted:
-            return
-        raw_client.settimeout(limits.head_timeout)
+            return far
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.upstream.close)
+        return None
+
+    def _client_tls(self, context: ssl.SSLContext) -> ssl.SSLSocket | None:
+        """TLS with the client, the sleeve CA's certificate for the host; None when it failed
+        (said in the client's record)."""
+        raw = self.socks[0]
+        assert raw is not None
+        raw.settimeout(self.client.proxy.limits.head_timeout)
         try:
-            near = client_ctx.wrap_socket(raw_client, server_side=True)
-        except (OSError, ssl.SSLError) as exc:
+            near = context.wrap_socket(raw, server_side=True)
+        except OSError as exc:
             # The client refused the sleeve's certificate (it does not trust the CA), or left.
             if not self.halted:
                 refused = f"TLS with the client failed (does it trust the sleeve's CA?): {exc}"
                 self.client.refused = refused
                 log.info("egress: %s: %s", self.shown, refused)
-            return
+            return None
+        near.setblocking(False)
         self.socks[0] = near
-        editor.answer, editor.end = self._refuse, self._end
-        ways = [Way(near, far, self.client)] if far is None else [
-            Way(near, far, self.client), Way(far, near, self.upstream)]  # fmt: skip
-        for sock in (near, far):
-            if sock is not None:
-                sock.setblocking(False)
-        self._pump(ways, editor)
+        return near
 
     def _refuse(self, status: int, reason: str) -> None:
         """The first request refused: answered over the client's TLS, then the end."""
         near = self.socks[0]
         assert isinstance(near, ssl.SSLSocket)
-        near.setblocking(True)
         near.settimeout(self.client.proxy.limits.head_timeout)
         with contextlib.suppress(OSError):
             near.sendall(refusal_bytes(status, reason))
+        near.setblocking(False)  # the close_notify that follows waits for nothing
         self._end()
 
     def _end(self) -> None:
@@ -146,9 +165,11 @@ class Pump:
 
     def _pump(self, ways: list[Way], editor: Editor) -> None:
         poll = select.poll()
+        ready: set[int] | None = None  # the first turn tries every way
         while not (self.halted or self.done):
             for way in ways:
-                self._move(way, editor)
+                if ready is None or way.wait[0] in ready:
+                    self._move(way, editor)
             if any(way.eof for way in ways) and not any(way.out for way in ways):
                 break  # TLS has no half-close: the first end ends both, once flushed
             wants: dict[int, int] = {}
@@ -158,7 +179,7 @@ class Pump:
                     wants[fd] = wants.get(fd, 0) | event
             for fd, mask in wants.items():
                 poll.register(fd, mask)
-            poll.poll()
+            ready = {fd for fd, _ in poll.poll()}
             for fd in wants:
                 poll.unregister(fd)
         for sock in self.socks:
@@ -167,7 +188,8 @@ class Pump:
                     sock.unwrap()  # the close_notify (the peer's is not waited for)
 
     def _move(self, way: Way, editor: Editor) -> None:
-        """Send on what `way` holds, then read and send on until either side would block."""
+        """Send on what `way` holds, then read and send on while more is likely there."""
+        more = True
         while not (self.halted or self.done):
             if way.out:
                 assert way.dst is not None
@@ -182,9 +204,10 @@ class Pump:
                 way.side.moved += sent
                 way.out = way.out[sent:]
                 continue
-            if way.eof:
+            way.wait = (way.src.fileno(), select.POLLIN)
+            if way.eof or not more:
                 return
-            read = self._read(way)
+            read, more = self._read(way)
             if not read:
                 return
             data = way.buf[:read]
@@ -192,20 +215,25 @@ class Pump:
             way.side.last = time.monotonic()
 
     @staticmethod
-    def _read(way: Way) -> int:
-        """Read what `way.src` has (up to CHUNK, several TLS records); 0 if nothing yet."""
+    def _read(way: Way) -> tuple[int, bool]:
+        """Read what `way.src` has, up to CHUNK (several TLS records): how much, and whether
+        more is likely there (the buffer filled, or the last record was full: a large write
+        being read). A shorter record ends the read without another try (a syscall) that would
+        only find nothing; what OpenSSL holds of a record read in part counts as more."""
         read = 0
         while read < CHUNK:
+            room = CHUNK - read
             try:
                 got = way.src.recv_into(way.buf[read:])
             except ssl.SSLWantWriteError:
                 way.wait = (way.src.fileno(), select.POLLOUT)
-                break
+                return read, False
             except AGAIN:
-                way.wait = (way.src.fileno(), select.POLLIN)
-                break
+                return read, False
             if not got:
                 way.eof = True
-                break
+                return read, False
             read += got
-        return read
+            if got < min(RECORD, room):
+                return read, way.src.pending() > 0
+        return read, True

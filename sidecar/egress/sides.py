@@ -17,6 +17,7 @@ from sidecar.egress.peer import Peer
 
 if TYPE_CHECKING:
     from sidecar.egress.proxy import EgressProxy
+    from sidecar.egress.pump import Pump
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,7 @@ class Client(Side):
         self.rule: str | None = None  # the pattern (or approval, or policy rule) allowing it
         self.refused: str | None = None  # why it was refused
         self.peer_task: asyncio.Task[Peer | None] | None = None
-        # Stops the thread that serves a terminated TLS connection (`sidecar.egress.pump`).
-        self.halt: Callable[[], None] | None = None
+        self.pump: Pump | None = None  # the thread serving it, once its TLS is terminated
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -208,8 +208,9 @@ class Client(Side):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        if self.halt is not None:
-            self.halt()
+        if self.pump is not None and not self.pump.over:
+            self.pump.halt()  # its thread closes the connection once stopped
+            return
         super().close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -218,4 +219,6 @@ class Client(Side):
             self.proxy.ended(self)
         if self.task is not None:
             self.task.cancel()  # a connect (or a wait for an approval) for a client gone away
+        if self.pump is not None and not self.pump.lost.done():
+            self.pump.lost.set_result(None)
         super().connection_lost(exc)

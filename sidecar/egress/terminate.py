@@ -132,7 +132,7 @@ async def terminate(proxy: EgressProxy, client: Client, upstream: Upstream, req:
     except BaseException:
         upstream.close()
         raise
-    if first is None or upstream.transport is None or upstream.transport.is_closing():
+    if first is None:
         client.refused = "the client sent nothing through the tunnel (or closed it)"
         client.close()
         upstream.close()
@@ -145,9 +145,8 @@ async def terminate(proxy: EgressProxy, client: Client, upstream: Upstream, req:
     client.peer = upstream
     if tls:
         client.tls = upstream.tls = True
-        upstream.transport.pause_reading()  # the thread reads it now
         pump = Pump(proxy.loop, client, upstream, host, shown)
-        client.halt = pump.halt
+        client.pump = pump
         pump.start(context, termination.upstream, editor)
     else:
         _link(client, upstream, raw, editor)
