@@ -1,7 +1,7 @@
 """A terminated TLS connection served by a thread of its own: both handshakes, then the bytes
-both ways over nonblocking `ssl` sockets, each request head through the `Editor`. The ssl
-module releases the GIL while OpenSSL reads, decrypts, encrypts and writes: the bytes move in C,
-not through asyncio's TLS protocol (measured: about a third of its CPU per MB).
+both ways over nonblocking sockets (`Channel`: OpenSSL's memory buffers), each request head
+through the `Editor`. The ssl module releases the GIL while OpenSSL decrypts and encrypts: the
+bytes move in C, not through asyncio's TLS protocol and its event loop turns.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from sidecar.egress.channel import CHUNK, Channel
 from sidecar.egress.heads import refusal_bytes
 
 if TYPE_CHECKING:
@@ -24,22 +25,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CHUNK = 128 * 1024  # read per direction before it is sent on: fewer, larger TLS writes
-RECORD = 16 * 1024  # the most a TLS record carries
-AGAIN = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError)
-
 
 class Way:
-    """One direction: what `src` sends, read into `buf` and sent on to `dst` (`out`, until sent
-    whole: OpenSSL wants a write it could not finish tried again with the same bytes); `wait`,
-    the socket and the poll event it waits for."""
+    """One direction: what `src` sends, read into `buf` and written to `dst` (whose records
+    not yet sent hold the reading back); `wait`, the socket and the poll event it waits for."""
 
-    def __init__(self, src: ssl.SSLSocket, dst: ssl.SSLSocket | None, side: Side) -> None:
+    def __init__(self, src: Channel, dst: Channel | None, side: Side) -> None:
         self.src, self.dst, self.side = src, dst, side
         self.buf = memoryview(bytearray(CHUNK))
-        self.out: bytes | memoryview = b""
         self.eof = False
-        self.wait = (src.fileno(), select.POLLIN)
+        self.wait: tuple[int, int] | None = (src.fileno(), select.POLLIN)  # None: at its end
 
 
 class Pump:
@@ -62,6 +57,7 @@ class Pump:
             upstream.transport.pause_reading()  # the thread reads it now
             far = self.ends[1].dup()
         self.socks: list[socket.socket | None] = [self.ends[0].dup(), far]
+        self.near: Channel | None = None  # the client's TLS, once up
 
     def start(self, client_ctx: ssl.SSLContext, upstream_ctx: ssl.SSLContext,
               editor: Editor) -> None:  # fmt: skip
@@ -107,7 +103,7 @@ class Pump:
         self.over = True
         self.client.close()
 
-    def _upstream_tls(self, context: ssl.SSLContext, editor: Editor) -> ssl.SSLSocket | None:
+    def _upstream_tls(self, context: ssl.SSLContext, editor: Editor) -> Channel | None:
         """TLS with the far end, first; None when it failed (`editor.failed` says why, to be
         told to the client once its TLS is up), the far end's side then closed."""
         raw = self.socks[1]
@@ -115,8 +111,8 @@ class Pump:
             if raw is None:
                 msg = "the connection closed"
                 raise ConnectionError(msg)
-            raw.settimeout(self.client.proxy.limits.connect_timeout)
-            far = context.wrap_socket(raw, server_hostname=self.host)
+            far = Channel(raw, context, server_side=False, host=self.host)
+            far.handshake(self.client.proxy.limits.connect_timeout)
         except ssl.SSLCertVerificationError as exc:
             editor.failed = (
                 f"the certificate of {self.shown} is not valid: {exc.verify_message}; not sent on"
@@ -124,21 +120,19 @@ class Pump:
         except OSError as exc:
             editor.failed = f"TLS with {self.shown} failed: {exc or type(exc).__name__}"
         else:
-            far.setblocking(False)
-            self.socks[1] = far
             return far
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.upstream.close)
         return None
 
-    def _client_tls(self, context: ssl.SSLContext) -> ssl.SSLSocket | None:
+    def _client_tls(self, context: ssl.SSLContext) -> Channel | None:
         """TLS with the client, the sleeve CA's certificate for the host; None when it failed
         (said in the client's record)."""
         raw = self.socks[0]
         assert raw is not None
-        raw.settimeout(self.client.proxy.limits.head_timeout)
+        near = Channel(raw, context, server_side=True)
         try:
-            near = context.wrap_socket(raw, server_side=True)
+            near.handshake(self.client.proxy.limits.head_timeout)
         except OSError as exc:
             # The client refused the sleeve's certificate (it does not trust the CA), or left.
             if not self.halted:
@@ -146,18 +140,17 @@ class Pump:
                 self.client.refused = refused
                 log.info("egress: %s: %s", self.shown, refused)
             return None
-        near.setblocking(False)
-        self.socks[0] = near
+        self.near = near
         return near
 
     def _refuse(self, status: int, reason: str) -> None:
         """The first request refused: answered over the client's TLS, then the end."""
-        near = self.socks[0]
-        assert isinstance(near, ssl.SSLSocket)
-        near.settimeout(self.client.proxy.limits.head_timeout)
+        near = self.near
+        assert near is not None
+        near.sock.settimeout(self.client.proxy.limits.head_timeout)
         with contextlib.suppress(OSError):
-            near.sendall(refusal_bytes(status, reason))
-        near.setblocking(False)  # the close_notify that follows waits for nothing
+            near.write(refusal_bytes(status, reason))
+        near.sock.setblocking(False)  # the close_notify that follows waits for nothing
         self._end()
 
     def _end(self) -> None:
@@ -168,13 +161,14 @@ class Pump:
         ready: set[int] | None = None  # the first turn tries every way
         while not (self.halted or self.done):
             for way in ways:
-                if ready is None or way.wait[0] in ready:
+                if ready is None or (way.wait is not None and way.wait[0] in ready):
                     self._move(way, editor)
-            if any(way.eof for way in ways) and not any(way.out for way in ways):
+            held = any(way.dst is not None and way.dst.pending for way in ways)
+            if any(way.eof for way in ways) and not held:
                 break  # TLS has no half-close: the first end ends both, once flushed
             wants: dict[int, int] = {}
             for way in ways:
-                if way.out or not way.eof:
+                if way.wait is not None:
                     fd, event = way.wait
                     wants[fd] = wants.get(fd, 0) | event
             for fd, mask in wants.items():
@@ -182,58 +176,42 @@ class Pump:
             ready = {fd for fd, _ in poll.poll()}
             for fd in wants:
                 poll.unregister(fd)
-        for sock in self.socks:
-            if isinstance(sock, ssl.SSLSocket) and not self.halted:
-                with contextlib.suppress(OSError, ValueError):
-                    sock.unwrap()  # the close_notify (the peer's is not waited for)
+        if not self.halted:
+            for way in ways:
+                with contextlib.suppress(OSError):
+                    way.src.close_notify()
 
     def _move(self, way: Way, editor: Editor) -> None:
-        """Send on what `way` holds, then read and send on while more is likely there."""
-        more = True
+        """Send on what `way` holds, then read and send on until either side would wait."""
+        src, dst = way.src, way.dst
+        src.drained = False  # woken for it: the socket may have more
         while not (self.halted or self.done):
-            if way.out:
-                assert way.dst is not None
-                try:
-                    sent = way.dst.send(way.out)
-                except ssl.SSLWantReadError:
-                    way.wait = (way.dst.fileno(), select.POLLIN)
-                    return
-                except AGAIN:
-                    way.wait = (way.dst.fileno(), select.POLLOUT)
-                    return
-                way.side.moved += sent
-                way.out = way.out[sent:]
-                continue
-            way.wait = (way.src.fileno(), select.POLLIN)
-            if way.eof or not more:
+            if dst is not None and dst.pending and not dst.flush():
+                way.wait = (dst.fileno(), select.POLLOUT)
                 return
-            read, more = self._read(way)
+            if way.eof:
+                way.wait = None  # (its socket, readable at its end, would wake the wait at once)
+                return
+            way.wait = (src.fileno(), select.POLLIN)
+            read = self._read(way)
             if not read:
                 return
-            data = way.buf[:read]
-            way.out = editor(bytes(data)) if way.side is self.client else data
             way.side.last = time.monotonic()
+            data = editor(bytes(way.buf[:read])) if way.side is self.client else way.buf[:read]
+            if data and dst is not None:
+                dst.write(data)
+                way.side.moved += len(data)
 
     @staticmethod
-    def _read(way: Way) -> tuple[int, bool]:
-        """Read what `way.src` has, up to CHUNK (several TLS records): how much, and whether
-        more is likely there (the buffer filled, or the last record was full: a large write
-        being read). A shorter record ends the read without another try (a syscall) that would
-        only find nothing; what OpenSSL holds of a record read in part counts as more."""
+    def _read(way: Way) -> int:
+        """What `way.src` has now, up to CHUNK (several TLS records)."""
         read = 0
         while read < CHUNK:
-            room = CHUNK - read
-            try:
-                got = way.src.recv_into(way.buf[read:])
-            except ssl.SSLWantWriteError:
-                way.wait = (way.src.fileno(), select.POLLOUT)
-                return read, False
-            except AGAIN:
-                return read, False
+            got = way.src.read_into(way.buf[read:])
+            if got is None:
+                break
             if not got:
                 way.eof = True
-                return read, False
+                break
             read += got
-            if got < min(RECORD, room):
-                return read, way.src.pending() > 0
-        return read, True
+        return read
