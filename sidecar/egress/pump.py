@@ -134,11 +134,11 @@ class Pump:
         try:
             near.handshake(self.client.proxy.limits.head_timeout)
         except OSError as exc:
-            # The client refused the sleeve's certificate (it does not trust the CA), or left.
-            if not self.halted:
-                refused = f"TLS with the client failed (does it trust the sleeve's CA?): {exc}"
-                self.client.refused = refused
-                log.info("egress: %s: %s", self.shown, refused)
+            # The client refused the sleeve's certificate (it does not trust the CA), or left
+            # (or the proxy closed: its shut socket may be how the refusal was seen).
+            refused = f"TLS with the client failed (does it trust the sleeve's CA?): {exc}"
+            self.client.refused = refused
+            log.info("egress: %s: %s", self.shown, refused)
             return None
         self.near = near
         return near
