@@ -46,10 +46,10 @@ class Side(asyncio.Protocol):
         # between the connect and the join): passed on at the join.
         self.early = b""
         self.moved = 0  # bytes passed on to the peer
-        # What a terminated TLS connection's client sends, as the far end gets it (its request
-        # heads rewritten: `sidecar.egress.terminate`).
+        # What the client of a tunnel to a host with a secret sends as plain HTTP, as the far
+        # end gets it (its request heads rewritten: `sidecar.egress.terminate`; TLS there is
+        # served by `sidecar.egress.pump`).
         self.edit: Callable[[bytes], bytes] | None = None
-        self.tls = False  # its transport is TLS the proxy terminates
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -81,8 +81,7 @@ class Side(asyncio.Protocol):
     def eof_received(self) -> bool:
         self.eof = True
         peer = self.peer
-        # TLS has no half-close (a terminated connection's sides): the first EOF ends both.
-        if peer is None or peer.transport is None or peer.eof or self.tls:
+        if peer is None or peer.transport is None or peer.eof:
             self.close()
             return False
         if peer.transport.can_write_eof():

@@ -144,7 +144,6 @@ async def terminate(proxy: EgressProxy, client: Client, upstream: Upstream, req:
         client.timer = None
     client.peer = upstream
     if tls:
-        client.tls = upstream.tls = True
         pump = Pump(proxy.loop, client, upstream, host, shown)
         client.pump = pump
         pump.start(context, termination.upstream, editor)
