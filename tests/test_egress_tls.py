@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -283,3 +284,47 @@ async def test_a_client_silent_in_its_tunnel_is_closed_and_recorded(
     assert plain.requests() == []
     (record,) = r.records
     assert record.reason is not None and "sent nothing" in record.reason
+
+
+async def test_megabytes_both_ways_pass_whole_through_a_terminated_connection_and_are_counted(
+    pki: Pki, good: Stub, tmp_path: Path
+) -> None:
+    """A body and its echo, each many times what the proxy reads at once: every byte arrives,
+    in order, both ways, and the record counts them."""
+    curl = require_executable("curl")
+    body = bytes(range(256)) * (12 * 1024)  # 3 MiB
+    (tmp_path / "body").write_bytes(body)
+    async with rig(pki, tmp_path, [good.port]) as r:
+        args = [curl, "-sS", "-o", str(tmp_path / "echo"), "-H",
+                f"X-Api-Key: {PLACEHOLDER.decode()}", "--data-binary", f"@{tmp_path / 'body'}",
+                f"https://localhost:{good.port}/echo"]  # fmt: skip
+        status, out = await run(args, r.env)
+        assert status == 0, out
+        await ended(r)
+    assert (tmp_path / "echo").read_bytes() == body
+    (posted,) = good.requests()
+    assert header(posted, "X-Api-Key") == [REAL.decode()]
+    (record,) = r.records
+    assert record.bytes_out > len(body) and record.bytes_in > len(body)
+
+
+async def test_closing_the_proxy_ends_an_idle_terminated_connection_at_once_and_records_it(
+    pki: Pki, good: Stub, tmp_path: Path
+) -> None:
+    """A kept-alive terminated connection, idle after its request (its thread waiting on both
+    sockets): the proxy's close ends it within a second, the client sees the end, and its
+    record is there when the close returns."""
+    async with rig(pki, tmp_path, [good.port]) as r:
+        reader, writer = await asyncio.open_connection(*r.proxy.address)
+        writer.write(f"CONNECT localhost:{good.port} HTTP/1.1\r\n\r\n".encode())
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        trust = ssl.create_default_context(cafile=r.env["SSL_CERT_FILE"])
+        await writer.start_tls(trust, server_hostname="localhost")
+        writer.write(f"GET /one HTTP/1.1\r\nHost: localhost:{good.port}\r\n\r\n".encode())
+        assert (await reader.readuntil(b"seen GET /one\n")).startswith(b"HTTP/1.1 200")
+        async with asyncio.timeout(1):
+            await r.proxy.close()
+            assert await reader.read() == b""
+        (record,) = r.records
+        assert record.allowed and record.bytes_in > 0
+        writer.close()

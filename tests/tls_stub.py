@@ -1,8 +1,9 @@
 """An HTTPS server on 127.0.0.1 for the egress proxy's TLS tests, run as its own process:
 `python -m tests.tls_stub CERT KEY SEEN [GIT_ROOT TOKEN]` (CERT and KEY `-`: plain HTTP). It
 prints its port, appends each request it reads (method, path, headers, body) to SEEN as a JSON
-line, and answers keep-alive HTTP/1.1; under /git/ it is `git http-backend` (smart HTTP)
-behind Basic auth with TOKEN as the password. Standard library only; loopback only.
+line, and answers keep-alive HTTP/1.1 (/echo: with the body it read); under /git/ it is `git
+http-backend` (smart HTTP) behind Basic auth with TOKEN as the password. Standard library only;
+loopback only.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class Handler(BaseHTTPRequestHandler):
             fh.write(json.dumps(record) + "\n")
         if self.path.startswith("/git/") and self.git_root is not None:
             self._git(body)
+            return
+        if self.path == "/echo":
+            self._answer(200, [], body)
             return
         self._answer(200, [], f"seen {self.command} {self.path}\n".encode())
 

@@ -140,6 +140,7 @@ class EgressProxy:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+        pumped = [client.pump.lost for client in self.clients if client.pump is not None]
         for client in list(self.clients):
             client.close()
         if self._sweeper is not None:
@@ -147,6 +148,10 @@ class EgressProxy:
             self._sweeper = None
         if self._server is not None:
             await self._server.wait_closed()
+        if pumped:
+            # A terminated connection ends once its thread has stopped (at once: its sockets
+            # are shut), in a later turn of the loop: awaited, so that it is recorded by now.
+            await asyncio.wait(pumped, timeout=1.0)
 
     # ---- one request ---------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from sidecar.egress.peer import Peer
 
 if TYPE_CHECKING:
     from sidecar.egress.proxy import EgressProxy
+    from sidecar.egress.pump import Pump
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,10 @@ class Side(asyncio.Protocol):
         # between the connect and the join): passed on at the join.
         self.early = b""
         self.moved = 0  # bytes passed on to the peer
-        # What a terminated TLS connection's client sends, as the far end gets it (its request
-        # heads rewritten: `sidecar.egress.terminate`).
+        # What the client of a tunnel to a host with a secret sends as plain HTTP, as the far
+        # end gets it (its request heads rewritten: `sidecar.egress.terminate`; TLS there is
+        # served by `sidecar.egress.pump`).
         self.edit: Callable[[bytes], bytes] | None = None
-        self.tls = False  # its transport is TLS the proxy terminates
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -80,8 +81,7 @@ class Side(asyncio.Protocol):
     def eof_received(self) -> bool:
         self.eof = True
         peer = self.peer
-        # TLS has no half-close (a terminated connection's sides): the first EOF ends both.
-        if peer is None or peer.transport is None or peer.eof or self.tls:
+        if peer is None or peer.transport is None or peer.eof:
             self.close()
             return False
         if peer.transport.can_write_eof():
@@ -144,6 +144,7 @@ class Client(Side):
         self.rule: str | None = None  # the pattern (or approval, or policy rule) allowing it
         self.refused: str | None = None  # why it was refused
         self.peer_task: asyncio.Task[Peer | None] | None = None
+        self.pump: Pump | None = None  # the thread serving it, once its TLS is terminated
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -206,6 +207,9 @@ class Client(Side):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if self.pump is not None and not self.pump.over:
+            self.pump.halt()  # its thread closes the connection once stopped
+            return
         super().close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -214,4 +218,6 @@ class Client(Side):
             self.proxy.ended(self)
         if self.task is not None:
             self.task.cancel()  # a connect (or a wait for an approval) for a client gone away
+        if self.pump is not None and not self.pump.lost.done():
+            self.pump.lost.set_result(None)
         super().connection_lost(exc)

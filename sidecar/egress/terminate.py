@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +22,7 @@ from sidecar.core.layout import Layout
 from sidecar.egress.allowlist import normalise_host
 from sidecar.egress.authority import Authority, AuthorityError, trust_env
 from sidecar.egress.heads import Refusal
+from sidecar.egress.pump import Pump
 from sidecar.egress.stream import Requests
 
 if TYPE_CHECKING:
@@ -77,14 +78,16 @@ async def prepare(
 
 class Editor:
     """The client's bytes on their way to the far end: `Requests.feed`, and a request the
-    proxy will not carry answered (the first) or the connection closed (later ones, whose
-    answers may still be on their way). `failed`: the far end could not be reached over TLS;
-    the first request gets that as its 502."""
+    proxy will not carry answered (the first: `answer`) or the connection closed (later ones,
+    whose answers may still be on their way: `end`). `failed`: the far end could not be
+    reached over TLS; the first request gets that as its 502."""
 
-    def __init__(self, client: Client, requests: Requests, failed: str | None) -> None:
+    def __init__(self, client: Client, requests: Requests) -> None:
         self.client = client
         self.requests = requests
-        self.failed = failed
+        self.failed: str | None = None
+        self.answer: Callable[[int, str], None] = client.refuse
+        self.end: Callable[[], None] = client.close
 
     def __call__(self, data: bytes) -> bytes:
         try:
@@ -94,10 +97,10 @@ class Editor:
         except Refusal as refusal:
             self.client.refused = str(refusal)
             if self.requests.requests <= (self.failed is not None):
-                self.client.refuse(refusal.status, str(refusal))
+                self.answer(refusal.status, str(refusal))
             else:
                 log.info("egress: closing a terminated connection: %s", refusal)
-                self.client.close()
+                self.end()
             return b""
         return out
 
@@ -105,9 +108,10 @@ class Editor:
 async def terminate(proxy: EgressProxy, client: Client, upstream: Upstream, req: Request,
                     rewrite: Rewrite) -> None:  # fmt: skip
     """Join `client` (its CONNECT read) and `upstream` (connected), each request head through
-    the secret's rewrite: over TLS on both sides when the client's first byte in the tunnel
-    starts a TLS handshake, else as the plain HTTP it sends (a client that tunnels even its
-    http:// requests: Gemini CLI's). Refusal while the CONNECT can still be answered."""
+    the secret's rewrite: over TLS on both sides (in a thread of its own: `Pump`) when the
+    client's first byte in the tunnel starts a TLS handshake, else as the plain HTTP it sends
+    (a client that tunnels even its http:// requests: Gemini CLI's). Refusal while the CONNECT
+    can still be answered."""
     host = normalise_host(req.host) or req.host
     shown = f"[{host}]:{req.port}" if ":" in host else f"{host}:{req.port}"
     termination = proxy.termination
@@ -125,9 +129,6 @@ async def terminate(proxy: EgressProxy, client: Client, upstream: Upstream, req:
             raise Refusal(502, f"no certificate for {shown}: {exc}") from None
         raw.write(ESTABLISHED)
         first = await _first_byte(proxy, raw)
-        failed = None
-        if first == TLS_HANDSHAKE:
-            failed = await _upstream_tls(proxy, termination, upstream, host, shown)
     except BaseException:
         upstream.close()
         raise
@@ -137,15 +138,19 @@ async def terminate(proxy: EgressProxy, client: Client, upstream: Upstream, req:
         upstream.close()
         return
     tls = first == TLS_HANDSHAKE
-    editor = Editor(
-        client, Requests(host, req.port, rewrite, proxy.limits.max_head, tls=tls), failed
-    )
-    secure = await _client_tls(client, upstream, context, shown) if tls else raw
-    if secure is None:
-        client.close()
-        upstream.close()
-        return
-    _link(client, upstream, raw, secure, editor)
+    editor = Editor(client, Requests(host, req.port, rewrite, proxy.limits.max_head, tls=tls))
+    if client.timer is not None:
+        client.timer.cancel()
+        client.timer = None
+    client.peer = upstream
+    if tls:
+        pump = Pump(proxy.loop, client, upstream, host, shown)
+        client.pump = pump
+        pump.start(context, termination.upstream, editor)
+    else:
+        _link(client, upstream, raw, editor)
+    if proxy.on_closed is not None:
+        proxy.loop.call_soon(proxy.look_up, client)
 
 
 async def _first_byte(proxy: EgressProxy, raw: asyncio.Transport) -> int | None:
@@ -175,67 +180,12 @@ async def _first_byte(proxy: EgressProxy, raw: asyncio.Transport) -> int | None:
     return first[0] if first else None
 
 
-async def _client_tls(client: Client, upstream: Upstream, context: ssl.SSLContext,
-                      shown: str) -> asyncio.Transport | None:  # fmt: skip
-    """TLS with the client, the sleeve CA's certificate for the host; None when it failed
-    (said in the client's record) or the connection closed meanwhile."""
-    proxy, raw = client.proxy, client.transport
-    assert raw is not None
-    try:
-        return await proxy.loop.start_tls(
-            raw, client, context, server_side=True,
-            ssl_handshake_timeout=proxy.limits.head_timeout,
-        )  # fmt: skip
-    except (OSError, ssl.SSLError, TimeoutError) as exc:
-        # The client refused the sleeve's certificate (it does not trust the CA), or left.
-        client.refused = f"TLS with the client failed (does it trust the sleeve's CA?): {exc}"
-        log.info("egress: %s: %s", shown, client.refused)
-        return None
-    except BaseException:
-        upstream.close()
-        raise
-
-
-def _link(client: Client, upstream: Upstream, raw: asyncio.Transport,
-          transport: asyncio.Transport, editor: Editor) -> None:  # fmt: skip
-    """Both sides up (`transport`: the client's TLS, or `raw` itself for plain HTTP): join
-    them, the client's bytes through `editor`."""
-    proxy = client.proxy
-    if client.timer is not None:
-        client.timer.cancel()
-        client.timer = None
-    tls = transport is not raw
-    client.transport, client.tls, upstream.tls = transport, tls, tls
-    client.peer = upstream
-    if editor.failed is None:
-        upstream.peer = client  # (a far end that failed closes itself alone, whenever)
+def _link(client: Client, upstream: Upstream, raw: asyncio.Transport, editor: Editor) -> None:
+    """Plain HTTP inside the tunnel: the two transports joined, the client's bytes through
+    `editor`."""
+    upstream.peer = client
     client.edit = editor
-    # What either side sent in the turn that ended its handshake, read before this ran.
-    early, client.buf = client.buf, b""
-    client.pass_on(early)
-    if not raw.is_closing() and not raw.is_reading():
-        raw.resume_reading()  # paused since the CONNECT (or by the client holding a head)
     early_in, upstream.early = upstream.early, b""
     upstream.pass_on(early_in)
-    if proxy.on_closed is not None:
-        proxy.loop.call_soon(proxy.look_up, client)
-
-
-async def _upstream_tls(proxy: EgressProxy, termination: Termination, upstream: Upstream,
-                        host: str, shown: str) -> str | None:  # fmt: skip
-    """TLS with the far end (the upstream side's transport replaced); why it failed, to be
-    told to the client once its TLS is up, or None."""
-    assert upstream.transport is not None
-    try:
-        tls = await proxy.loop.start_tls(
-            upstream.transport, upstream, termination.upstream, server_hostname=host,
-            ssl_handshake_timeout=proxy.limits.connect_timeout,
-        )  # fmt: skip
-    except ssl.SSLCertVerificationError as exc:
-        return f"the certificate of {shown} is not valid: {exc.verify_message}; not sent on"
-    except (OSError, ssl.SSLError, TimeoutError) as exc:
-        return f"TLS with {shown} failed: {exc or type(exc).__name__}"
-    if tls is None:
-        return f"TLS with {shown} failed: the connection closed"
-    upstream.transport = tls
-    return None
+    if not raw.is_closing() and not raw.is_reading():
+        raw.resume_reading()  # paused since the CONNECT (or by the client holding a head)
