@@ -86,7 +86,7 @@ def _cycle(rig: SidecarRig) -> float:
 
 def run(ctx: Context) -> list[Figure]:
     figures = []
-    n = ctx.pick(3, 8)
+    n = ctx.pick(1, 8)  # quick: one round each (an arm that never sees `waiting` waits CAP)
     with running(COMMAND) as stub:
         for cli in ("codex", "opencode"):
             if not (CLI_BIN / cli).exists():
