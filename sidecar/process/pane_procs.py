@@ -18,7 +18,8 @@ STATUS_WITHIN = 0.5  # seconds tmux gets to record the status of a pane whose wa
 
 async def cli_pid(waiter: int) -> int | None:
     """The CLI's pid: the pane waiter's child that runs another program (the waiter forks
-    short-lived copies of itself while it reads the CLI's environment; None if gone)."""
+    short-lived copies of itself while it reads the CLI's environment: one that has exited and
+    is not reaped yet shows no command line at all, and is not it; None if gone)."""
     deadline = time.monotonic() + PID_WITHIN
     while True:
         try:
@@ -29,7 +30,8 @@ async def cli_pid(waiter: int) -> int | None:
             return None
         for child in children:
             with contextlib.suppress(psutil.Error):
-                if child.cmdline() != own:
+                command = child.cmdline()
+                if command and command != own and child.status() != psutil.STATUS_ZOMBIE:
                     return child.pid
         if time.monotonic() > deadline:
             return None
