@@ -15,7 +15,6 @@ import faulthandler
 import json
 import os
 import signal
-import subprocess
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -202,14 +201,7 @@ def test_a_pane_that_ends_with_its_server_is_a_heal_not_a_cli_exit(
         events = error_events(sc, 1)
         [server] = census(sc).servers
         before = sc.status()["cli_pid"]
-        tmux = ["tmux", "-S", str(sc.state_dir / "tmux.sock")]
-        shown = subprocess.run(
-            [*tmux, "display", "-p", "-t", "main", "#{pane_pid}"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        pane = int(shown.stdout)
+        pane = psutil.Process(before).ppid()  # the pane's process: the waiter that runs the CLI
         os.kill(server.pid, signal.SIGSTOP)
         os.kill(pane, signal.SIGKILL)
 

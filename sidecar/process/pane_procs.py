@@ -31,7 +31,7 @@ async def cli_pid(waiter: int) -> int | None:
         for child in children:
             with contextlib.suppress(psutil.Error):
                 command = child.cmdline()
-                if command and command != own and child.status() != psutil.STATUS_ZOMBIE:
+                if command and command != own:
                     return child.pid
         if time.monotonic() > deadline:
             return None
