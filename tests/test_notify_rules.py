@@ -128,7 +128,7 @@ async def test_a_thousand_flaps_within_the_cooldown_send_one_notification(
         rig.machine.report("waiting", f"dialog {n}")
         await asyncio.sleep(0.004)  # sleep-ok: each flap's `waiting` outlasts the 1 ms dwell
         rig.machine.report("working")
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # sleep-ok: one loop turn between two flaps
     (body,) = await rig.received(1)
     assert body["event"] == "waiting" and body["agent"]["reason"] == "dialog 0"
     # Drained: a test notification goes straight out, after which nothing else came.
