@@ -35,14 +35,20 @@ def _docker_run(
 
 
 def _context_copy(dest: Path) -> Path:
-    """A copy of the build context (what .dockerignore lets through), to change freely."""
+    """A copy of the build context (the paths .dockerignore lets through), to change freely."""
     repo = dockerenv.REPO
     dest.mkdir(exist_ok=True)
-    for name in ("pyproject.toml", "README.md", ".dockerignore"):
-        shutil.copy2(repo / name, dest / name)
+    shutil.copy2(repo / ".dockerignore", dest / ".dockerignore")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(repo / "sidecar", dest / "sidecar", ignore=ignore)
-    shutil.copytree(repo / "image", dest / "image", ignore=ignore)
+    for line in (repo / ".dockerignore").read_text().splitlines():
+        if not line.startswith("!"):
+            continue
+        src, target = repo / line[1:].rstrip("/"), dest / line[1:].rstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, target, ignore=ignore)
+        else:
+            shutil.copy2(src, target)  # keeps the mode: scripts/build-tmux runs as it is
     return dest
 
 
@@ -61,7 +67,8 @@ def test_image_has_entrypoint_healthcheck_and_pinned_parts(
 ) -> None:
     """The runtime contract of the image: sidecar as entrypoint, only 8080 exposed, SIGTERM,
     a /health check with the seed's timings, the pinned Claude Code and ttyd inside, and a tmux
-    of 3.5 or later (Debian 13's: docs/tmux.md)."""
+    of 3.5 or later built with our patch (its drawing code does not exit on a small client:
+    docs/tmux.md)."""
     fmt = (
         "{{json .Config.Entrypoint}}|{{json .Config.ExposedPorts}}|{{.Config.StopSignal}}|"
         "{{.Config.WorkingDir}}|{{json .Config.Healthcheck}}"
@@ -81,13 +88,15 @@ def test_image_has_entrypoint_healthcheck_and_pinned_parts(
     assert labels.get("sleeve.inputs"), "sleeve build labels the image with its inputs checksum"
     out = engine.docker(
         "run", "--rm", "--network", "none", "--entrypoint", "sh", image, "-c",
-        "claude --version; ttyd --version; git --version; python3 --version; tmux -V",
+        "claude --version; ttyd --version; git --version; python3 --version; "
+        "grep -a -o -F 'too big, %u > %u; not drawn' \"$(command -v tmux)\" | wc -l; tmux -V",
     ).stdout  # fmt: skip
     assert "2.1.330 (Claude Code)" in out
     assert "ttyd version 1.7.7" in out
     assert "git version" in out and "Python 3.13" in out
-    tmux = out.strip().splitlines()[-1]
+    patched, tmux = out.strip().splitlines()[-2:]
     assert (tmux_version.parse(tmux) or (0, 0)) >= (3, 5), tmux
+    assert patched == "2", "the patch's x and y messages are in the image's tmux"
 
 
 def test_an_image_with_codex_runs_it_and_has_no_claude_code_or_node(
