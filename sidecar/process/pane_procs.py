@@ -19,16 +19,19 @@ STATUS_WITHIN = 0.5  # seconds tmux gets to record the status of a pane whose wa
 async def cli_pid(waiter: int) -> int | None:
     """The CLI's pid: the pane waiter's child that runs another program (the waiter forks
     short-lived copies of itself while it reads the CLI's environment: one that has exited and
-    is not reaped yet shows no command line at all, and is not it; None if gone)."""
+    is not reaped yet shows no command line at all, and is not it; None if gone).
+
+    The waiter's own command line is read after its children: a process in the middle of its
+    exec shows none, and one that has children is past it."""
     deadline = time.monotonic() + PID_WITHIN
     while True:
         try:
             parent = psutil.Process(waiter)
-            own = parent.cmdline()
             children = parent.children()
+            own = parent.cmdline() if children else []
         except psutil.NoSuchProcess:
             return None
-        for child in children:
+        for child in children if own else ():
             with contextlib.suppress(psutil.Error):
                 command = child.cmdline()
                 if command and command != own:
