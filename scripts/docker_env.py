@@ -1,11 +1,12 @@
 """`scripts/docker-env start|stop`: the private Docker engine of the end-to-end tests, by hand.
 
 `start` prints the `export DOCKER_HOST=...` line for the shell to eval (everything else goes to
-stderr); `stop` stops the engine by its pid.
+stderr); `stop` stops the engine by its pid, unless a test run holds it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -33,7 +34,16 @@ def main(argv: list[str]) -> int:
         except (OSError, ValueError):
             print("no private dockerd is running", file=sys.stderr)
             return 1
-        dockerenv.Engine(root=root, sock=sock, pid=pid).stop()
+        # A test run holds the engine's lock for its whole session: never pull the engine away
+        # from under it.
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(dockerenv.file_lock(root.parent / "engine.lock", timeout=0))
+            except TimeoutError:
+                msg = f"a test run is using the dockerd at {sock}; not stopping it"
+                print(msg, file=sys.stderr)
+                return 1
+            dockerenv.Engine(root=root, sock=sock, pid=pid).stop()
         return 0
     print("usage: scripts/docker-env start|stop", file=sys.stderr)
     return 1
