@@ -140,8 +140,16 @@ def wait_ticks(sc: Sidecar, events: EventLog, count: int) -> None:
 
 
 def wait_agent(sc: Sidecar, state: str, timeout: float = 30) -> dict[str, Any]:
-    """The agent's part of /status once its state is `state`."""
-    found = sc.wait_status(lambda s: s["agent"]["state"] == state, f"agent {state}", timeout)
+    """The agent's part of /status once its state is `state`. A wait that times out says what
+    the agent and the CLI's screen were at the end, for whoever reads the failure."""
+
+    def seen() -> str:
+        agent = sc.status()["agent"]
+        code, screen = sc.get("/screen")
+        text = "\n".join(screen["lines"]).rstrip() if code == 200 else screen
+        return f"agent {state}; the agent was {agent}; the screen ({code}):\n{text}"
+
+    found = sc.wait_status(lambda s: s["agent"]["state"] == state, seen, timeout)
     return dict(found["agent"])
 
 

@@ -308,7 +308,10 @@ class Sidecar:
         return dict(body)
 
     def wait_status(
-        self, predicate: Callable[[dict[str, Any]], Any], what: str, timeout: float = 10.0
+        self,
+        predicate: Callable[[dict[str, Any]], Any],
+        what: str | Callable[[], str],
+        timeout: float = 10.0,
     ) -> dict[str, Any]:
         def check() -> dict[str, Any] | None:
             s = self.status()
