@@ -101,6 +101,28 @@ def test_input_types_text_literally_and_named_keys(
     assert sc.status()["cli_running"]
 
 
+def test_a_busy_cli_gets_its_enter_after_it_has_drawn_the_text(
+    make_sidecar: Callable[..., Sidecar], short_tmp: Path
+) -> None:
+    """tests/clis/busy_cli.py reads its input only every 0.6 s, as Gemini CLI does when it is
+    busy, and takes an Enter it reads with the text as a newline: /input's Enter comes once the
+    CLI has drawn the text, so both prompts are submitted. (With a fixed 0.3 s pause after the
+    paste, the CLI read text and Enter at once, a newline.) The same text twice: the second
+    Enter waits for the second echo, not the first one still on the screen."""
+    log = short_tmp / "busy.txt"
+    entry = {"command": [sys.executable, str(CLIS / "busy_cli.py"), str(log)]}
+    config = write_cli_config(short_tmp / "clis.yaml", {"busy": entry})
+    sc = make_sidecar(cli="busy", env_extra={"SIDECAR_CLI_CONFIG": str(config)}).start()
+    wait_for(lambda: "busy>" in "".join(sc.get("/screen")[1].get("lines", [])), 15,
+             what="the busy CLI's prompt, drawn in raw mode")  # fmt: skip
+    for _ in range(2):
+        code, body = sc.post("/input", {"text": "run the tests"})
+        assert code == 202 and body["delivered"], body
+    wait_for(lambda: log.exists() and len(log.read_text().splitlines()) >= 2, 15,
+             what="two lines read by the busy CLI")  # fmt: skip
+    assert log.read_text().splitlines() == ["submitted run the tests"] * 2
+
+
 @pytest.mark.parametrize(
     ("body", "status", "words"),
     [

@@ -19,10 +19,16 @@ from sidecar.pane.tmux import PANE, Tmux, TmuxError
 # id tmux gave us).
 TMUX_TIMEOUT = 5.0
 BUFFER = "sidecar-input"  # one named buffer, deleted by the paste (-d)
-# Enter comes this long after a paste, by a second tmux client: Gemini CLI takes an Enter it
-# reads within 30 ms of typed text (its guard for terminals without bracketed paste) as a newline,
-# not a submission, and while it is busy (seconds after its start) it reads both in one go.
-SUBMIT_AFTER = 0.3
+# Enter comes by a second tmux client once the CLI has drawn what was pasted, and a moment after:
+# Gemini CLI takes an Enter it reads within 30 ms of typed text (its guard for terminals without
+# bracketed paste) as a newline, not a submission. A fixed pause was not enough: a CLI that is
+# busy (at its start, or on a loaded machine) reads the paste and the Enter in one go. Its own
+# drawing of the text's end proves it has read the text; the Enter is sent after that.
+SUBMIT_GAP = 0.1  # seconds from seeing the echo to the Enter (Gemini's guard is 30 ms)
+ECHO_WITHIN = 2.0  # a CLI that shows a paste otherwise (a placeholder) gets its Enter then
+ECHO_POLL = 0.02
+ECHO_TAIL = 16  # characters of the text's last line looked for on the screen
+SUBMIT_AFTER = 0.3  # when the text has nothing to look for (only blanks)
 # The contract's key names, mapped to tmux's. Digits and letters are tmux key names as they are.
 TMUX_KEYS = {name: name for name in INPUT_KEYS} | {"Backspace": "BSpace"}
 # Control characters a paste must not carry: an ESC could end a bracketed paste early and drive
@@ -55,6 +61,14 @@ def check_text(text: str) -> bytes:
     return data
 
 
+def echo_tail(data: bytes) -> str:
+    """What of a paste to look for on the screen once the CLI has drawn it: the end of its last
+    line that is not blank, blanks collapsed ("" for a text of blanks)."""
+    lines = [" ".join(line.split()) for line in data.decode(errors="replace").splitlines()]
+    last = next((line for line in reversed(lines) if line), "")
+    return last[-ECHO_TAIL:].strip()
+
+
 def tmux_keys(keys: Sequence[str]) -> list[str]:
     try:
         return [TMUX_KEYS[k] for k in keys]
@@ -83,16 +97,42 @@ class PaneInput:
             raise DeliveryError(msg)
 
     def paste(self, data: bytes, *, submit: bool) -> None:
-        """Paste `data` (bracketed where the application asked for it), then Enter."""
+        """Paste `data` (bracketed where the application asked for it), then Enter once the
+        CLI has drawn it."""
         if data:
+            tail = echo_tail(data)
+            before = self._screen().count(tail) if submit and tail else 0
             # One tmux client for the paste; ";" here is our own separator word.
             args = ["load-buffer", "-b", BUFFER, "-", ";"]
             args += ["paste-buffer", "-p", "-d", "-b", BUFFER, "-t", self.target]
             self._run(args, stdin=data)
-            if submit:
+            if submit and tail:
+                self._wait_echo(tail, before)
+            elif submit:
                 time.sleep(SUBMIT_AFTER)
         if submit:
             self._run(["send-keys", "-t", self.target, "Enter"])
+
+    def _screen(self) -> str:
+        """The pane's visible text, wrapped lines joined and blanks collapsed ("" if tmux
+        cannot say: the wait then ends at its deadline)."""
+        try:
+            done = self.tmux.run_client(
+                ["capture-pane", "-p", "-J", "-t", self.target], timeout=TMUX_TIMEOUT
+            )
+        except (OSError, TmuxError, subprocess.TimeoutExpired):
+            return ""
+        return " ".join(done.stdout.decode(errors="replace").split())
+
+    def _wait_echo(self, tail: str, before: int) -> None:
+        """Until the screen shows `tail` once more than before the paste (at most
+        ECHO_WITHIN), then SUBMIT_GAP."""
+        deadline = time.monotonic() + ECHO_WITHIN
+        while self._screen().count(tail) <= before:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(ECHO_POLL)
+        time.sleep(SUBMIT_GAP)
 
     def keys(self, names: Sequence[str]) -> None:
         self._run(["send-keys", "-t", self.target, *tmux_keys(names)])
