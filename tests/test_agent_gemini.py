@@ -141,7 +141,8 @@ def test_hook_to_events_latency(
         for started in user_hook_times(sc, event):
             after = [t for t, e in arrivals if e["state"] == state and t >= started - 0.5]
             samples.append(min(after) - started)
-    assert len(samples) == 6
+    hooks = (sc.tmp / "user-hook.txt").read_text()
+    assert len(samples) == 6, f"the user's hook ran at:\n{hooks}\nthe states came: {arrivals}"
     print(f"gemini hook -> agent-state: median {statistics.median(samples) * 1000:.0f} ms, "
           f"max {max(samples) * 1000:.0f} ms: {[round(s * 1000) for s in samples]}")  # fmt: skip
     assert statistics.median(samples) < 2.0
