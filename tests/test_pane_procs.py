@@ -19,7 +19,7 @@ from sidecar.process import pane_procs
 
 LINES = 500  # each line of the env file is one fork of the waiter
 # Without the zombie check, about one launch in five named a zombie here. The exec case is rarer:
-# one launch of 40 named a copy of the waiter, in one run of ten with a test run beside it.
+# one launch of 40 named a copy of the waiter, in one run of nine with a test run beside it.
 LAUNCHES = 40
 
 
