@@ -28,7 +28,7 @@ async def cli_pid(waiter: int) -> int | None:
         try:
             parent = psutil.Process(waiter)
             children = parent.children()
-            own = parent.cmdline() if children else []
+            own = parent.cmdline()  # after the children: see above
         except psutil.NoSuchProcess:
             return None
         for child in children if own else ():
