@@ -112,9 +112,14 @@ def test_sighup_reads_the_policy_and_the_allow_file_again_and_a_bad_one_is_kept_
         )
     assert f"{policy}:3: rule 'broken': action must be one of" in refused["error"]
     assert refused["rules"] == 2  # the policy in force
-    warnings = sc.wait_status(lambda s: len(s["warnings"]) >= 2, "warnings")["warnings"]
-    assert any("SIDECAR_POLICY_FILE" in w and "stays in force" in w for w in warnings)
-    assert any("SIDECAR_EGRESS_ALLOW_FILE" in w and "no scheme" in w for w in warnings)
+
+    def both_refused(status: dict[str, Any]) -> bool:
+        said = status["warnings"]
+        return any("SIDECAR_POLICY_FILE" in w and "stays in force" in w for w in said) and any(
+            "SIDECAR_EGRESS_ALLOW_FILE" in w and "no scheme" in w for w in said
+        )
+
+    sc.wait_status(both_refused, lambda: f"both refusals in {sc.status()['warnings']}")
     wait_for(lambda: sc.log().count("action must be one of") == 1, 10, what="one log line")
     assert len([e for e in events.of("error") if "SIDECAR_POLICY_FILE" in e["message"]]) == 1
     assert sc.get("/egress").body["allow"] == ["b.example", "kept.example"]

@@ -12,6 +12,7 @@ credentials (`Config.credential_files`). A root CLI changes nothing outside its 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,3 +91,22 @@ def fence_of(
         no_write=(layout.state_dir, *RESOLVER_FILES, *trusted),
         write_only=(*writable, *ROOT_WRITABLE) if root_cli else None,
     )
+
+
+def crowded_temp(kept: Iterable[tuple[str, Path]]) -> list[str]:
+    """One warning for each kept path (variable, path) beneath a place every CLI makes its
+    temporary files in (`ROOT_WRITABLE`): Landlock keeps a path by granting everything around
+    it, so the guarded CLI can make no new entry directly in the directories above it, /tmp
+    among them (a CLI that makes its own dir there at its first start fails: Claude Code
+    exits 1)."""
+    places = [(place, Path(os.path.realpath(place))) for place in ROOT_WRITABLE]
+    out = []
+    for name, path in kept:
+        real = Path(os.path.realpath(path))
+        for place, place_real in places:
+            if real != place_real and real.is_relative_to(place_real):
+                out.append(
+                    f"{name} {path} is beneath {place}: the guarded CLI can make no new entry "
+                    f"directly in {place}; keep it outside {place}"
+                )
+    return out

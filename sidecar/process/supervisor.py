@@ -28,7 +28,7 @@ from sidecar.core.event_shapes import ErrorEvent
 from sidecar.core.events import EventBus
 from sidecar.core.proc import send_signal
 from sidecar.core.states import ProcState, ProcStatus
-from sidecar.egress.fence import fence_of
+from sidecar.egress.fence import crowded_temp, fence_of
 from sidecar.egress.service import Egress
 from sidecar.notify.service import Notifier
 from sidecar.pane import tmux_version
@@ -283,6 +283,11 @@ class Supervisor:
             trusted=[path for _name, path in cfg.trusted_paths],
             private=[path for _name, path in cfg.credential_files],
         )
+        kept = [("SIDECAR_STATE_DIR", paths.state_dir), *cfg.trusted_paths]
+        for warning in crowded_temp(kept):
+            if warning not in self.warnings:
+                log.warning("%s", warning)
+                self.warnings.append(warning)
         self.runner.plans.egress_guard = functools.partial(
             self.egress.guard,
             deny_unix=(paths.tmux_socket, paths.ttyd_socket),

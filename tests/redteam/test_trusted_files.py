@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,9 +21,12 @@ import pytest
 from sidecar.config import Config, ConfigError, Recording, trusted
 from sidecar.egress.fence import fence_of
 from sidecar.security.users import parse_user
+from tests.clitools import run_dir
 from tests.commands import run_sidecar
 from tests.harness import running_sidecar, wait_for, write_cli_config
 from tests.redteam.guardtools import NOBODY, guarded, run_as
+
+__all__ = ["run_dir"]  # the fixture, imported for pytest
 
 REWRITES = Path(__file__).resolve().parent / "rewrites.py"
 POLICY = "rules:\n  - name: deny-x\n    match: {kind: egress, host: x.example}\n    action: deny\n"
@@ -149,6 +156,53 @@ def test_a_real_sidecars_root_cli_changes_no_trusted_file(tmp_path: Path) -> Non
             what="the CLI's report",
         )
     assert {k: v for k, v in got.items() if v not in REFUSED} == {" ".join(op): "ok" for op in own}
+
+
+@pytest.mark.parametrize("in_tmp", [True, False], ids=["beneath-tmp", "beneath-run"])
+def test_a_root_cli_makes_entries_in_tmp_unless_a_kept_path_is_beneath_it(
+    tmp_path: Path, run_dir: Callable[[], Path], in_tmp: bool
+) -> None:
+    """Nothing configured away: Landlock keeps the state dir and the CLI registry by granting
+    everything around them, so with them beneath /tmp the guarded root CLI can make no new
+    entry directly in /tmp (Claude Code makes /tmp/claude-UID at its first start on a machine
+    and exits 1 when it cannot), and /status names each one; with them under /run (as in a
+    sleeve) it can, and nothing is said."""
+    if in_tmp:
+        base = Path(tempfile.mkdtemp(prefix="sc-", dir="/tmp"))
+    else:
+        base = run_dir()
+        base.mkdir(mode=0o700)
+    probe = Path("/tmp", f"sc-probe-{uuid.uuid4().hex}")
+    report = tmp_path / "workspace" / "report.json"
+    command = [sys.executable, str(REWRITES), json.dumps([["create", str(probe)]]), str(report)]
+    clis = write_cli_config(base / "clis.yaml", {"rewrites": {"command": command}})
+    extra = {
+        "SIDECAR_CLI_CONFIG": str(clis),
+        "SIDECAR_STATE_DIR": str(base / "state"),
+        "SIDECAR_EGRESS_ALLOW": "none",
+    }
+    try:
+        with running_sidecar(tmp_path, cli="rewrites", env_extra=extra) as sc:
+            sc.start()
+            got = wait_for(
+                lambda: json.loads(report.read_text()) if report.exists() else None,
+                timeout=15,
+                what="the CLI's report",
+            )
+            warned = [w for w in sc.status()["warnings"] if "is beneath" in w]
+    finally:
+        probe.unlink(missing_ok=True)
+        if in_tmp:
+            shutil.rmtree(base, ignore_errors=True)
+    if in_tmp:
+        assert got == {f"create {probe}": "EACCES"}
+        assert warned == [
+            f"{name} {path} is beneath /tmp: the guarded CLI can make no new entry directly in "
+            "/tmp; keep it outside /tmp"
+            for name, path in (("SIDECAR_STATE_DIR", base / "state"), ("SIDECAR_CLI_CONFIG", clis))
+        ]
+    else:
+        assert (got, warned) == ({f"create {probe}": "ok"}, [])
 
 
 @pytest.mark.parametrize("place", ["ws", "home/.config"], ids=["workspace", "home"])
