@@ -87,13 +87,15 @@ def stub_for() -> Iterator[Callable[[str], str]]:
 
 @pytest.fixture
 def run_dir() -> Iterator[Callable[[], Path]]:
-    """State dirs under /run (root's, 0755 all the way up) for the sidecars of one test."""
+    """State dirs under /run (root's, 0755 all the way up) for the sidecars of one test: where
+    Gemini CLI reads system settings from, and out of /tmp, where a guarded CLI could make no
+    new entry (`sidecar.egress.fence.crowded_temp`)."""
     made: list[Path] = []
 
     def make() -> Path:
         if os.geteuid() != 0 or not Path("/run").is_dir():
-            pytest.skip("Gemini CLI reads system settings only from root's directories")
-        path = Path("/run") / f"sidecar-gemini-test-{uuid.uuid4().hex[:12]}"
+            pytest.skip("state dirs under /run: root's directories")
+        path = Path("/run") / f"sidecar-test-{uuid.uuid4().hex[:12]}"
         made.append(path)
         return path
 

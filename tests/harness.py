@@ -228,7 +228,8 @@ class Sidecar:
 
     @property
     def state_dir(self) -> Path:
-        return self.tmp / "state"
+        """tmp/state, or where `env_extra` puts it."""
+        return Path(self.env_extra.get("SIDECAR_STATE_DIR", self.tmp / "state"))
 
     @property
     def url(self) -> str:

@@ -5,30 +5,33 @@ API, and a permission request is answered and its command runs; nothing else is 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from tests.agenttools import EventLog, claude_env, stub_factory, wait_agent
+from tests.clitools import run_dir
 from tests.e2e.anthropic_stub import AnthropicStub
 from tests.harness import Sidecar, wait_for
 
-__all__ = ["stub_factory"]  # the fixture, imported for pytest
+__all__ = ["run_dir", "stub_factory"]  # the fixtures, imported for pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def test_claude_code_works_through_the_proxy_and_only_through_it(
-    make_sidecar: Callable[..., Sidecar], stub_factory: Callable[..., AnthropicStub]
+    run_dir: Callable[[], Path],  # first: removed after the sidecar is gone
+    make_sidecar: Callable[..., Sidecar],
+    stub_factory: Callable[..., AnthropicStub],
 ) -> None:
     # The command tries to go around the proxy: a direct connection to the stub's own address.
     stub = stub_factory(bash_command="curl -sS --noproxy '*' -m 5 $ANTHROPIC_BASE_URL/x; touch ran")
     listed = stub.url.removeprefix("http://")
     sc = make_sidecar(cli="claude-code", env_extra={"SIDECAR_EGRESS_ALLOW": listed})
-    sc.env_extra.update(claude_env(sc, stub))
-    # The user's hook appends to a file beside the state dir: a guarded root CLI may create
-    # nothing in a directory above the state dir (Landlock only grants), but append to a file
-    # that is there.
-    (sc.tmp / "user-hook.txt").touch()
+    # The state dir out of /tmp, as in a sleeve: a guarded CLI can make no new entry directly in
+    # a directory above it (Landlock only grants), and Claude Code makes /tmp/claude-UID at its
+    # first start on a machine, exiting 1 when it cannot.
+    sc.env_extra.update(claude_env(sc, stub), SIDECAR_STATE_DIR=str(run_dir()))
     sc.start()
     events = EventLog(sc)
     wait_agent(sc, "idle")  # its hooks reached the API (NO_PROXY names exactly it)

@@ -86,22 +86,25 @@ def check_sent(port: int, path: str, carried: dict[str, str]) -> None:
 
 
 def claude_with_secret(
-    make_sidecar: Callable[..., Sidecar], stub: AnthropicStub, placeholder: str | None
+    make_sidecar: Callable[..., Sidecar],
+    run_dir: Callable[[], Path],
+    stub: AnthropicStub,
+    placeholder: str | None,
 ) -> tuple[Sidecar, str]:
     """A sidecar (not started) running the real Claude Code against `stub` as `localhost`,
-    ANTHROPIC_API_KEY a secret; the real value."""
+    ANTHROPIC_API_KEY a secret; the real value. Its state dir and secrets file are out of /tmp:
+    Claude Code makes /tmp/claude-UID at its first start on a machine (test_egress_claude)."""
     sc = make_sidecar(cli="claude-code")
-    sc.env_extra.update(claude_env(sc, stub))
-    # The user's hook appends to a file beside the state dir, which a guarded root CLI may not
-    # create (as in test_egress_claude).
-    (sc.tmp / "user-hook.txt").touch()
+    sc.env_extra.update(claude_env(sc, stub), SIDECAR_STATE_DIR=str(run_dir()))
     port = int(stub.url.rsplit(":", 1)[1])
     sc.env_extra["ANTHROPIC_BASE_URL"] = f"http://localhost:{port}"
-    return sc, with_secret(sc, "ANTHROPIC_API_KEY", port, placeholder=placeholder)
+    return sc, with_secret(sc, "ANTHROPIC_API_KEY", port, placeholder=placeholder, at=run_dir())
 
 
 def test_claude_code_turn_with_only_a_placeholder_key(
-    make_sidecar: Callable[..., Sidecar], stub_factory: Callable[..., AnthropicStub]
+    run_dir: Callable[[], Path],  # first: removed after the sidecar is gone
+    make_sidecar: Callable[..., Sidecar],
+    stub_factory: Callable[..., AnthropicStub],
 ) -> None:
     """Prompt -> Bash tool (approved through the API) -> answer. Claude Code asks once whether
     to use a custom API key from its environment and remembers the answer by the key's last 20
@@ -110,7 +113,7 @@ def test_claude_code_turn_with_only_a_placeholder_key(
     the same path by which a kept state dir gives a new container the same one)."""
     stub = stub_factory(bash_command="echo SECRET-TURN-RAN | tee ran.txt")
     placeholder = placeholders.make("api")
-    sc, value = claude_with_secret(make_sidecar, stub, placeholder)
+    sc, value = claude_with_secret(make_sidecar, run_dir, stub, placeholder)
     config = claude_json(str(sc.workspace), api_key=placeholder)
     (sc.tmp / "home" / ".claude.json").write_text(json.dumps(config))
     sc.start()
@@ -139,7 +142,9 @@ def test_claude_code_turn_with_only_a_placeholder_key(
 
 
 def test_claude_code_asks_about_the_placeholder_key_and_remembers_the_answer(
-    make_sidecar: Callable[..., Sidecar], stub_factory: Callable[..., AnthropicStub]
+    run_dir: Callable[[], Path],  # first: removed after the sidecar is gone
+    make_sidecar: Callable[..., Sidecar],
+    stub_factory: Callable[..., AnthropicStub],
 ) -> None:
     """Nothing configured away: a home past onboarding that never approved this key. Claude
     Code asks whether to use the key it found in its environment (the placeholder); the sidecar
@@ -147,7 +152,7 @@ def test_claude_code_asks_about_the_placeholder_key_and_remembers_the_answer(
     The answer is remembered by the key's last 20 characters: the placeholder, kept in the state
     dir, is the same after the sidecar starts again, and the question is not asked again."""
     stub = stub_factory()
-    sc, value = claude_with_secret(make_sidecar, stub, None)
+    sc, value = claude_with_secret(make_sidecar, run_dir, stub, None)
     config = claude_json(str(sc.workspace))
     config["customApiKeyResponses"] = {"approved": [], "rejected": []}
     (sc.tmp / "home" / ".claude.json").write_text(json.dumps(config))
