@@ -103,6 +103,16 @@ def tried(uid: int, argv: list[str], ops: list[list[str]]) -> dict[str, str]:
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
+def cli_report(report: Path) -> dict[str, str]:
+    """What rewrites.py, run as a sidecar's CLI, wrote to `report`."""
+    found = wait_for(
+        lambda: json.loads(report.read_text()) if report.exists() else None,
+        timeout=15,
+        what="the CLI's report",
+    )
+    return found  # type: ignore[no-any-return]
+
+
 @pytest.mark.parametrize("uid", [0, NOBODY], ids=["root-cli", "one-uid"])
 def test_a_guarded_cli_changes_no_trusted_file_but_writes_its_workspace_and_home(
     shared: Path, uid: int
@@ -150,11 +160,7 @@ def test_a_real_sidecars_root_cli_changes_no_trusted_file(tmp_path: Path) -> Non
     }
     with running_sidecar(tmp_path, cli="rewrites", env_extra=extra) as sc:
         sc.start()
-        got = wait_for(
-            lambda: json.loads(report.read_text()) if report.exists() else None,
-            timeout=15,
-            what="the CLI's report",
-        )
+        got = cli_report(report)
     assert {k: v for k, v in got.items() if v not in REFUSED} == {" ".join(op): "ok" for op in own}
 
 
@@ -184,11 +190,7 @@ def test_a_root_cli_makes_entries_in_tmp_unless_a_kept_path_is_beneath_it(
     try:
         with running_sidecar(tmp_path, cli="rewrites", env_extra=extra) as sc:
             sc.start()
-            got = wait_for(
-                lambda: json.loads(report.read_text()) if report.exists() else None,
-                timeout=15,
-                what="the CLI's report",
-            )
+            got = cli_report(report)
             warned = [w for w in sc.status()["warnings"] if "is beneath" in w]
     finally:
         probe.unlink(missing_ok=True)
