@@ -71,5 +71,9 @@ def make_sidecar(short_tmp: Path) -> Iterator[Callable[..., Sidecar]]:
         return sc
 
     yield make
+    # Every sidecar's processes before any tmux server: sidecars may share a state dir, and a
+    # server stopped under one still running is healed by it into a server nothing stops.
     for sc in made:
-        sc.kill_everything()
+        sc.kill_processes()
+    for sc in made:
+        sc.kill_servers()

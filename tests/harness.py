@@ -331,6 +331,11 @@ class Sidecar:
 
     def kill_everything(self) -> None:
         """Teardown: whatever a failed test left behind."""
+        self.kill_processes()
+        self.kill_servers()
+
+    def kill_processes(self) -> None:
+        """SIGKILL the sidecar and every process under it."""
         if self.proc is None:
             return
         with contextlib.suppress(psutil.Error):
@@ -340,6 +345,11 @@ class Sidecar:
                     p.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
+
+    def kill_servers(self) -> None:
+        """Stop the tmux server on the state dir's sockets (a daemon: not under the sidecar)."""
+        if self.proc is None:
+            return
         for sock in (self.state_dir / "tmux.sock", self.state_dir / "session" / "tmux.sock"):
             if sock.exists():
                 subprocess.run(
