@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from bench import rigs
 from bench.context import Context
@@ -25,6 +26,23 @@ def _started(workspace: Path, runs: int) -> float | None:
     except FileNotFoundError:
         return None
     return float(lines[runs]) if len(lines) > runs else None
+
+
+def _enter(port: int) -> tuple[int, Any]:
+    """Enter through `POST /input` as a client that reads `changed` sends it: again while the
+    agent stays `waiting` (`changed` false: the dialog may not have taken it; Claude Code
+    ignores keys for a moment after it draws a prompt, longer on a loaded machine), three
+    times at most. A 409 on a later try means it left `waiting`: the earlier Enter was taken."""
+    enter = {"keys": ["Enter"], "if_state": ["waiting"]}
+    code, body = post_json(port, "/input", enter, timeout=10)
+    for _ in range(2):
+        if code != 202 or body.get("changed") is not False:
+            break
+        again = post_json(port, "/input", enter, timeout=10)
+        if again[0] == 409:
+            break
+        code, body = again
+    return code, body
 
 
 def run(ctx: Context) -> list[Figure]:
@@ -51,12 +69,11 @@ def run(ctx: Context) -> list[Figure]:
         if answer == "api":
             code, body = post_json(port, f"/approvals/{request['id']}", {"decision": "allow"})
         else:
-            code, body = post_json(
-                port, "/input", {"keys": ["Enter"], "if_state": ["waiting"]}, timeout=10
-            )
+            code, body = _enter(port)
         if code not in (200, 202):
             raise BenchError(f"the answer was refused: {code} {body}")
-        started = wait_until(lambda: _started(workspace, run_no), 30, "the tool started")
+        what = f"the tool started (answered by {answer}: {code} {body})"
+        started = wait_until(lambda: _started(workspace, run_no), 30, what)
         return started - seen
 
     try:
