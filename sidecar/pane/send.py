@@ -20,11 +20,12 @@ from sidecar.pane.tmux import PANE, Tmux, TmuxError
 TMUX_TIMEOUT = 5.0
 BUFFER = "sidecar-input"  # one named buffer, deleted by the paste (-d)
 # Enter comes by a second tmux client once the CLI has drawn what was pasted, and a moment after:
-# Gemini CLI takes an Enter it reads within 30 ms of typed text (its guard for terminals without
-# bracketed paste) as a newline, not a submission. A fixed pause was not enough: a CLI that is
-# busy (at its start, or on a loaded machine) reads the paste and the Enter in one go. Its own
-# drawing of the text's end proves it has read the text; the Enter is sent after that.
-SUBMIT_GAP = 0.1  # seconds from seeing the echo to the Enter (Gemini's guard is 30 ms)
+# Gemini CLI takes an Enter as a newline, not a submission, while its guard after a paste holds
+# (a 40 ms timer on 0.61, for terminals it does not trust with pastes). A fixed pause was not
+# enough: a CLI that is busy (at its start, or on a loaded machine) reads the paste and the Enter
+# in one go. Its own drawing of the text's end proves it has read the text; the Enter is sent
+# after that.
+SUBMIT_GAP = 0.1  # seconds from seeing the echo to the Enter (Gemini's guard is 40 ms)
 ECHO_WITHIN = 2.0  # a CLI that shows a paste otherwise (a placeholder) gets its Enter then
 ECHO_POLL = 0.02
 ECHO_TAIL = 16  # characters of the text's last line looked for on the screen

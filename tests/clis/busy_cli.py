@@ -13,7 +13,7 @@ import tty
 from pathlib import Path
 
 BUSY = 0.6  # a busy event loop: input waits this long to be read
-GUARD = 0.03  # Gemini CLI's: an Enter this soon after typed text is a newline
+GUARD = 0.03  # an Enter this soon after typed text is a newline (Gemini CLI 0.61's: 40 ms)
 
 log = Path(sys.argv[1])
 fd = sys.stdin.fileno()
