@@ -244,9 +244,8 @@ class Supervisor:
         self.runner.plans.egress_env = {**self.egress.env(), **self.credentials.env, **trust}
         await self._prepare_workspace(ours)
         old_tmux = tmux_version.warning(await asyncio.to_thread(self.tmux.version))
-        if old_tmux is not None and old_tmux not in self.warnings:
-            log.warning("%s", old_tmux)
-            self.warnings.append(old_tmux)
+        if old_tmux is not None:
+            self._warn(old_tmux)
         self.current.get()
         if self.restarts and (left := self.awareness.activity.stop_orphans(os.getppid())):
             log.warning("stopped %d tmux control clients a dead supervisor left", left)
@@ -262,6 +261,12 @@ class Supervisor:
         self._started = True
         self._spawn(self._tick(), "tick")
         return False
+
+    def _warn(self, warning: str) -> None:
+        """A start-time warning: logged and kept for /status once, however often it starts."""
+        if warning not in self.warnings:
+            log.warning("%s", warning)
+            self.warnings.append(warning)
 
     def _guard_cli(self) -> None:
         """The egress guard around every launch from now on, and its reports taken from the
@@ -283,11 +288,8 @@ class Supervisor:
             trusted=[path for _name, path in cfg.trusted_paths],
             private=[path for _name, path in cfg.credential_files],
         )
-        kept = [("SIDECAR_STATE_DIR", paths.state_dir), *cfg.trusted_paths]
-        for warning in crowded_temp(kept):
-            if warning not in self.warnings:
-                log.warning("%s", warning)
-                self.warnings.append(warning)
+        for warning in crowded_temp([("SIDECAR_STATE_DIR", paths.state_dir), *cfg.trusted_paths]):
+            self._warn(warning)
         self.runner.plans.egress_guard = functools.partial(
             self.egress.guard,
             deny_unix=(paths.tmux_socket, paths.ttyd_socket),
