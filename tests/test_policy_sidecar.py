@@ -105,11 +105,10 @@ def test_sighup_reads_the_policy_and_the_allow_file_again_and_a_bad_one_is_kept_
 
     policy.write_text("rules:\n  - name: broken\n    action: nope\n")
     allow.write_text("https://c.example\n")
-    for _ in range(2):  # told once, however often it is asked
-        os.kill(sc.proc.pid, signal.SIGHUP)
-        refused = events.wait(
-            lambda e: e["type"] == "policy-changed" and e.get("error"), "the refusal"
-        )
+    os.kill(sc.proc.pid, signal.SIGHUP)
+    refused = events.wait(lambda e: e["type"] == "policy-changed" and e.get("error"), "refusal")
+    os.kill(sc.proc.pid, signal.SIGHUP)  # told once, however often it is asked
+    wait_for(lambda: sc.log().count("SIGHUP: done") == 3, 10, what="the third reload's end")
     assert f"{policy}:3: rule 'broken': action must be one of" in refused["error"]
     assert refused["rules"] == 2  # the policy in force
 
@@ -138,6 +137,30 @@ def test_sighup_reads_the_policy_and_the_allow_file_again_and_a_bad_one_is_kept_
     assert [(r["by"], r.get("error") is not None) for r in records] == [
         ("start", False), ("reload", False), ("reload", True), ("reload", False),
     ]  # fmt: skip
+
+
+def test_a_sighup_during_a_reload_is_not_lost(
+    make_sidecar: Callable[..., Sidecar], tmp_path: Path
+) -> None:
+    """SIGHUPs sent faster than reloads run: the policy in force at the end is the last one
+    saved, however the signals fell against the reloads."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(GOOD)
+    sc = make_sidecar(env_extra={"SIDECAR_POLICY_FILE": str(policy)}).start()
+    assert sc.proc is not None
+    events = EventLog(sc)
+    extra = "  - name: r{n}\n    match: {{tool: Bash}}\n    action: ask\n"
+    for n in range(1, 31):
+        draft = tmp_path / "policy.yaml.new"  # saved as an editor does: a rename over the file
+        draft.write_text(GOOD + "".join(extra.format(n=k) for k in range(n)))
+        draft.replace(policy)
+        os.kill(sc.proc.pid, signal.SIGHUP)
+    wait_for(
+        lambda: [e["rules"] for e in events.of("policy-changed")][-1:] == [31],
+        10,
+        what=lambda: f"the last policy (31 rules) in force: {events.of('policy-changed')}",
+    )
+    assert not [e for e in events.of("policy-changed") if e.get("error")]
 
 
 def test_a_record_acknowledged_is_on_disk_when_the_supervisor_dies_right_after(

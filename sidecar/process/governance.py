@@ -54,6 +54,7 @@ class Governance:
         self.audit = audit
         self._refused: dict[str, str] = {}  # variable -> why its file was refused on reload
         self._task: asyncio.Task[None] | None = None
+        self._again = False  # a SIGHUP came while a reload was reading
         self.asks: EgressApprovals | None = None
         if config.egress_ask is not None and egress.proxy is not None:
             self.asks = EgressApprovals(approvals, config.egress_ask, self._remember)
@@ -88,16 +89,25 @@ class Governance:
     # ---- SIGHUP ---------------------------------------------------------------------------------
 
     def reload(self) -> None:
-        """Read the allow file and the policy file again (SIGHUP; one reload at a time)."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._reload(), name="reload")
+        """Read the allow file and the policy file again (SIGHUP). One reload at a time; a SIGHUP
+        that comes during one makes it read both files once more when it is done, so a change
+        saved while a reload was reading is never left unread."""
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.get_running_loop().create_task(self._reload(), name="reload")
 
     async def _reload(self) -> None:
-        log.info("SIGHUP: reading the allow file and the policy again")
-        if self.config.egress_file is not None:
-            await self._reload_allowlist(self.config.egress_file)
-        if self.config.policy_file is not None:
-            await self._reload_policy(self.config.policy_file)
+        again = True
+        while again:
+            self._again = False
+            log.info("SIGHUP: reading the allow file and the policy again")
+            if self.config.egress_file is not None:
+                await self._reload_allowlist(self.config.egress_file)
+            if self.config.policy_file is not None:
+                await self._reload_policy(self.config.policy_file)
+            again = self._again
+            log.info("SIGHUP: done%s", "; asked again meanwhile, reading again" if again else "")
 
     async def _reload_allowlist(self, path: Path) -> None:
         try:
