@@ -22,7 +22,8 @@ from typing import Any
 
 import psutil
 
-from tests.harness import REPO, Sidecar, free_port, write_cli_config
+from sidecar.core.loopback import free_port
+from tests.harness import REPO, Sidecar, write_cli_config
 
 MiB = 1024 * 1024
 # A CLI that ends on SIGTERM/SIGINT/SIGHUP. This interpreter by absolute path: a `python3` on

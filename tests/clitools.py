@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from sidecar.agent.clis.codex import hooks as codex
+from sidecar.core.loopback import free_ports
 from tests.e2e.tool_stub import codex_config, opencode_config, running
-from tests.harness import Sidecar, free_ports
+from tests.harness import Sidecar
 from tests.tools import cli_bin
 
 RAN = "echo CODEX-RAN > ran.txt"

@@ -12,7 +12,6 @@ import inspect
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,26 +26,14 @@ from typing import Any, TypeVar
 import psutil
 import yaml
 
+from sidecar.core.loopback import free_ports
+
 REPO = Path(__file__).resolve().parent.parent
 CLIS = Path(__file__).resolve().parent / "clis"
 NEEDLECAST_WRITER = Path(__file__).resolve().parent / "needlecast_writer.py"  # a writer process
 # A child Python's path: this checkout first, then whatever the test run was given.
 PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free loopback ports. All sockets stay bound until every port is picked:
-    one free_port() after another can get the same port back once the first socket closes."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
 
 
 # What a predicate may raise while its answer is "not yet": a server still starting, a file

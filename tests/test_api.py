@@ -18,16 +18,9 @@ import aiohttp
 import psutil
 import pytest
 
+from sidecar.core.loopback import free_port
 from sidecar.process.ttyd import WRITER_FLAGS
-from tests.harness import (
-    Sidecar,
-    bearer,
-    free_port,
-    http,
-    py_cli,
-    wait_for,
-    write_cli_config,
-)
+from tests.harness import Sidecar, bearer, http, py_cli, wait_for, write_cli_config
 from tests.proctools import pane_text, terminal_clients, tmux
 
 TOKEN = "admin-token-0123456789"

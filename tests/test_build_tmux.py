@@ -15,7 +15,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.harness import REPO, free_port
+from sidecar.core.loopback import free_port
+from tests.harness import REPO
 from tests.tools import require_executable
 
 SCRIPT = REPO / "scripts" / "build-tmux"

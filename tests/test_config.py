@@ -11,8 +11,9 @@ import pytest
 
 from sidecar.agent.registry import load_registry
 from sidecar.config import Config, ConfigError, RestartPolicy
+from sidecar.core.loopback import free_port
 from tests.commands import run_sidecar
-from tests.harness import Sidecar, free_port, wait_for
+from tests.harness import Sidecar, wait_for
 from tests.proctools import pane_text
 
 BASE = {"SLEEVE_NAME": "alice", "SLEEVE_CLI": "shell"}

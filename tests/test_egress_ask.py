@@ -20,8 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sidecar.core.loopback import free_port
 from tests.agenttools import EventLog
-from tests.harness import Sidecar, free_port, http, wait_for
+from tests.harness import Sidecar, http, wait_for
 from tests.webserver import web_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs("curl"), pytest.mark.timeout(180)]

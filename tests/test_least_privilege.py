@@ -26,9 +26,10 @@ import aiohttp
 import psutil
 import pytest
 
+from sidecar.core.loopback import free_port
 from sidecar.process.ttyd import BASE_PATH, VIEWER_FLAGS, WRITER_FLAGS
 from sidecar.security.caps import CAP_KILL, CAP_SETGID, CAP_SETUID, current_caps
-from tests.harness import CLIS, REPO, Sidecar, bearer, free_port, wait_for, write_cli_config
+from tests.harness import CLIS, REPO, Sidecar, bearer, wait_for, write_cli_config
 from tests.tools import SYSTEM_PYTHON, missing
 
 UID = GID = 23456  # no passwd entry on purpose

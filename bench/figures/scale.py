@@ -16,8 +16,8 @@ from pathlib import Path
 from bench.context import Context
 from bench.core import Baseline, Check, Figure, Target
 from bench.procs import BenchError, fully_healthy, memory, tree, wait_until
+from sidecar.core.loopback import free_ports
 from sidecar.launcher.slots import Project
-from tests.harness import free_ports
 
 COUNTS = (1, 5, 20)
 NAMES = (

@@ -13,8 +13,8 @@ from bench.context import Context
 from bench.core import Baseline, Figure, at_most, interleave
 from bench.procs import BenchError, make_sidecar, start_sidecar, stop_sidecar, stop_tree
 from sidecar.core.layout import Layout
+from sidecar.core.loopback import free_port
 from sidecar.process.ttyd import find_ttyd
-from tests.harness import free_port
 
 NAMES = ("start.health", "start.healthy")
 FLOOR = Path(__file__).with_name("floor.sh")

@@ -13,7 +13,6 @@ import contextlib
 import json
 import logging
 import secrets
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -26,6 +25,7 @@ from sidecar.agent.hooks import HookEffect, PermissionAsk
 from sidecar.agent.machine import AgentMachine
 from sidecar.agent.registry import CLIDef
 from sidecar.agent.statefile import AgentFiles
+from sidecar.core.loopback import free_port
 from sidecar.core.states import ProcState
 from sidecar.usage.reports import BadReport, UsageReport
 
@@ -42,13 +42,6 @@ RETRY = 0.1  # seconds between tries to reach it meanwhile
 # machine) takes the state back from the screen when it does.
 LATE_RETRY = 2.0
 MAX_LINE = 4 * 1024 * 1024  # an event bigger than this (a huge tool output) ends the connection
-
-
-def free_port(host: str = HOST) -> int:
-    """A port nothing listens on now (the CLI binds it a moment later)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
@@ -116,7 +109,7 @@ class EventSource:
             return argv, {}
         record = self.files.record
         pinned = record.session_id if record.session_cli == cli.name else None
-        port = free_port()
+        port = free_port(HOST)  # the CLI binds it a moment later
         self.address = (HOST, port)
         password = secrets.token_urlsafe(32)
         self.files.update(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sidecar.core.loopback import free_port
 from sidecar.launcher import engine, instances, launch, runopts, runtimes
 from sidecar.launcher.fsutil import LauncherError, locked, private_home
 from sidecar.launcher.plan import RunPlan, audit, home_mounts, passthrough_env
@@ -190,7 +191,7 @@ def _plan(
         instance_dir=instances.instance_dir(settings.home, project.root),
         cli=cli,
         goal=args.goal,
-        port=launch.check_port(args.port) if args.port else launch.free_port(),
+        port=launch.check_port(args.port) if args.port else free_port(),
         image=args.image,
         network_host=args.network == "host",
         passthrough=passthrough_env(settings.env, net.secrets),

@@ -53,12 +53,6 @@ def docker_in_use(home: Path, env: Mapping[str, str]) -> bool:
     return bool(env.get("DOCKER_HOST")) or any(in_containers(r) for r in StateStore(home).peek())
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def check_port(port: int) -> int:
     """`port` if nothing listens on 127.0.0.1:port, else a LauncherError that says so."""
     if not 1 <= port <= 65535:

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from sidecar.core.loopback import free_port
 from tests.e2e import dockerenv
 from tests.e2e.conftest import POD, keep_logs, probe_run
-from tests.harness import free_port, wait_for
+from tests.harness import wait_for
 from tests.webserver import web_server
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.core.loopback import free_ports
 from sidecar.pane import tmux_version
 from tests.e2e import dockerenv
 from tests.e2e.conftest import SLEEVE, health_ok, sleeve_env
-from tests.harness import free_ports, wait_for
+from tests.harness import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
 

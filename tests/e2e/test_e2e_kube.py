@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
+from sidecar.core.loopback import free_port
 from tests.e2e import dockerenv
-from tests.harness import free_port, http, wait_for
+from tests.harness import http, wait_for
 from tests.kubetools import helm_template
 from tests.tools import missing
 

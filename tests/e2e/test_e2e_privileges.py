@@ -23,12 +23,13 @@ from typing import Any
 import psutil
 import pytest
 
+from sidecar.core.loopback import free_port
 from tests.e2e import dockerenv
 from tests.e2e.anthropic_stub import AnthropicStub, claude_json
 from tests.e2e.conftest import cli_up, health_ok, keep_logs
 from tests.e2e.hostusers import HostUser, launcher_for
 from tests.e2e.ttyclient import TerminalClient
-from tests.harness import free_port, http, wait_for
+from tests.harness import http, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
 

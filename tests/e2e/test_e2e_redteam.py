@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from sidecar.core.layout import Layout
+from sidecar.core.loopback import free_port
 from tests.agenttools import EventLog
 from tests.e2e import dockerenv
 from tests.e2e.conftest import POD, cli_up, keep_logs, probe_run
-from tests.harness import free_port, wait_for
+from tests.harness import wait_for
 from tests.webserver import web_server
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]

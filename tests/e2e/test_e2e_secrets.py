@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.core.loopback import free_port
 from tests.e2e import dockerenv
 from tests.e2e.anthropic_stub import AnthropicStub
 from tests.e2e.conftest import health_ok, keep_logs
 from tests.e2e.hostusers import HostUser, launcher_for
-from tests.harness import free_port, wait_for
+from tests.harness import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -243,7 +243,8 @@ def opencode_config(port: int) -> dict[str, Any]:
 def running(command: str) -> Iterator[int]:
     """The stub in a process of its own on a free loopback port (the port), answering a prompt
     with a call of `command`; stopped on leaving."""
-    from tests.harness import REPO, free_port, http, wait_for
+    from sidecar.core.loopback import free_port
+    from tests.harness import REPO, http, wait_for
 
     port = free_port()
     argv = [sys.executable, "-m", "tests.e2e.tool_stub", str(port), command]

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from sidecar.core.contract import runtime_grace
+from sidecar.core.loopback import free_port
 from sidecar.launcher import engine
 from sidecar.launcher.engine import home_label
-from sidecar.launcher.launch import free_port
 from sidecar.launcher.slots import Project
 from sidecar.launcher.state import RUNNING, Run, StateStore
 

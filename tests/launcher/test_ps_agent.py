@@ -17,9 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sidecar.core.loopback import free_port
 from sidecar.core.proc import start_time
 from sidecar.launcher.agents import DEADLINE, printable
-from sidecar.launcher.launch import free_port, new_run_id
+from sidecar.launcher.launch import new_run_id
 from sidecar.launcher.state import RUNNING, Run, StateStore
 from tests.harness import Sidecar, wait_for
 from tests.standin import waiting_sidecar

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sidecar.launcher.launch import free_port
+from sidecar.core.loopback import free_port
 from tests.harness import http, wait_for
 from tests.proctools import ns_pid
 from tests.webserver import web_server

@@ -14,9 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sidecar.core.loopback import free_port
 from sidecar.launcher.bwrap import systemd_problem, systemd_scope
 from sidecar.launcher.docker import DOCKER_CAPS, docker_argv, docker_command
-from sidecar.launcher.launch import free_port
 from sidecar.launcher.plan import Limits, RunPlan
 from tests.harness import http
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sidecar.core.loopback import free_port
 from sidecar.launcher import secretopts
 from sidecar.launcher.bwrap import HostPython, bwrap_command
 from sidecar.launcher.docker import docker_command
 from sidecar.launcher.fsutil import LauncherError
-from sidecar.launcher.launch import free_port
 from sidecar.launcher.plan import passthrough_env
 from sidecar.launcher.secretopts import SecretArg
 from tests.harness import wait_for
