@@ -23,6 +23,7 @@ from sidecar.agent.hook_source import HookSource
 from sidecar.agent.inbox_notices import InboxNotices
 from sidecar.agent.input_delivery import InputDelivery
 from sidecar.agent.machine import AgentMachine
+from sidecar.agent.prompt_submit import PromptSubmit
 from sidecar.agent.recorder import Recorder
 from sidecar.agent.registry import CLIDef
 from sidecar.agent.screen_approvals import ScreenApprovals
@@ -81,12 +82,13 @@ class Awareness:
         self.machine.on_report = self.seen.spoke
         pane = PaneInput(tmux)
         lock = asyncio.Lock()  # one writer to the pane at a time: inputs and notices
+        submit = PromptSubmit(self.machine, pane, self.seen.read_now)
         self.notices = InboxNotices(
             config.inbox_notify,
             self.machine,
             files=self.files,
             inbox=Mailbox(config.workspace, "inbox", owner=owner),  # read as the CLI's user
-            pane=pane,
+            submit=submit,
             lock=lock,
             bus=bus,
         )
@@ -121,7 +123,10 @@ class Awareness:
             lock,
             self.seen.read_now,
             look=lambda: self.seen.look_now(eager=True),
+            submit=submit,
         )
+        submit.hooked = lambda: self.hooks.reports_submissions
+        self.hooks.submit_settled = submit.settled
         self.on_screen = ScreenApprovals(self.machine, self.approvals, self.input.deliver)
         self.machine.on_look = self.on_screen.looked
         self.hooks.released = self.on_screen.take

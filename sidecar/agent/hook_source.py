@@ -21,7 +21,7 @@ import hmac
 import json
 import logging
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from sidecar.agent.approvals import Approvals, Withdrawn
@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 # comes from the screen and pane activity, until a hook reports after all.
 SILENT_AFTER = 15.0
 SILENCE = 10.0
+
+
+async def _nothing_to_wait_for() -> None:
+    return None
 
 
 class HookSource:
@@ -77,6 +81,20 @@ class HookSource:
         # Launched with our hooks, none heard yet (an adopted CLI's were heard by the last one).
         self._unheard = False
         self._silence: asyncio.TimerHandle | None = None
+        # A submit hook's answer waits until a typed prompt's submission is confirmed
+        # (`sidecar.agent.prompt_submit`).
+        self.submit_settled: Callable[[], Awaitable[None]] = _nothing_to_wait_for
+
+    @property
+    def reports_submissions(self) -> bool:
+        """Whether the running CLI's hooks report a submitted prompt now: it has one, and a hook
+        of this launch has reported (hooks turned off report nothing)."""
+        return (
+            self.cli is not None
+            and self.cli.submit_event is not None
+            and not self._unheard
+            and not self.silent
+        )
 
     def use(self, cli: CLIDef) -> None:
         """The CLI that runs now (launched or adopted)."""
@@ -218,6 +236,8 @@ class HookSource:
         """The reply to a hook the CLI waits on: a permission request's answer, once given
         (None: no decision, the CLI asks its person)."""
         hooks = self.cli
+        if hooks is not None and event == hooks.submit_event:
+            await self.submit_settled()
         ask = hooks.permission(event, payload) if hooks is not None else None
         if hooks is None or ask is None:
             return None

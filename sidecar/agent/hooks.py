@@ -93,6 +93,9 @@ class Hooks:
     # (Gemini's system files): with SIDECAR_USER the sidecar makes it, group-readable by the user.
     root_settings: bool = False
     reports_at_start: bool = False  # a hook reports as it starts (else only once a turn begins)
+    # The event a submitted prompt raises before the model is called, the CLI waiting for the
+    # hook's answer (`sidecar.agent.prompt_submit` confirms a typed prompt by it).
+    submit_event: str | None = None
 
     @property
     def decides(self) -> bool:

@@ -11,13 +11,13 @@ import logging
 from collections.abc import Sequence
 
 from sidecar.agent.machine import AgentMachine
+from sidecar.agent.prompt_submit import PromptSubmit
 from sidecar.agent.statefile import AgentFiles
 from sidecar.config import InboxNotify
 from sidecar.core.event_shapes import InboxNotified
 from sidecar.core.events import EventBus
 from sidecar.core.states import ProcState
 from sidecar.core.text import one_line
-from sidecar.pane.send import PaneInput
 from sidecar.workspace.mailbox import NEEDLECAST_DIR, Mailbox, NeedlecastError
 from sidecar.workspace.needlecast import Message
 
@@ -75,7 +75,7 @@ class InboxNotices:
         *,
         files: AgentFiles,
         inbox: Mailbox,
-        pane: PaneInput,
+        submit: PromptSubmit,
         lock: asyncio.Lock,
         bus: EventBus,
     ) -> None:
@@ -83,7 +83,7 @@ class InboxNotices:
         self.machine = machine
         self.files = files
         self.inbox = inbox
-        self.pane = pane
+        self.submit = submit
         self.lock = lock  # one writer to the pane at a time: inputs and notices
         self.bus = bus
         self.prompt = False  # whether the CLI that runs takes typed lines
@@ -158,7 +158,7 @@ class InboxNotices:
             # meanwhile.
             if self.machine.state != "idle" or self.machine.process is not ProcState.RUNNING:
                 return
-            await asyncio.to_thread(self.pane.paste, line.encode(), submit=True)
+            await self.submit.paste(line.encode(), submit=True)
         ids = [m.id for m in fresh]
         self.files.update(announced=[*announced, *ids])
         self._seen = seen

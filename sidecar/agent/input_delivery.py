@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Collection
 from msgspec import UnsetType
 
 from sidecar.agent.machine import AgentMachine
+from sidecar.agent.prompt_submit import PromptSubmit
 from sidecar.agent.screen_choices import Choice
 from sidecar.agent.screens import Reading
 from sidecar.core.contract import AgentStateName
@@ -28,9 +29,6 @@ from sidecar.pane.send import PaneInput, check_text
 # than HOLD_MAX.
 HOLD_MIN, HOLD_QUIET, HOLD_MAX = 0.6, 0.5, 3.0
 CONFIRM = 2.0  # seconds to watch for the agent leaving `waiting` after keys were sent
-# While it watches, the screen is looked at this often besides on every output (only a whole
-# frame counts, as on output: `sidecar.agent.screen_source`).
-LOOK_EVERY = 0.02
 HOLD_POLL = 0.05  # polling interval of the hold (it only runs while keys wait)
 
 
@@ -52,10 +50,12 @@ class InputDelivery:
         read: Callable[[], Awaitable[Reading]],
         *,
         look: Callable[[], None],
+        submit: PromptSubmit,
     ) -> None:
         self.machine = machine
         self.activity = activity
         self.pane = pane
+        self.submit = submit  # text is typed through it: a prompt's submission confirmed
         self.lock = lock  # one writer to the pane at a time: inputs and notices
         self.read = read  # the screen as the running CLI's recognizer reads it, now
         self.look = look  # have the screen looked at (it tells the machine what it shows)
@@ -96,7 +96,7 @@ class InputDelivery:
                 await asyncio.to_thread(self.pane.keys, keys)
             else:
                 submit = True if isinstance(request.submit, UnsetType) else request.submit
-                await asyncio.to_thread(self.pane.paste, data, submit=submit)
+                await self.submit.paste(data, submit=submit)
             changed = None
             if answering and state == "waiting":
                 changed = await self._left_waiting()
@@ -161,11 +161,5 @@ class InputDelivery:
         return time.monotonic() - started
 
     async def _left_waiting(self) -> bool:
-        deadline = time.monotonic() + CONFIRM
-        while self.machine.state == "waiting":
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            self.look()  # did the dialog take the keys? Its screen says so first
-            await self.machine.wait_change(min(left, LOOK_EVERY))
-        return True
+        # Did the dialog take the keys? Its screen says so first.
+        return await self.machine.leaves("waiting", CONFIRM, self.look)

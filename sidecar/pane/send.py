@@ -24,7 +24,8 @@ BUFFER = "sidecar-input"  # one named buffer, deleted by the paste (-d)
 # (a 40 ms timer on 0.61, for terminals it does not trust with pastes). A fixed pause was not
 # enough: a CLI that is busy (at its start, or on a loaded machine) reads the paste and the Enter
 # in one go. Its own drawing of the text's end proves it has read the text; the Enter is sent
-# after that.
+# after that. No wait can prove the guard has cleared: `sidecar.agent.prompt_submit` confirms a
+# prompt's submission by the CLI's hook, and sends Enter again when none reported.
 SUBMIT_GAP = 0.1  # seconds from seeing the echo to the Enter (Gemini's guard is 40 ms)
 ECHO_WITHIN = 2.0  # a CLI that shows a paste otherwise (a placeholder) gets its Enter then
 ECHO_POLL = 0.02

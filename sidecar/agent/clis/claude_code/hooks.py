@@ -223,4 +223,5 @@ HOOKS = Hooks(
     max_hold=float(MAX_HOLD),
     remembers=True,  # Claude Code's own suggestions, for this session: none of the user's files
     reports_at_start=True,
+    submit_event="UserPromptSubmit",
 )

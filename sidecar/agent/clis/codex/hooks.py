@@ -167,5 +167,10 @@ def launch(start: HookLaunch) -> Launched:
 # Codex's hook takes no "remember" (it fails closed on `updatedPermissions`): an allow is for
 # that request only.
 HOOKS = Hooks(
-    EVENTS, launch, interpret, permission_event="PermissionRequest", max_hold=float(MAX_HOLD)
+    EVENTS,
+    launch,
+    interpret,
+    permission_event="PermissionRequest",
+    max_hold=float(MAX_HOLD),
+    submit_event="UserPromptSubmit",
 )

@@ -240,4 +240,6 @@ def launch(start: HookLaunch) -> Launched:
 
 # Hooks that report, no decision channel: nothing is held (no hook of Gemini's can answer a
 # confirmation). Our settings are a system file: root's, in root's directories.
-HOOKS = Hooks(EVENTS, launch, interpret, root_settings=True, reports_at_start=True)
+HOOKS = Hooks(
+    EVENTS, launch, interpret, root_settings=True, reports_at_start=True, submit_event="BeforeAgent"
+)
