@@ -77,6 +77,10 @@ class EventLog:
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
         wait_for(lambda: self.lines, 10, what="the first /events line")
+        # The stream has no event for the state the agent is in when it begins (a CLI can be
+        # idle before this thread subscribes): read once it is live, a transition meanwhile is
+        # in both.
+        self.initial: str = self.client.status()["agent"]["state"]
 
     def _read(self) -> None:
         try:
@@ -89,7 +93,8 @@ class EventLog:
         return [e for e in list(self.lines) if e.get("type") == kind]
 
     def states(self) -> list[str]:
-        return [e["state"] for e in self.of("agent-state")]
+        """The agent's state when the stream began, then each `agent-state` event's."""
+        return [self.initial, *(e["state"] for e in self.of("agent-state"))]
 
     def wait_states(self, wanted: list[str], timeout: float = 10) -> list[str]:
         """The stream's agent states once `wanted` is among them in order (the stream is read
