@@ -68,6 +68,20 @@ def test_an_enter_taken_as_a_newline_is_sent_again_and_the_prompt_submitted(
     events.wait_states(["working", "idle"])
 
 
+def test_the_second_enter_waits_for_the_prompt_to_be_back(
+    make_sidecar: Callable[..., Sidecar], tmp_path: Path
+) -> None:
+    # The newline is followed by a hooks line over the prompt for 1.5 s: no Enter is sent
+    # while it is up (it would be a newline too), one is sent once the prompt is back.
+    sc, log = standin(make_sidecar, tmp_path, "hooks")
+    got = typed(sc, log, "hello there")
+    assert [(k["key"], k["text"]) for k in got] == [
+        ("newline", "hello there\n"),
+        ("submit", "hello there\n"),
+        ("tab", ""),
+    ]
+
+
 def test_an_enter_taken_is_not_sent_again(
     make_sidecar: Callable[..., Sidecar], tmp_path: Path
 ) -> None:

@@ -126,7 +126,7 @@ class Awareness:
             submit=submit,
         )
         submit.hooked = lambda: self.hooks.reports_submissions
-        self.hooks.submit_settled = submit.settled
+        self.hooks.prompts = submit
         self.on_screen = ScreenApprovals(self.machine, self.approvals, self.input.deliver)
         self.machine.on_look = self.on_screen.looked
         self.hooks.released = self.on_screen.take

@@ -21,12 +21,13 @@ import hmac
 import json
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sidecar.agent.approvals import Approvals, Withdrawn
 from sidecar.agent.hooks import HookLaunch, Hooks, hook_base_url
 from sidecar.agent.machine import AgentMachine
+from sidecar.agent.prompt_submit import PromptSubmit
 from sidecar.agent.registry import CLIDef
 from sidecar.agent.statefile import AgentFiles
 from sidecar.config import Config
@@ -42,10 +43,6 @@ log = logging.getLogger(__name__)
 # comes from the screen and pane activity, until a hook reports after all.
 SILENT_AFTER = 15.0
 SILENCE = 10.0
-
-
-async def _nothing_to_wait_for() -> None:
-    return None
 
 
 class HookSource:
@@ -81,20 +78,18 @@ class HookSource:
         # Launched with our hooks, none heard yet (an adopted CLI's were heard by the last one).
         self._unheard = False
         self._silence: asyncio.TimerHandle | None = None
-        # A submit hook's answer waits until a typed prompt's submission is confirmed
-        # (`sidecar.agent.prompt_submit`).
-        self.submit_settled: Callable[[], Awaitable[None]] = _nothing_to_wait_for
+        # Told of each submit hook; its answer waits until a typed prompt's submission is
+        # confirmed (set by the awareness).
+        self.prompts: PromptSubmit | None = None
 
     @property
-    def reports_submissions(self) -> bool:
-        """Whether the running CLI's hooks report a submitted prompt now: it has one, and a hook
-        of this launch has reported (hooks turned off report nothing)."""
-        return (
-            self.cli is not None
-            and self.cli.submit_event is not None
-            and not self._unheard
-            and not self.silent
-        )
+    def reports_submissions(self) -> bool | None:
+        """Whether the running CLI's hooks report a submitted prompt: it has a submit hook and
+        a hook of this launch has reported (hooks turned off report nothing). None: not known
+        yet (none has reported since the launch)."""
+        if self.cli is None or self.cli.submit_event is None or self.silent:
+            return False
+        return None if self._unheard else True
 
     def use(self, cli: CLIDef) -> None:
         """The CLI that runs now (launched or adopted)."""
@@ -210,6 +205,8 @@ class HookSource:
         if self.cli is None:
             return
         self._heard()
+        if event == self.cli.submit_event and self.prompts is not None:
+            self.prompts.heard()
         effect = self.cli.interpret(event, payload)
         if effect.session_id is not None and effect.session_id != self.machine.session_id:
             # --continue picked a conversation: pin it from now on.
@@ -236,8 +233,8 @@ class HookSource:
         """The reply to a hook the CLI waits on: a permission request's answer, once given
         (None: no decision, the CLI asks its person)."""
         hooks = self.cli
-        if hooks is not None and event == hooks.submit_event:
-            await self.submit_settled()
+        if hooks is not None and event == hooks.submit_event and self.prompts is not None:
+            await self.prompts.settled()
         ask = hooks.permission(event, payload) if hooks is not None else None
         if hooks is None or ask is None:
             return None

@@ -3,17 +3,20 @@ prompt as Gemini 0.61 does (a rule, a mode line, " > "), takes a bracketed paste
 hooks of the settings file Gemini reads (GEMINI_CLI_SYSTEM_DEFAULTS_PATH) as Gemini does: each
 command with the event's JSON on its standard input, waited for. With `guard`, the first Enter
 after a paste is a newline, not a submission, as Gemini's guard after a paste makes it when the
-Enter comes before the guard's timer has run (a busy machine). Every Enter and Tab it reads is
-appended to the log file (argv[1]) as a JSON line: {"key": "newline" | "empty" | "submit" |
-"tab", "text": ...}.
+Enter comes before the guard's timer has run (a busy machine). With `hooks`, that newline is
+followed by 1.5 s of a hooks line over the prompt, as Gemini shows while its SessionStart hooks
+run (an Enter then is a newline too). Every Enter and Tab it reads is appended to the log file
+(argv[1]) as a JSON line: {"key": "newline" | "empty" | "submit" | "tab", "text": ...}.
 
-    paste_guard.py LOG guard|plain
+    paste_guard.py LOG guard|hooks|plain
 """
 
 import json
 import os
+import select
 import subprocess
 import sys
+import time
 import tty
 import uuid
 
@@ -23,6 +26,8 @@ PASTE_START, PASTE_END = b"\x1b[200~", b"\x1b[201~"
 transcript: list[str] = []
 buffer = ""
 guarded = False
+HOOKS_FOR = 1.5
+busy_until: float | None = None  # the hooks line is up until then
 
 
 def hook(event: str) -> None:
@@ -57,11 +62,14 @@ def enter() -> None:
     if not buffer.strip():
         log("empty")
         return
-    if guarded:
+    if guarded or busy_until is not None:
         guarded = False
         buffer += "\n"
         log("newline", buffer)
-        draw()
+        if MODE == "hooks" and busy_until is None:
+            start_hooks()
+        else:
+            draw()
         return
     text, buffer = buffer, ""
     log("submit", text)
@@ -72,14 +80,28 @@ def enter() -> None:
     draw()
 
 
+def start_hooks() -> None:
+    global busy_until
+    busy_until = time.monotonic() + HOOKS_FOR
+    draw("⠴ Executing Hooks: sidecar")
+
+
 def main() -> None:
-    global buffer, guarded
+    global buffer, guarded, busy_until
     tty.setraw(0)
     os.write(1, b"\x1b[?2004h")  # bracketed paste, as Gemini asks for it
     draw()
     hook("SessionStart")
     pending = b""
-    while chunk := os.read(0, 4096):
+    while True:
+        wait = None if busy_until is None else max(busy_until - time.monotonic(), 0)
+        if not select.select([0], [], [], wait)[0]:
+            busy_until = None  # the hooks are done: the prompt is back
+            draw()
+            continue
+        chunk = os.read(0, 4096)
+        if not chunk:
+            break
         pending += chunk
         while pending:
             if PASTE_START.startswith(pending):
@@ -89,7 +111,7 @@ def main() -> None:
                 if end < 0:
                     break  # the rest of the paste is still coming
                 buffer += pending[len(PASTE_START) : end].decode()
-                guarded = MODE == "guard"
+                guarded = MODE in ("guard", "hooks")
                 pending = pending[end + len(PASTE_END) :]
                 draw()
                 continue
