@@ -160,7 +160,15 @@ def main() -> None:
     report: dict[str, object] = {"env": dict(os.environ), "uid": os.getuid()}
     # A child of its own, holding the placeholder: proof that the search reads what it may
     # (its environ, its memory) where the value would be found.
-    child = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
+    # It says when it runs: Popen returns once the child has begun its exec, and the kernel
+    # sets the new image's environment (what /proc/PID/environ shows) a moment later.
+    child = subprocess.Popen(
+        [sys.executable, "-c", "print(flush=True); input()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    child.stdout.readline()
     needles = {"value": value, "placeholder": placeholder.encode()}
     hits = (
         in_proc_files(needles, report)
