@@ -29,6 +29,9 @@ from sidecar.pane.send import PaneInput, check_text
 # than HOLD_MAX.
 HOLD_MIN, HOLD_QUIET, HOLD_MAX = 0.6, 0.5, 3.0
 CONFIRM = 2.0  # seconds to watch for the agent leaving `waiting` after keys were sent
+# While it watches, the screen is looked at this often besides on every output (only a whole
+# frame counts, as on output: `sidecar.agent.screen_source`).
+LOOK_EVERY = 0.02
 HOLD_POLL = 0.05  # polling interval of the hold (it only runs while keys wait)
 
 
@@ -161,5 +164,11 @@ class InputDelivery:
         return time.monotonic() - started
 
     async def _left_waiting(self) -> bool:
-        # Did the dialog take the keys? Its screen says so first.
-        return await self.machine.leaves("waiting", CONFIRM, self.look)
+        deadline = time.monotonic() + CONFIRM
+        while self.machine.state == "waiting":
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.look()  # did the dialog take the keys? Its screen says so first
+            await self.machine.wait_change(min(left, LOOK_EVERY))
+        return True

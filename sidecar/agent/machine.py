@@ -21,10 +21,6 @@ from sidecar.core.text import one_line
 
 log = logging.getLogger(__name__)
 
-# While `leaves` watches with a look, the screen is looked at this often besides on every output
-# (only a whole frame counts, as on output: `sidecar.agent.screen_source`).
-LOOK_EVERY = 0.02
-
 
 @dataclass(frozen=True)
 class AgentStatus:
@@ -265,22 +261,6 @@ class AgentMachine:
             await asyncio.wait_for(self._changed.wait(), timeout)
         except TimeoutError:
             return False
-        return True
-
-    async def leaves(
-        self, state: AgentStateName, within: float, look: Callable[[], None] | None = None
-    ) -> bool:
-        """Whether the agent leaves `state` within `within` seconds. `look` (have the screen
-        looked at) is called every LOOK_EVERY seconds meanwhile, besides every change."""
-        deadline = time.monotonic() + within
-        while self.state == state:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if look is not None:
-                look()
-                left = min(left, LOOK_EVERY)
-            await self.wait_change(left)
         return True
 
 
