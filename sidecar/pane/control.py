@@ -44,14 +44,15 @@ FLOOD_PAUSE = 1.0
 # never fills in that time, so the pane never waits for it.
 TAP_BATCH = 0.02
 # tmux up to 3.6a keeps a control client's offset into a pane's output across `respawn-pane`
-# (tmux GitHub issue 5499, fixed after 3.6a): a client that has not read all of it when the
-# pane is respawned makes the server read the new process's output at a wrong offset, and the
-# server dies (SIGSEGV, or exit 1 after "not enough data"). Measured with 3.5a: 40 respawns of a
-# pane flooding output under a tapped client killed its server in 5 runs of 5
-# (tests/test_pane_activity.py without the pause). So this client's copy of the pane is paused
-# around a respawn (`paused`): a paused pane's offset holds nothing, and continuing it starts
-# from the pane's own. The respawn waits for tmux's reply to the pause, the sign it took effect,
-# up to PAUSE_WITHIN seconds (a pane's torture keeps tmux busy past 1 s), then goes ahead.
+# (tmux GitHub issue 5499, fixed after 3.6a; scripts/build-tmux patches it, other builds do
+# not): a client that has not read all of it when the pane is respawned makes the server read
+# the new process's output at a wrong offset, and the server dies (SIGSEGV, or exit 1 after
+# "not enough data"). Measured with 3.5a: 40 respawns of a pane flooding output under a tapped
+# client killed its server in 5 runs of 5 (tests/test_pane_activity.py without the pause). So
+# this client's copy of the pane is paused around a respawn (`paused`): a paused pane's offset
+# holds nothing, and continuing it starts from the pane's own. The respawn waits for tmux's
+# reply to the pause, the sign it took effect, up to PAUSE_WITHIN seconds (a pane's torture
+# keeps tmux busy past 1 s), then goes ahead.
 PAUSE_WITHIN = 5.0
 ENDS_WITHIN = 1.0  # seconds a control client whose output closed gets to exit by itself
 

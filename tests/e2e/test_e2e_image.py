@@ -68,8 +68,8 @@ def test_image_has_entrypoint_healthcheck_and_pinned_parts(
 ) -> None:
     """The runtime contract of the image: sidecar as entrypoint, only 8080 exposed, SIGTERM,
     a /health check with the seed's timings, the pinned Claude Code and ttyd inside, and a tmux
-    of 3.5 or later built with our patch (its drawing code does not exit on a small client:
-    docs/tmux.md)."""
+    of 3.5 or later built with our patch (its drawing code does not exit on a small client, a
+    respawn does not crash its server: docs/tmux.md)."""
     fmt = (
         "{{json .Config.Entrypoint}}|{{json .Config.ExposedPorts}}|{{.Config.StopSignal}}|"
         "{{.Config.WorkingDir}}|{{json .Config.Healthcheck}}"
@@ -90,14 +90,17 @@ def test_image_has_entrypoint_healthcheck_and_pinned_parts(
     out = engine.docker(
         "run", "--rm", "--network", "none", "--entrypoint", "sh", image, "-c",
         "claude --version; ttyd --version; git --version; python3 --version; "
-        "grep -a -o -F 'too big, %u > %u; not drawn' \"$(command -v tmux)\" | wc -l; tmux -V",
+        "grep -a -o -F 'too big, %u > %u; not drawn' \"$(command -v tmux)\" | wc -l; "
+        "grep -a -o -F 'respawned, its offsets start afresh' \"$(command -v tmux)\" | wc -l; "
+        "tmux -V",
     ).stdout  # fmt: skip
     assert "2.1.330 (Claude Code)" in out
     assert "ttyd version 1.7.7" in out
     assert "git version" in out and "Python 3.13" in out
-    patched, tmux = out.strip().splitlines()[-2:]
+    drawing, respawn, tmux = out.strip().splitlines()[-3:]
     assert (tmux_version.parse(tmux) or (0, 0)) >= (3, 5), tmux
-    assert patched == "2", "the patch's x and y messages are in the image's tmux"
+    assert drawing == "2", "the patch's x and y messages are in the image's tmux"
+    assert respawn == "1", "the patch's respawn message is in the image's tmux"
 
 
 def test_an_image_with_codex_runs_it_and_has_no_claude_code_or_node(
