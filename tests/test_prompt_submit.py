@@ -30,15 +30,22 @@ def keys(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.split("\n")[:-1]]
 
 
-def standin(make_sidecar: Callable[..., Sidecar], tmp: Path, mode: str) -> tuple[Sidecar, Path]:
-    """A sidecar running the stand-in `gemini` (`state: hooks`: Gemini CLI's knowledge goes by
-    the command's name), idle at its prompt; and the stand-in's key log."""
+def standin(
+    make_sidecar: Callable[..., Sidecar],
+    tmp: Path,
+    mode: str,
+    state: str = "hooks",
+    name: str = "gemini",
+) -> tuple[Sidecar, Path]:
+    """A sidecar running the stand-in as `name` (`gemini`: Gemini CLI's knowledge goes by the
+    command's name; with `state: hooks` it gets Gemini's hooks), idle at its prompt; and the
+    stand-in's key log."""
     bin_dir, log = tmp / "bin", tmp / "keys.jsonl"
     bin_dir.mkdir()
-    gemini = bin_dir / "gemini"
-    gemini.write_text(f"#!/bin/sh\nexec {sys.executable} {CLIS / 'paste_guard.py'} {log} {mode}\n")
-    gemini.chmod(0o755)
-    entry = {"command": [str(gemini)], "state": "hooks"}
+    command = bin_dir / name
+    command.write_text(f"#!/bin/sh\nexec {sys.executable} {CLIS / 'paste_guard.py'} {log} {mode}\n")
+    command.chmod(0o755)
+    entry = {"command": [str(command)], "state": state}
     config = write_cli_config(tmp / "clis.yaml", {"g": entry})
     sc = make_sidecar(cli="g", env_extra={"SIDECAR_CLI_CONFIG": str(config)}).start()
     sc.wait_status(lambda s: s["agent"]["state"] == "idle", "the stand-in idle at its prompt")
@@ -99,3 +106,40 @@ def test_a_line_the_cli_runs_itself_gets_no_second_enter(
     got = typed(sc, log, "/help")
     assert [k["key"] for k in got] == ["newline", "tab"]
     assert "no submit hook within" not in sc.log()
+
+
+# Without hooks (turned off here; Gemini CLI skips a settings file under a directory others can
+# write), the screen tells: the prompt still in the input, the cursor on a blank line below it.
+RESCUED = "the Enter left the prompt in the CLI's input"
+
+
+def test_without_hooks_an_enter_taken_as_a_newline_is_sent_again(
+    make_sidecar: Callable[..., Sidecar], tmp_path: Path
+) -> None:
+    sc, log = standin(make_sidecar, tmp_path, "guard", state="activity")
+    got = typed(sc, log, "hello there")
+    assert [(k["key"], k["text"]) for k in got] == [
+        ("newline", "hello there\n"),
+        ("submit", "hello there\n"),
+        ("tab", ""),
+    ]
+    assert sc.log().count(RESCUED) == 1
+
+
+def test_without_hooks_an_enter_taken_is_not_sent_again(
+    make_sidecar: Callable[..., Sidecar], tmp_path: Path
+) -> None:
+    sc, log = standin(make_sidecar, tmp_path, "plain", state="activity")
+    got = typed(sc, log, "hello there")
+    assert [(k["key"], k["text"]) for k in got] == [("submit", "hello there"), ("tab", "")]
+    assert RESCUED not in sc.log()
+
+
+def test_a_cli_whose_screen_is_not_known_gets_no_second_enter(
+    make_sidecar: Callable[..., Sidecar], tmp_path: Path
+) -> None:
+    # Its screen is read the generic way, which cannot tell its input from a program's output.
+    sc, log = standin(make_sidecar, tmp_path, "guard", state="activity", name="standin")
+    got = typed(sc, log, "hello there")
+    assert [(k["key"], k["text"]) for k in got] == [("newline", "hello there\n"), ("tab", "")]
+    assert RESCUED not in sc.log()

@@ -16,7 +16,7 @@ from sidecar.agent.clis import claude_code
 from sidecar.agent.machine import AgentMachine
 from sidecar.agent.registry import CLIDef
 from sidecar.agent.screen_source import SETTLE, ScreenSource
-from sidecar.agent.screens import Reading, Seen, generic, text_of
+from sidecar.agent.screens import Reading, Seen, Typed, generic, text_of, typed_at
 from sidecar.core.events import EventBus
 from sidecar.core.states import ProcState
 from sidecar.pane.protocol import NoAnswer
@@ -255,6 +255,37 @@ def test_a_frame_is_stripped_but_a_commands_pipes_are_kept() -> None:
     assert text_of("│  $ echo a | tee b.txt   │") == "$ echo a | tee b.txt"
     assert text_of("┃ ls ┃ wc") == "ls wc"  # a box-drawing bar inside is frame
     assert text_of("| a | b |") == "a | b"
+
+
+def test_where_a_typed_prompt_stands_on_the_real_clis_screens() -> None:
+    """Gemini CLI 0.61 with a prompt typed, its Enter not read yet; and with the Enter taken as
+    a newline (captured when a busy machine ran its guard after a paste late)."""
+    typed, _ = load_screen(SCREENS / "gemini-cli" / "prompt-typed.txt")
+    assert typed_at(typed, "create a file please") is Typed.AT_CURSOR
+    newline, _ = load_screen(SCREENS / "gemini-cli" / "prompt-newline.txt")
+    assert typed_at(newline, "run it") is Typed.NEWLINE
+    assert typed_at(newline, "first line\nrun it\n") is Typed.NEWLINE  # its last line counts
+    for other in ("run", "walk it", "", "\n"):
+        assert typed_at(newline, other) is None, other
+    empty, _ = load_screen(SCREENS / "gemini-cli" / "prompt-empty.txt")
+    assert typed_at(empty, "run it") is None
+    claude, _ = load_screen(SCREENS / "claude-code" / "prompt-typed.txt")
+    assert typed_at(claude, "no such prompt") is None
+
+
+def test_where_a_typed_prompt_stands_when_the_input_wrapped_it() -> None:
+    text = "please rename every file under src to snake case"
+    wrapped = screen_of(" > please rename every file", "   under src to snake case", "")
+    assert typed_at(wrapped, text) is Typed.NEWLINE
+    # A short piece of the text ending a line above a blank one is no sign of it.
+    by_chance = screen_of("some history: case", "", cursor=(1, 0))
+    assert typed_at(by_chance, text) is None
+    # The history shows a submitted prompt too, but not right above the input's blank line.
+    taken = screen_of(f" > {text}", "", "─" * 40, " > ", cursor=(3, 3))
+    assert typed_at(taken, text) is None
+    assert typed_at(screen_of("╭────╮", f"│ > {text} │", "│    │", cursor=(2, 2)), text) is (
+        Typed.NEWLINE
+    )
 
 
 async def test_the_pane_settles_from_its_last_output_not_from_the_notice() -> None:

@@ -82,7 +82,7 @@ class Awareness:
         self.machine.on_report = self.seen.spoke
         pane = PaneInput(tmux)
         lock = asyncio.Lock()  # one writer to the pane at a time: inputs and notices
-        submit = PromptSubmit(self.machine, pane, self.seen.read_now)
+        submit = PromptSubmit(self.machine, pane, self.seen.look_and_read)
         self.notices = InboxNotices(
             config.inbox_notify,
             self.machine,
@@ -126,6 +126,7 @@ class Awareness:
             submit=submit,
         )
         submit.hooked = lambda: self.hooks.reports_submissions
+        submit.screen_known = lambda: self.seen.known
         self.hooks.prompts = submit
         self.on_screen = ScreenApprovals(self.machine, self.approvals, self.input.deliver)
         self.machine.on_look = self.on_screen.looked

@@ -2,18 +2,24 @@
 text and the inbox notices both type through here.
 
 The Enter after a paste can be taken as a newline instead of a submission: Gemini CLI 0.61 does
-that while its guard after a paste holds (a 40 ms timer that a busy machine can run late), and
-nothing on screen says when the guard has cleared. A CLI whose hooks report a submitted prompt
-(`Hooks.submit_event`) says it in that hook, and calls its model only once the hook has
-answered. So, for a prompt typed at an idle agent: if no submit hook has reported within
-CONFIRM_WITHIN, Enter goes once more. It submits the text the newline left behind, or does
-nothing at an empty prompt (a submission whose hook is only slow). It can never answer a dialog
-this prompt raised: a submit hook that reports while this is decided waits for its answer
-(`settled`) until the second Enter is sent, and no dialog can come before the model is called.
-That holds only for hooks that run: so the second Enter goes only once a hook of this launch has
-reported (hooks turned off in the user's config report nothing, and the CLI's dialog would come
-with no hook before it; a prompt typed right at the start may be confirmed by the start hook
-that reports meanwhile), and only once the screen shows the input prompt.
+that while its guard after a paste holds (a 40 ms timer that a busy machine can run late). So,
+for a prompt typed at an idle agent, the Enter can go once more, and it submits the text the
+newline left behind (or does nothing at an empty prompt). It must never answer a dialog the
+prompt raised; the two ways to know the first Enter was not a submission:
+
+- A CLI whose hooks report a submitted prompt (`Hooks.submit_event`) says it in that hook, and
+  calls its model only once the hook has answered. If no submit hook has reported within
+  CONFIRM_WITHIN, Enter goes once more. A submit hook that reports while this is decided waits
+  for its answer (`settled`) until the second Enter is sent, so no dialog can come before it.
+  That holds only for hooks that run: so this applies only once a hook of this launch has
+  reported (a prompt typed right at the start may be confirmed by the start hook that reports
+  meanwhile), and the Enter goes only once the screen shows the input prompt (Gemini runs its
+  SessionStart hooks after drawing its prompt, and an Enter during them is a newline too).
+- A CLI with no such hook (none, or turned off, or skipped: Gemini CLI ignores a settings file
+  under a directory others can write) whose screen the sidecar knows shows it: the input
+  prompt on screen, the cursor on a blank line right below the typed text (`typed_at`). Enter
+  goes once more then, CONFIRM_WITHIN after the first or later; a prompt that has left the
+  input was taken. (On the screen of a CLI not known, any program's output could look so.)
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from sidecar.agent.machine import AgentMachine
-from sidecar.agent.screens import Reading, Seen
+from sidecar.agent.screens import Reading, Screen, Seen, Typed, typed_at
 from sidecar.core.states import ProcState
 from sidecar.pane.protocol import ControlError
 from sidecar.pane.send import PaneInput
@@ -34,7 +40,7 @@ log = logging.getLogger(__name__)
 CONFIRM_WITHIN = 1.0  # seconds from the Enter to the submit hook, before Enter goes again
 # Then, until the screen shows the input prompt again (Gemini runs its SessionStart hooks after
 # drawing its prompt, and an Enter during them is a newline too): looked at this often, for at
-# most this long.
+# most this long. Without a submit hook, looked at so from CONFIRM_WITHIN after the Enter.
 PROMPT_EVERY, PROMPT_WITHIN = 0.1, 3.0
 # A line the CLI runs itself raises no submit hook: a slash command, a `!` shell line.
 RUN_BY_THE_CLI = (b"/", b"!")
@@ -42,14 +48,21 @@ RUN_BY_THE_CLI = (b"/", b"!")
 
 class PromptSubmit:
     def __init__(
-        self, machine: AgentMachine, pane: PaneInput, read: Callable[[], Awaitable[Reading]]
+        self,
+        machine: AgentMachine,
+        pane: PaneInput,
+        look: Callable[[], Awaitable[tuple[Screen, Reading]]],
     ) -> None:
         self.machine = machine
         self.pane = pane
-        self.read = read  # the screen as the running CLI's recognizer reads it, now
+        self.look = look  # the screen now, and how the running CLI's recognizer reads it
         # Whether the running CLI's hooks report a submitted prompt (None: not known yet, no
         # hook of this launch has reported; set by the awareness).
         self.hooked: Callable[[], bool | None] = lambda: False
+        # Whether the running CLI's screen is read with its own knowledge (a CLI not known may
+        # be any program, whose input the screen cannot tell from its output; set by the
+        # awareness).
+        self.screen_known: Callable[[], bool] = lambda: False
         self._settled = asyncio.Event()  # clear while a submission is being confirmed
         self._settled.set()
         self._heard = asyncio.Event()  # a submit hook reported since the paste
@@ -63,17 +76,23 @@ class PromptSubmit:
         await self._settled.wait()
 
     async def paste(self, data: bytes, *, submit: bool) -> None:
-        """Paste `data`, then Enter if `submit`; for a prompt typed at an idle agent whose
-        hooks report submissions, Enter once more when none was reported."""
+        """Paste `data`, then Enter if `submit`; for a prompt typed at an idle agent, Enter once
+        more when the first was taken as a newline (see above)."""
         confirm = (
             submit
             and self.machine.state == "idle"
             and bool(data.strip())
             and not data.lstrip().startswith(RUN_BY_THE_CLI)
-            and self.hooked() is not False
         )
-        if not confirm:
+        hooked = self.hooked()
+        if not confirm or (hooked is False and not self.screen_known()):
             await asyncio.to_thread(self.pane.paste, data, submit=submit)
+            return
+        if hooked is False:
+            await asyncio.to_thread(self.pane.paste, data, submit=True)
+            if await self._left_as_a_newline(data.decode("utf-8", "replace")):
+                log.info("input: the Enter left the prompt in the CLI's input: Enter once more")
+                await asyncio.to_thread(self.pane.keys, ["Enter"])
             return
         self._settled.clear()
         self._heard.clear()
@@ -96,6 +115,26 @@ class PromptSubmit:
             await asyncio.wait_for(self._heard.wait(), seconds)
         return self._heard.is_set()
 
+    async def _left_as_a_newline(self, text: str) -> bool:
+        """Whether the screen shows the Enter after `text` taken as a newline at the input
+        prompt, CONFIRM_WITHIN after the Enter (the CLI's guard has long run out then) or
+        within PROMPT_WITHIN more; False once the text is not by the cursor."""
+        await asyncio.sleep(CONFIRM_WITHIN)
+        for _ in range(round(PROMPT_WITHIN / PROMPT_EVERY)):
+            if self.machine.process is not ProcState.RUNNING:
+                return False
+            try:
+                screen, reading = await self.look()
+            except ControlError:
+                return False  # tmux cannot say: nothing is typed blind
+            typed = typed_at(screen, text)
+            if typed is None:
+                return False
+            if typed is Typed.NEWLINE and reading.seen is Seen.PROMPT:
+                return True
+            await asyncio.sleep(PROMPT_EVERY)
+        return False
+
     async def _prompt_up(self) -> bool:
         """Whether the screen shows the CLI's input prompt, no submit hook reported and the CLI
         running, within PROMPT_WITHIN (the screen may show the CLI's own hooks running first)."""
@@ -103,7 +142,7 @@ class PromptSubmit:
             if self._heard.is_set() or self.machine.process is not ProcState.RUNNING:
                 return False
             try:
-                if (await self.read()).seen is Seen.PROMPT:
+                if (await self.look())[1].seen is Seen.PROMPT:
                     return True
             except ControlError:
                 return False  # tmux cannot say: nothing is typed blind

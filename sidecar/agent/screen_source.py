@@ -40,6 +40,7 @@ class ScreenSource:
         self.machine = machine
         self._look = look
         self.recognizer: Recognizer = generic
+        self.known = False  # whether the recognizer is the running CLI's own
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         # Asked for while a look was under way: one more look after it, "eager" (only a whole
@@ -52,13 +53,20 @@ class ScreenSource:
     async def read_now(self) -> Reading:
         """The screen as the running CLI's recognizer reads it now (ControlError: tmux cannot
         be asked)."""
-        return self.recognizer(await self._look())
+        return (await self.look_and_read())[1]
+
+    async def look_and_read(self) -> tuple[Screen, Reading]:
+        """The screen now, and how the running CLI's recognizer reads it (ControlError: tmux
+        cannot be asked)."""
+        screen = await self._look()
+        return screen, self.recognizer(screen)
 
     def use(self, cli: CLIDef) -> None:
         """`cli` runs now: its screen is read with its own knowledge, else the generic one."""
         known = cli.knowledge.screen if cli.knowledge is not None else None
         pattern = cli.prompt_pattern
         self.recognizer = known.read if known else (lambda screen: generic(screen, pattern))
+        self.known = known is not None
 
     def output(self, at: float) -> None:
         """The pane wrote (last at `at`, time.monotonic(): a notice may come a while after, at the

@@ -16,7 +16,7 @@ from enum import Enum
 from typing import Protocol
 
 from sidecar.agent.screen_choices import DIGITS, MAX_CHOICES, Choice, menu, yes_no
-from sidecar.core.text import one_line
+from sidecar.core.text import MAX_REASON, one_line
 
 
 class Screen(Protocol):
@@ -72,9 +72,42 @@ _EDGES = re.compile(rf"^[\s{_BOX}|]+|[\s{_BOX}|]+$")
 _INNER = re.compile(rf"[{_BOX}]+")
 
 
-def text_of(line: str) -> str:
+def text_of(line: str, limit: int = MAX_REASON) -> str:
     """A line without the box-drawing frame around it, as one printable line."""
-    return one_line(_INNER.sub(" ", _EDGES.sub(" ", line)))
+    return one_line(_INNER.sub(" ", _EDGES.sub(" ", line)), limit)
+
+
+class Typed(Enum):
+    """Where a prompt typed into the CLI's input stands, by the cursor (`typed_at`)."""
+
+    AT_CURSOR = "at cursor"  # it ends where the cursor is: its Enter is not read yet
+    NEWLINE = "newline"  # it ends on the line above the cursor's, now blank: Enter was a newline
+
+
+# A line that only ends a typed prompt's last line (the input wrapped it) counts when it holds at
+# least this much of it: a shorter one could end it by chance.
+WRAPPED_AT_LEAST = 16
+
+
+def typed_at(screen: Screen, text: str) -> Typed | None:
+    """Where the last line of `text`, just typed, shows by the cursor; None: not by it (the CLI
+    took it, or draws something else). Frames and runs of spaces are not compared."""
+    lines = [line for line in text.split("\n") if line.strip()]
+    if not lines or not 0 <= screen.cursor_row < len(screen.lines):
+        return None
+    tail = text_of(lines[-1], len(lines[-1]))
+
+    def ends(row: int) -> bool:
+        shown = text_of(screen.lines[row], len(screen.lines[row])) if row >= 0 else ""
+        wrapped = len(shown) >= min(len(tail), WRAPPED_AT_LEAST) and tail.endswith(shown)
+        return bool(shown) and (shown.endswith(tail) or wrapped)
+
+    row = screen.cursor_row
+    if ends(row):
+        return Typed.AT_CURSOR
+    if not text_of(screen.lines[row]) and ends(row - 1):
+        return Typed.NEWLINE
+    return None
 
 
 # A question: words ending in '?' (not "? for shortcuts"); the sentence up to it.

@@ -1,9 +1,10 @@
 """A stand-in for Gemini CLI's input prompt, for the test of a prompt's submission: it draws the
 prompt as Gemini 0.61 does (a rule, a mode line, " > "), takes a bracketed paste, and runs the
-hooks of the settings file Gemini reads (GEMINI_CLI_SYSTEM_DEFAULTS_PATH) as Gemini does: each
-command with the event's JSON on its standard input, waited for. With `guard`, the first Enter
-after a paste is a newline, not a submission, as Gemini's guard after a paste makes it when the
-Enter comes before the guard's timer has run (a busy machine). With `hooks`, that newline is
+hooks of the settings file Gemini reads (GEMINI_CLI_SYSTEM_DEFAULTS_PATH, when given) as Gemini
+does: each command with the event's JSON on its standard input, waited for. With `guard`, the
+first Enter after a paste is a newline, not a submission, as Gemini's guard after a paste makes
+it when the Enter comes before the guard's timer has run (a busy machine). With `hooks`, that
+newline is
 followed by 1.5 s of a hooks line over the prompt, as Gemini shows while its SessionStart hooks
 run (an Enter then is a newline too). Every Enter and Tab it reads is appended to the log file
 (argv[1]) as a JSON line: {"key": "newline" | "empty" | "submit" | "tab", "text": ...}.
@@ -31,7 +32,10 @@ busy_until: float | None = None  # the hooks line is up until then
 
 
 def hook(event: str) -> None:
-    with open(os.environ["GEMINI_CLI_SYSTEM_DEFAULTS_PATH"], encoding="utf-8") as f:
+    path = os.environ.get("GEMINI_CLI_SYSTEM_DEFAULTS_PATH")
+    if path is None:
+        return  # run without the sidecar's hooks
+    with open(path, encoding="utf-8") as f:
         settings = json.load(f)
     payload = json.dumps({"session_id": SESSION, "hook_event_name": event, "cwd": os.getcwd()})
     for entry in settings["hooks"].get(event, []):
