@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.agent.activity_source import ActivitySource
 from sidecar.agent.clis import claude_code
 from sidecar.agent.machine import AgentMachine
 from sidecar.agent.registry import CLIDef
@@ -21,6 +22,7 @@ from sidecar.core.events import EventBus
 from sidecar.core.states import ProcState
 from sidecar.pane.protocol import NoAnswer
 from sidecar.pane.screen import Screen
+from tests.harness import wait_for_async
 from tests.screentools import SCREENS, load_screen, screen_of
 
 
@@ -222,6 +224,39 @@ async def test_a_look_tmux_does_not_answer_keeps_the_last_state() -> None:
     await source._task
     assert looks == 1
     assert (machine.state, machine.status().reason) == ("waiting", "Delete it? [y/N]")
+
+
+async def test_a_quiet_pane_whose_look_went_unanswered_is_looked_at_again_and_goes_idle() -> None:
+    """A look tmux does not answer in time (a loaded machine) leaves the pane not seen drawn,
+    and a quiet pane brings no other look: the activity source's quiet check looks again, and
+    the agent goes idle once the screen is seen drawn. (Faked at the look, as above: a real
+    tmux cannot be made to miss one deadline on demand.)"""
+    machine = running("activity")
+    prompt = screen_of("user@sleeve:/workspace$ ")
+    looks = 0
+
+    async def look() -> Screen:
+        nonlocal looks
+        looks += 1
+        if looks == 1:
+            msg = "tmux did not answer within 1 s"
+            raise NoAnswer(msg)
+        return prompt
+
+    source = ScreenSource(machine, look)
+    quiet = ActivitySource(
+        machine, lambda: 60.0, 0.05, lambda: None, drawn=lambda: source.drawn, look=source.look_now
+    )
+    quiet.launched(active=True)
+    source.look_now()  # the look when the control client attached: unanswered
+    assert source._task is not None
+    await source._task
+    assert not source.drawn
+    quiet.running()
+    await wait_for_async(lambda: machine.state == "idle", 5, what="the agent idle")
+    assert looks == 2
+    quiet.stop()
+    source.stop()
 
 
 def test_claude_codes_fixtures_show_what_its_package_declares() -> None:

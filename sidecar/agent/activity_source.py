@@ -1,7 +1,9 @@
 """Pane activity as the agent's state source, for CLIs without hooks: output means a turn is
 under way (`working`); a pane quiet for `quiet` seconds means `idle`, unless it is blank (the
-CLI has drawn nothing yet: text typed there is lost). One timer, armed only while output may
-still be followed by quiet, or while the pane is blank: an idle sleeve runs none.
+CLI has drawn nothing yet: text typed there is lost) or not seen drawn (the last look tmux did
+not answer, on a loaded machine): then the screen is looked at again, since a quiet pane brings
+no other look. One timer, armed only while output may still be followed by quiet, or while the
+pane is not seen drawn: an idle sleeve runs none.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ class ActivitySource:
         on_idle: Callable[[], None],
         *,
         drawn: Callable[[], bool],
+        look: Callable[[], None],
     ) -> None:
         self.machine = machine
         self.drawn = drawn  # whether the screen, when last looked at, showed anything
+        self.look = look  # look at the screen now (what it shows sets `drawn`)
         self.quiet_for = quiet_for  # seconds since the pane last wrote (`PaneActivity`)
         self.quiet = quiet
         self.on_idle = on_idle  # the agent went idle: an inbox notice may be due
@@ -71,7 +75,8 @@ class ActivitySource:
         since = min(self.quiet_for(), time.monotonic() - self._launched_at)
         # Output is known to within SAMPLE seconds (`sidecar.pane.control`): half of it is slack.
         if since + SAMPLE / 2 >= self.quiet:
-            if not self.drawn():  # still starting (or not looked at yet): ask again later
+            if not self.drawn():  # blank, or not seen yet: look, and ask again later
+                self.look()
                 self._arm(self.quiet)
                 return
             self.machine.report("idle")

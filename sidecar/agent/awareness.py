@@ -107,6 +107,7 @@ class Awareness:
             config.activity_quiet,
             self.notices.check,
             drawn=lambda: self.seen.drawn,
+            look=self.seen.look_now,
         )
         self.events = EventSource(
             self.machine,
