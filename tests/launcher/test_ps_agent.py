@@ -55,11 +55,16 @@ def test_ps_shows_the_agent_of_a_bwrap_sleeve_and_none_once_it_stopped(
         (run,) = ps_json(sleeve_proc)
         waiter = psutil.Process(int(str(run["pid"])))
         # The shell goes idle once its pane has been quiet (3 s by default).
-        run = wait_for(
-            lambda: (runs := ps_json(sleeve_proc)) and runs[0]["agent"] == "idle" and runs[0],
-            30,
-            what="the agent idle in `sleeve ps --json`",
-        )
+        last: list[dict[str, object]] = []
+
+        def idle() -> dict[str, object] | None:
+            last[:] = ps_json(sleeve_proc)[:1]
+            return last[0] if last and last[0]["agent"] == "idle" else None
+
+        def what() -> str:
+            return f"the agent idle in `sleeve ps --json` (last: {last})"
+
+        run = wait_for(idle, 30, what=what)
         assert run["agent_reason"] is None and run["status"] == "running"
         table = sleeve_proc("ps").out.splitlines()
         assert table[0].split()[6:] == ["agent", "project", "reason"], table
