@@ -129,7 +129,11 @@ def test_a_webhook_that_answers_after_30_s_is_given_up_at_10_s_and_tried_again(
     assert first.ended is not None and first.ended - first.at >= 9.5  # not before its 10 s
     assert first.headers["X-Sleeve-Delivery"] == second.headers["X-Sleeve-Delivery"]
     assert second.at - first.ended >= 0.95  # the backoff
-    wait_for(lambda: webhook_status(sc)["sent"] == 1, 5, what="delivered on the retry")
+    wait_for(
+        lambda: webhook_status(sc)["sent"] == 1,
+        5,
+        what=lambda: f"delivered on the retry (the channel: {webhook_status(sc)})",
+    )
 
 
 def test_a_redirect_is_not_followed_to_another_host(
