@@ -88,6 +88,7 @@ class PromptSubmit:
         if not confirm or (hooked is False and not self.screen_known()):
             await asyncio.to_thread(self.pane.paste, data, submit=submit)
             return
+        self._heard.clear()
         if hooked is False:
             await asyncio.to_thread(self.pane.paste, data, submit=True)
             if await self._left_as_a_newline(data.decode("utf-8", "replace")):
@@ -95,7 +96,6 @@ class PromptSubmit:
                 await asyncio.to_thread(self.pane.keys, ["Enter"])
             return
         self._settled.clear()
-        self._heard.clear()
         try:
             await asyncio.to_thread(self.pane.paste, data, submit=True)
             if await self._hook_within(CONFIRM_WITHIN) or not await self._prompt_up():
@@ -119,33 +119,35 @@ class PromptSubmit:
         """Whether the screen shows the Enter after `text` taken as a newline at the input
         prompt, CONFIRM_WITHIN after the Enter (the CLI's guard has long run out then) or
         within PROMPT_WITHIN more; False once the text is not by the cursor."""
-        await asyncio.sleep(CONFIRM_WITHIN)
-        for _ in range(round(PROMPT_WITHIN / PROMPT_EVERY)):
-            if self.machine.process is not ProcState.RUNNING:
-                return False
-            try:
-                screen, reading = await self.look()
-            except ControlError:
-                return False  # tmux cannot say: nothing is typed blind
+
+        def newline_left(screen: Screen, reading: Reading) -> bool | None:
             typed = typed_at(screen, text)
             if typed is None:
                 return False
-            if typed is Typed.NEWLINE and reading.seen is Seen.PROMPT:
-                return True
-            await asyncio.sleep(PROMPT_EVERY)
-        return False
+            return True if typed is Typed.NEWLINE and reading.seen is Seen.PROMPT else None
+
+        await asyncio.sleep(CONFIRM_WITHIN)
+        return await self._screen_says(newline_left)
 
     async def _prompt_up(self) -> bool:
         """Whether the screen shows the CLI's input prompt, no submit hook reported and the CLI
         running, within PROMPT_WITHIN (the screen may show the CLI's own hooks running first)."""
+        return await self._screen_says(lambda _, reading: reading.seen is Seen.PROMPT or None)
+
+    async def _screen_says(self, decide: Callable[[Screen, Reading], bool | None]) -> bool:
+        """What `decide` makes of the screen, looked at every PROMPT_EVERY for up to
+        PROMPT_WITHIN until it says yes or no (None: look again); False once a submit hook
+        reports, the CLI stops, or tmux cannot say (nothing is typed blind)."""
         for _ in range(round(PROMPT_WITHIN / PROMPT_EVERY)):
             if self._heard.is_set() or self.machine.process is not ProcState.RUNNING:
                 return False
             try:
-                if (await self.look())[1].seen is Seen.PROMPT:
-                    return True
+                screen, reading = await self.look()
             except ControlError:
-                return False  # tmux cannot say: nothing is typed blind
+                return False
+            said = decide(screen, reading)
+            if said is not None:
+                return said
             if await self._hook_within(PROMPT_EVERY):
                 return False
         return False
