@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.harness import Reply, Sidecar, http, write_cli_config
+from tests.harness import Reply, Sidecar, http, wait_for, write_cli_config
+from tests.proctools import pane_text, tmux
 
 
 class HeldHook:
@@ -39,12 +40,19 @@ class HeldHook:
 def waiting_sidecar(
     make_sidecar: Callable[..., Sidecar], tmp: Path, command: str, **env: str
 ) -> Sidecar:
-    """Started, its agent `waiting` for permission to run the Bash `command`."""
+    """Started, its agent `waiting` for permission to run the Bash `command`: the request
+    listed, then its dialog drawn.
+
+    The stand-in draws its dialog only once the hook's request is listed (it waits for a line
+    typed into the pane). Drawn first, the screen alone would say `waiting`, and with no
+    request listed yet the notifier tells of the dialog too: a second notification, whenever
+    the hook's thread comes late (a dwell of 0 s gives it no time)."""
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
     standin = bin_dir / "claude"  # `state: hooks` is for Claude Code's command only
     standin.write_text(
-        f"#!{sys.executable}\nimport signal\n"
+        f"#!{sys.executable}\nimport signal\nimport sys\n"
+        "sys.stdin.readline()\n"
         f"print({('Bash command: ' + command)!r})\n"
         "print('Do you want to proceed?')\nprint('> 1. Yes')\nprint('  2. No')\n"
         "signal.pause()\n"
@@ -57,5 +65,8 @@ def waiting_sidecar(
     sc.start()
     # Held: no reply yet. Kept on the sidecar for tests that look at the reply.
     sc.held_hook = HeldHook(sc, {"tool_name": "Bash", "tool_input": {"command": command}})
+    wait_for(lambda: sc.get("/approvals").body["approvals"], 10, what="the request listed")
+    tmux(sc, "send-keys", "-t", "main", "Enter")
+    wait_for(lambda: "Do you want to proceed?" in pane_text(sc), 10, what="the dialog drawn")
     sc.wait_status(lambda s: s["agent"]["state"] == "waiting", "agent waiting")
     return sc
