@@ -140,7 +140,7 @@ def write_docs(path: Path, table: str, heading: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="every figure, briefly (~1 min)")
+    parser.add_argument("--quick", action="store_true", help="every figure, briefly (~3–4 min)")
     parser.add_argument("--out", default="bench-results.json", help="JSON output path")
     parser.add_argument(
         "--only", help=f"comma-separated groups to run (of: {', '.join(ORDER)})", default=""
