@@ -6,6 +6,7 @@ Every wait polls a condition against a deadline; nothing sleeps to synchronise.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -23,6 +24,7 @@ from typing import Any
 import psutil
 
 from sidecar.core.loopback import free_port
+from sidecar.process import pane_procs
 from tests.harness import REPO, Sidecar, write_cli_config
 
 MiB = 1024 * 1024
@@ -291,9 +293,29 @@ def cli_pid(sc: Sidecar) -> int | None:
     return body.get("cli_pid") if code == 200 else None
 
 
-def own_procs(sc: Sidecar) -> list[psutil.Process]:
+def pane_cli_pid(sc: Sidecar) -> int:
+    """The CLI's pid as today's sidecar finds it (`sidecar.process.pane_procs`), under the
+    pane's waiter, not as `sc`'s /status says: a sidecar of an older tree may name a fork of the
+    waiter that has already exited (fixed in 76520bc), a pid that is gone at once."""
+    sock = str(sc.state_dir / "tmux.sock")
+    shown = subprocess.run(
+        ["tmux", "-S", sock, "display-message", "-p", "-t", "main", "#{pane_pid}"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    )
+    pid = asyncio.run(pane_procs.cli_pid(int(shown.stdout)))
+    if pid is None:
+        msg = "the sidecar's CLI is not running"
+        raise BenchError(msg)
+    return pid
+
+
+def own_procs(sc: Sidecar, cli: int | None = None) -> list[psutil.Process]:
+    """`sidecar_procs` of `sc`, the CLI's tree found from `cli` (default: what /status says)."""
     assert sc.proc is not None
-    return sidecar_procs(sc.proc.pid, cli_pid(sc))
+    return sidecar_procs(sc.proc.pid, cli if cli is not None else cli_pid(sc))
 
 
 # ---- the bare aiohttp server (baseline) -----------------------------------------------------

@@ -23,11 +23,11 @@ from bench.core import Baseline, Figure, at_most, interleave, ratio_at_least
 from bench.figures.egress import data_server, open_tunnel, proxy_port, setup_ms
 from bench.procs import (
     BenchError,
-    cli_pid,
     get_json,
     make_sidecar,
     memory,
     own_procs,
+    pane_cli_pid,
     post_json,
     wait_until,
 )
@@ -184,13 +184,13 @@ def _trail_figures(ctx: Context, tree: Path) -> list[Figure]:
             running_sidecar(ctx.scratch("ta"), **env) as ours,
             running_sidecar(ctx.scratch("tb"), PYTHONPATH=str(tree), **env) as base,
         ):
-            proxies = {}
-            for name, sc in (("ours", ours), ("base", base)):
-                pid = cli_pid(sc)
-                if pid is None:
-                    raise BenchError("a sidecar's CLI is not running")
-                proxies[name] = proxy_port(pid)
-            idle = memory(own_procs(ours)).uss - memory(own_procs(base)).uss
+            # The base's /status may name a pid that is gone (see pane_cli_pid).
+            clis = {"ours": pane_cli_pid(ours), "base": pane_cli_pid(base)}
+            proxies = {name: proxy_port(pid) for name, pid in clis.items()}
+            idle = (
+                memory(own_procs(ours, clis["ours"])).uss
+                - memory(own_procs(base, clis["base"])).uss
+            )
             setups = interleave(
                 ctx.pick(20, 200),
                 {
