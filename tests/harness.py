@@ -275,7 +275,7 @@ class Sidecar:
         except OSError:
             return False
 
-    def _auth(self, headers: dict[str, str] | None) -> dict[str, str]:
+    def auth_headers(self, headers: dict[str, str] | None = None) -> dict[str, str]:
         """The admin token when one is configured, unless the test passes its own headers."""
         if headers is not None:
             return headers
@@ -283,12 +283,12 @@ class Sidecar:
         return bearer(token) if token else {}
 
     def get(self, path: str, headers: dict[str, str] | None = None, **kw: Any) -> Reply:
-        return http("GET", self.url + path, headers=self._auth(headers), **kw)
+        return http("GET", self.url + path, headers=self.auth_headers(headers), **kw)
 
     def post(
         self, path: str, body: Any = None, headers: dict[str, str] | None = None, **kw: Any
     ) -> Reply:
-        return http("POST", self.url + path, body, headers=self._auth(headers), **kw)
+        return http("POST", self.url + path, body, headers=self.auth_headers(headers), **kw)
 
     def status(self) -> dict[str, Any]:
         code, body = self.get("/status")

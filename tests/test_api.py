@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import concurrent.futures
 import json
 import signal
 import socket
@@ -21,7 +20,7 @@ import pytest
 from sidecar.core.loopback import free_port
 from sidecar.process.ttyd import WRITER_FLAGS
 from tests.harness import Sidecar, bearer, http, py_cli, wait_for, write_cli_config
-from tests.proctools import pane_text, terminal_clients, tmux
+from tests.proctools import kill_supervisor, pane_text, terminal_clients, tmux
 
 TOKEN = "admin-token-0123456789"
 VIEW = "viewer-token-9876543210"
@@ -228,12 +227,26 @@ def test_ten_concurrent_resleeves_give_one_202_and_nine_409(
         short_tmp / "clis.yaml", {"pidfile": py_cli("pidfile.py", str(pid_file))}
     )
     sc = make_sidecar(env_extra={"SIDECAR_CLI_CONFIG": str(config)}).start()
-    with concurrent.futures.ThreadPoolExecutor(10) as pool:
-        codes = sorted(
-            code
-            for code, _ in pool.map(lambda _: sc.post("/resleeve", {"cli": "pidfile"}), range(10))
-        )
-    assert codes == [202] + [409] * 9
+    body = json.dumps({"cli": "pidfile"}).encode()
+    auth = "".join(f"{name}: {value}\r\n" for name, value in sc.auth_headers().items())
+    head = "POST /resleeve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head += f"{auth}Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    request = head.encode() + body
+    # All ten are in the kernel before the sidecar reads one: its supervisor is stopped while
+    # the kernel takes each connection and its request. Sent from threads instead, a loaded
+    # machine spread them wider than a whole resleeve, and a second one was rightly accepted.
+    supervisor = kill_supervisor(sc, signal.SIGSTOP)
+    try:
+        socks = [socket.create_connection(("127.0.0.1", sc.port), timeout=10) for _ in range(10)]
+        for sock in socks:
+            sock.sendall(request)
+    finally:
+        supervisor.send_signal(signal.SIGCONT)
+    codes = []
+    for sock in socks:
+        with sock, sock.makefile("rb") as answer:
+            codes.append(int(answer.readline().split()[1]))
+    assert sorted(codes) == [202] + [409] * 9
     status = sc.wait_status(
         lambda s: s["cli"] == "pidfile" and s["cli_running"] and not s["resleeving"], "pidfile CLI"
     )
