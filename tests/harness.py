@@ -261,9 +261,19 @@ class Sidecar:
         wait_for(self._answers, timeout=15, what=f"/health on {self.url} (log: {self.log_path})")
         if wait_healthy:
             self.wait_status(
-                lambda s: s["cli_running"] and s["ttyd_state"] == "running", "CLI and ttyd running"
+                lambda s: s["cli_running"] and s["ttyd_state"] == "running", self._not_running
             )
         return self
+
+    def _not_running(self) -> str:
+        """A start that timed out: what /status said of the CLI and ttyd, and the log's end."""
+        try:
+            s = self.status()
+            said: Any = {k: s[k] for k in ("cli_state", "cli_exit_code", "ttyd_state", "warnings")}
+        except (OSError, AssertionError) as exc:
+            said = exc
+        tail = "\n".join(self.log().splitlines()[-40:])
+        return f"CLI and ttyd running; /status said {said}; the log ends:\n{tail}"
 
     def _answers(self) -> bool:
         assert self.proc is not None
