@@ -148,14 +148,21 @@ def wait_agent(sc: Sidecar, state: str, timeout: float = 30) -> dict[str, Any]:
     """The agent's part of /status once its state is `state`. A wait that times out says what
     the agent and the CLI's screen were at the end, for whoever reads the failure."""
 
-    def seen() -> str:
-        agent = sc.status()["agent"]
-        code, screen = sc.get("/screen")
-        text = "\n".join(screen["lines"]).rstrip() if code == 200 else screen
-        return f"agent {state}; the agent was {agent}; the screen ({code}):\n{text}"
-
-    found = sc.wait_status(lambda s: s["agent"]["state"] == state, seen, timeout)
+    found = sc.wait_status(
+        lambda s: s["agent"]["state"] == state, lambda: f"agent {state}; {showing(sc)}", timeout
+    )
     return dict(found["agent"])
+
+
+def showing(sc: Sidecar) -> str:
+    """What the agent is and what the CLI's screen shows now (with its cursor), for a failure's
+    message."""
+    agent = sc.status()["agent"]
+    code, screen = sc.get("/screen")
+    if code != 200:
+        return f"the agent was {agent}; the screen ({code}): {screen}"
+    text = "\n".join(screen["lines"]).rstrip()
+    return f"the agent was {agent}; the screen (cursor {screen.get('cursor')}):\n{text}"
 
 
 def subsequence(wanted: list[str], seen: list[str]) -> bool:

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from sidecar.client import ClientError
-from tests.agenttools import EventLog, cli_argv, wait_agent
+from tests.agenttools import EventLog, cli_argv, showing, wait_agent
 from tests.clitools import gemini_sidecar, run_dir, stub_for  # run_dir, stub_for: fixtures
 from tests.harness import Sidecar, http, wait_for
 
@@ -132,7 +132,10 @@ def test_hook_to_events_latency(
     wait_agent(sc, "idle", 60)
     for turn in range(3):
         assert sc.post("/input", {"text": f"turn {turn}", "if_state": ["idle"]})[0] == 202
-        wait_agent(sc, "waiting")
+        # The tool's confirmation, not another screen read as a dialog (run60 read the
+        # start's tips as one: "2. /help for more information", and the turn never ran).
+        waiting = wait_agent(sc, "waiting")
+        assert waiting["reason"] == "Shell: touch stub-was-here", showing(sc)
         assert sc.post("/input", {"keys": ["3"], "if_state": ["waiting"]})[0] == 202
         wait_agent(sc, "idle")
     arrivals = events_with_arrival(events)
