@@ -6,7 +6,6 @@ Every wait polls a condition against a deadline; nothing sleeps to synchronise.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import http.client
 import json
@@ -24,7 +23,6 @@ from typing import Any
 import psutil
 
 from sidecar.core.loopback import free_port
-from sidecar.process import pane_procs
 from tests.harness import REPO, Sidecar, write_cli_config
 
 MiB = 1024 * 1024
@@ -291,25 +289,6 @@ def running(tmp: Path, cli: str = "shell", **env: str) -> Iterator[Sidecar]:
 def cli_pid(sc: Sidecar) -> int | None:
     code, body = get_json(sc.port, "/status")
     return body.get("cli_pid") if code == 200 else None
-
-
-def pane_cli_pid(sc: Sidecar) -> int:
-    """The CLI's pid as today's sidecar finds it (`sidecar.process.pane_procs`), under the
-    pane's waiter, not as `sc`'s /status says: a sidecar of an older tree may name a fork of the
-    waiter that has already exited (fixed in 76520bc), a pid that is gone at once."""
-    sock = str(sc.state_dir / "tmux.sock")
-    shown = subprocess.run(
-        ["tmux", "-S", sock, "display-message", "-p", "-t", "main", "#{pane_pid}"],
-        capture_output=True,
-        text=True,
-        timeout=10,
-        check=True,
-    )
-    pid = asyncio.run(pane_procs.cli_pid(int(shown.stdout)))
-    if pid is None:
-        msg = "the sidecar's CLI is not running"
-        raise BenchError(msg)
-    return pid
 
 
 def own_procs(sc: Sidecar, cli: int | None = None) -> list[psutil.Process]:

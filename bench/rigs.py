@@ -7,6 +7,7 @@ Times are `time.time()` throughout: ccmanager's states are stamped by its own ho
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -31,6 +32,7 @@ from bench.procs import (
     stop_sidecar,
     wait_until,
 )
+from sidecar.process import pane_procs
 from tests.agenttools import claude_env
 from tests.e2e.anthropic_stub import AnthropicStub
 from tests.harness import CLIS, REPO, Sidecar, write_cli_config
@@ -155,6 +157,18 @@ class Pane:
 
     def pid(self) -> int:
         return int(self._tmux("display-message", "-p", "-t", self.target, "#{pane_pid}"))
+
+
+def pane_cli_pid(sc: Sidecar) -> int:
+    """The CLI's pid as today's sidecar finds it (`sidecar.process.pane_procs`), under the
+    pane's waiter, not as `sc`'s /status says: a sidecar of an older tree may name a fork of the
+    waiter that has already exited (fixed in 76520bc), a pid that is gone at once."""
+    waiter = Pane(sc.state_dir / "tmux.sock").pid()
+    pid = asyncio.run(pane_procs.cli_pid(waiter))
+    if pid is None:
+        msg = "the sidecar's CLI is not running"
+        raise BenchError(msg)
+    return pid
 
 
 def claude_pid(root: int) -> int:

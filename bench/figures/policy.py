@@ -27,7 +27,6 @@ from bench.procs import (
     make_sidecar,
     memory,
     own_procs,
-    pane_cli_pid,
     post_json,
     wait_until,
 )
@@ -184,8 +183,8 @@ def _trail_figures(ctx: Context, tree: Path) -> list[Figure]:
             running_sidecar(ctx.scratch("ta"), **env) as ours,
             running_sidecar(ctx.scratch("tb"), PYTHONPATH=str(tree), **env) as base,
         ):
-            # The base's /status may name a pid that is gone (see pane_cli_pid).
-            clis = {"ours": pane_cli_pid(ours), "base": pane_cli_pid(base)}
+            # The base's /status may name a pid that is gone (see rigs.pane_cli_pid).
+            clis = {"ours": rigs.pane_cli_pid(ours), "base": rigs.pane_cli_pid(base)}
             proxies = {name: proxy_port(pid) for name, pid in clis.items()}
             idle = (
                 memory(own_procs(ours, clis["ours"])).uss
